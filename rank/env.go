@@ -1,0 +1,237 @@
+package rank
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// The rank environment contract (DESIGN.md): gorun sets these for every rank.
+const (
+	EnvRank       = "GORUN_RANK"
+	EnvSize       = "GORUN_SIZE"
+	EnvLocalRank  = "GORUN_LOCAL_RANK"
+	EnvLocalSize  = "GORUN_LOCAL_SIZE"
+	EnvNodeRank   = "GORUN_NODE_RANK"
+	EnvRendezvous = "GORUN_RENDEZVOUS"
+	EnvJobID      = "GORUN_JOB_ID"
+	EnvSecret     = "GORUN_SECRET" // hex; passed through the environment or ssh stdin, never argv
+	EnvIface      = "GORUN_IFACE"  // address or interface name to listen on
+	EnvHost       = "GORUN_HOST"   // the host name gorun placed this rank on (for messages)
+	EnvTransport  = "GORUN_TRANSPORT"
+	EnvConns      = "GORUN_CONNS_PER_PEER"
+	EnvTimeout    = "GORUN_TIMEOUT"
+)
+
+// DefaultRendezvousPort is used when a foreign launcher gives a host but no port.
+const DefaultRendezvousPort = 29400
+
+// Identity is who this process is in the job, and how to find the others.
+type Identity struct {
+	Rank, Size           int
+	LocalRank, LocalSize int
+	NodeRank             int
+	Rendezvous           string // host:port of the rendezvous
+	JobID                string
+	Secret               []byte
+	Host                 string // this rank's host as the launcher named it ("" if unknown)
+	Launcher             string // "gorun", "openmpi", "slurm", "torchrun" or "none"
+	// ServeRendezvous is true when no launcher serves the rendezvous and
+	// this process (rank 0 under a foreign launcher) must serve it.
+	ServeRendezvous bool
+	// InsecureSecret is true when no secret was given and one was derived
+	// from public job information (foreign launchers without GORUN_SECRET).
+	InsecureSecret bool
+}
+
+// NewSecret returns a fresh random job secret, hex encoded.
+func NewSecret() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic("crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}
+
+// NewJobID returns a short random job id.
+func NewJobID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+type envGetter func(string) (string, bool)
+
+// FromEnv reads the identity from the environment: gorun's variables first,
+// then OpenMPI's, Slurm's and torchrun's. With none of them the process is
+// rank 0 of 1.
+func FromEnv() (Identity, error) { return fromEnv(os.LookupEnv) }
+
+func fromEnv(get envGetter) (Identity, error) {
+	num := func(name string) (int, bool, error) {
+		v, ok := get(name)
+		if !ok || strings.TrimSpace(v) == "" {
+			return 0, false, nil
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 {
+			return 0, true, fmt.Errorf("environment variable %s=%q is not a non-negative integer", name, v)
+		}
+		return n, true, nil
+	}
+	str := func(name string) string { v, _ := get(name); return strings.TrimSpace(v) }
+
+	var id Identity
+	type scheme struct {
+		name                   string
+		rank, size, local, lsz string
+		node                   string
+	}
+	schemes := []scheme{
+		{"gorun", EnvRank, EnvSize, EnvLocalRank, EnvLocalSize, EnvNodeRank},
+		{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"},
+		{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID"},
+		{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
+	}
+	found := false
+	for _, s := range schemes {
+		r, okR, err := num(s.rank)
+		if err != nil {
+			return id, err
+		}
+		n, okN, err := num(s.size)
+		if err != nil {
+			return id, err
+		}
+		if !okR && !okN {
+			continue
+		}
+		if okR != okN {
+			missing := s.size
+			if !okR {
+				missing = s.rank
+			}
+			return id, fmt.Errorf("%s launcher variables incomplete: %s is not set", s.name, missing)
+		}
+		if n < 1 || r >= n {
+			return id, fmt.Errorf("%s launcher variables inconsistent: rank %d, size %d", s.name, r, n)
+		}
+		id.Rank, id.Size, id.Launcher = r, n, s.name
+		lr, okL, err := num(s.local)
+		if err != nil {
+			return id, err
+		}
+		ls, okLS, _ := num(s.lsz)
+		nr, _, _ := num(s.node)
+		if !okL {
+			lr = r
+		}
+		if !okLS || ls < 1 {
+			ls = n
+		}
+		id.LocalRank, id.LocalSize, id.NodeRank = lr, ls, nr
+		found = true
+		break
+	}
+	if !found {
+		id = Identity{Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1, Launcher: "none"}
+	}
+	id.Host = str(EnvHost)
+
+	// Rendezvous address.
+	switch {
+	case str(EnvRendezvous) != "":
+		id.Rendezvous = str(EnvRendezvous)
+	case str("MASTER_ADDR") != "":
+		port := str("MASTER_PORT")
+		if port == "" {
+			port = strconv.Itoa(DefaultRendezvousPort)
+		}
+		id.Rendezvous = net.JoinHostPort(str("MASTER_ADDR"), port)
+	case id.Launcher == "slurm" && str("SLURM_JOB_NODELIST") != "":
+		h, err := FirstSlurmHost(str("SLURM_JOB_NODELIST"))
+		if err != nil {
+			return id, err
+		}
+		id.Rendezvous = net.JoinHostPort(h, strconv.Itoa(DefaultRendezvousPort))
+	case id.Size == 1:
+		id.Rendezvous = ""
+	default:
+		return id, fmt.Errorf("%s launcher started rank %d of %d but no rendezvous address is set: set %s=host:port (or MASTER_ADDR/MASTER_PORT)", id.Launcher, id.Rank, id.Size, EnvRendezvous)
+	}
+	if id.Rendezvous != "" {
+		if _, _, err := net.SplitHostPort(id.Rendezvous); err != nil {
+			return id, fmt.Errorf("rendezvous address %q is not host:port: %v", id.Rendezvous, err)
+		}
+	}
+	// Under gorun, gorun serves the rendezvous; otherwise rank 0 does.
+	id.ServeRendezvous = id.Launcher != "gorun" && id.Rank == 0 && id.Size > 1
+
+	id.JobID = str(EnvJobID)
+	if id.JobID == "" {
+		for _, k := range []string{"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"} {
+			if v := str(k); v != "" {
+				id.JobID = v
+				break
+			}
+		}
+	}
+	if s := str(EnvSecret); s != "" {
+		b, err := hex.DecodeString(s)
+		if err != nil || len(b) < 16 {
+			return id, fmt.Errorf("%s must be at least 32 hex digits", EnvSecret)
+		}
+		id.Secret = b
+	} else if id.Size > 1 {
+		if id.Launcher == "gorun" {
+			return id, fmt.Errorf("%s is not set: gorun passes it to every rank; was this process started by an older gorun?", EnvSecret)
+		}
+		// A foreign launcher without a secret: derive one from what every
+		// rank of the job sees. This authenticates against accidents, not
+		// attackers; export GORUN_SECRET for real protection.
+		h := sha256.Sum256([]byte("gorun insecure job secret\x00" + id.Launcher + "\x00" + id.JobID + "\x00" + id.Rendezvous + "\x00" + strconv.Itoa(id.Size)))
+		id.Secret = h[:]
+		id.InsecureSecret = true
+	}
+	return id, nil
+}
+
+// FirstSlurmHost returns the first host of a Slurm node list such as
+// "node[01-04,07],gpu5" -> "node01".
+func FirstSlurmHost(list string) (string, error) {
+	list = strings.TrimSpace(list)
+	if list == "" {
+		return "", fmt.Errorf("SLURM_JOB_NODELIST is empty")
+	}
+	end := len(list)
+	depth := 0
+	for i, c := range list {
+		if c == '[' {
+			depth++
+		} else if c == ']' {
+			depth--
+		} else if c == ',' && depth == 0 {
+			end = i
+			break
+		}
+	}
+	first := list[:end]
+	open := strings.IndexByte(first, '[')
+	if open < 0 {
+		return first, nil
+	}
+	close := strings.IndexByte(first, ']')
+	if close < open {
+		return "", fmt.Errorf("SLURM_JOB_NODELIST %q: unbalanced brackets", list)
+	}
+	inner := first[open+1 : close]
+	if i := strings.IndexAny(inner, ",-"); i >= 0 {
+		inner = inner[:i]
+	}
+	return first[:open] + inner + first[close+1:], nil
+}
