@@ -1,0 +1,771 @@
+package rank
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Options configures a Mesh. The zero value picks the defaults.
+type Options struct {
+	// Transport is "quic" (default) or "tcp" (TLS over TCP, for comparison).
+	// Every rank of a job must use the same one. Env: GORUN_TRANSPORT.
+	Transport string
+	// Iface is the address (or interface name) to listen on and advertise.
+	// Default: the local address that routes to the rendezvous. Env: GORUN_IFACE.
+	Iface string
+	// ConnsPerPeer stripes the channels to one peer over this many QUIC
+	// connections (one quic-go connection is driven by one goroutine and
+	// tops out near 0.3 GB/s here; more connections use more cores).
+	// Env: GORUN_CONNS_PER_PEER. Default 2.
+	ConnsPerPeer int
+	// Channels is the number of independent ordered lanes per peer.
+	// Default: max(2, ConnsPerPeer).
+	Channels int
+	// Timeout bounds every wait: rendezvous, connecting, and each Send or
+	// Recv that makes no progress. Env: GORUN_TIMEOUT (Go duration). Default 60s.
+	Timeout time.Duration
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Transport == "" {
+		o.Transport = os.Getenv(EnvTransport)
+	}
+	if o.Transport == "" {
+		o.Transport = "quic"
+	}
+	if o.Transport != "quic" && o.Transport != "tcp" {
+		return o, fmt.Errorf("unknown transport %q (want quic or tcp; from %s or options)", o.Transport, EnvTransport)
+	}
+	if o.Iface == "" {
+		o.Iface = os.Getenv(EnvIface)
+	}
+	if o.ConnsPerPeer == 0 {
+		if v := os.Getenv(EnvConns); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 64 {
+				return o, fmt.Errorf("%s=%q: want an integer from 1 to 64", EnvConns, v)
+			}
+			o.ConnsPerPeer = n
+		}
+	}
+	if o.ConnsPerPeer <= 0 {
+		o.ConnsPerPeer = 2
+	}
+	if o.Channels <= 0 {
+		o.Channels = max(2, o.ConnsPerPeer)
+	}
+	if o.Channels > 256 {
+		return o, fmt.Errorf("%d channels per peer is too many (max 256)", o.Channels)
+	}
+	if o.Timeout == 0 {
+		if v := os.Getenv(EnvTimeout); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return o, fmt.Errorf("%s=%q: want a positive Go duration such as 60s", EnvTimeout, v)
+			}
+			o.Timeout = d
+		}
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 60 * time.Second
+	}
+	return o, nil
+}
+
+// frame header: magic, seq, kind, aux, chunk, length.
+const (
+	frameMagic  = 0x4752554e // "GRUN"
+	headerBytes = 24
+	helloMagic  = 0x47524c4f // "GRLO"
+	maxFrame    = 1 << 31
+)
+
+// laneConn is one ordered duplex byte stream to a peer (a QUIC stream or a
+// TLS-over-TCP connection).
+type laneConn interface {
+	io.Reader
+	io.Writer
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+	Close() error
+}
+
+type lane struct {
+	c   laneConn
+	rmu sync.Mutex
+	wmu sync.Mutex
+	rh  [headerBytes]byte
+	wh  [headerBytes]byte
+}
+
+type peerCounters struct {
+	sent, recv atomic.Uint64
+}
+
+// Mesh connects this rank with every other rank of the job. It implements
+// Transport.
+type Mesh struct {
+	id      Identity
+	opt     Options
+	lanes   [][]*lane // [peer][channel]
+	ready   chan struct{}
+	pending int
+	mu      sync.Mutex
+	count   []peerCounters
+	hosts   []string
+	names   []string
+	addrs   []string
+
+	udp      net.PacketConn
+	qtr      *quic.Transport
+	qln      *quic.Listener
+	tln      net.Listener
+	conns    []*quic.Conn
+	tcpConns []net.Conn
+	rdv      *RendezvousServer
+	closed   chan struct{}
+	once     sync.Once
+}
+
+// Connect joins the job described by id: it registers with the rendezvous
+// (serving it if id.ServeRendezvous), then connects to every other rank.
+// A job of size 1 needs no network at all.
+func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
+	opt, err := opt.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m := &Mesh{
+		id: id, opt: opt, ready: make(chan struct{}), closed: make(chan struct{}),
+		count: make([]peerCounters, id.Size),
+		lanes: make([][]*lane, id.Size),
+	}
+	for p := range m.lanes {
+		m.lanes[p] = make([]*lane, opt.Channels)
+	}
+	m.hosts = make([]string, id.Size)
+	m.names = make([]string, id.Size)
+	m.hosts[id.Rank] = hostKey()
+	m.names[id.Rank] = hostName(id)
+	if id.Size == 1 {
+		close(m.ready)
+		return m, nil
+	}
+	if len(id.Secret) == 0 {
+		return nil, fmt.Errorf("rank %d: no job secret (set %s)", id.Rank, EnvSecret)
+	}
+	if id.Rendezvous == "" {
+		return nil, fmt.Errorf("rank %d of %d: no rendezvous address (set %s)", id.Rank, id.Size, EnvRendezvous)
+	}
+	if id.InsecureSecret && id.Rank == 0 {
+		fmt.Fprintf(os.Stderr, "gorun: warning: %s is not set; the %s job's peers authenticate with a secret derived from public job information (export %s to every rank for real protection)\n", EnvSecret, id.Launcher, EnvSecret)
+	}
+	warnUDPBuffers(id, opt)
+	auth, err := newJobAuth(id.Secret, rankLabel(id.Rank))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
+	defer cancel()
+
+	if id.ServeRendezvous {
+		rdvHost, port, _ := net.SplitHostPort(id.Rendezvous)
+		listen := net.JoinHostPort("", port)
+		if isLoopbackHost(rdvHost) {
+			listen = net.JoinHostPort(rdvHost, port)
+		}
+		m.rdv, err = ListenRendezvous(listen, id.Size, id.Secret)
+		if err != nil {
+			return nil, fmt.Errorf("rank 0 serves the rendezvous: %v", err)
+		}
+	}
+	fail := func(err error) (*Mesh, error) {
+		m.Close()
+		return nil, err
+	}
+	ip, err := listenIP(opt.Iface, id.Rendezvous)
+	if err != nil {
+		return fail(fmt.Errorf("rank %d: %v", id.Rank, err))
+	}
+	var addr string
+	switch opt.Transport {
+	case "quic":
+		m.udp, err = net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
+		}
+		m.qtr = &quic.Transport{Conn: m.udp}
+		m.qln, err = m.qtr.Listen(auth.serverTLS(), quicConfig(opt.Timeout))
+		if err != nil {
+			return fail(err)
+		}
+		addr = "quic://" + m.udp.LocalAddr().String()
+	case "tcp":
+		m.tln, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
+		}
+		addr = "tcp://" + m.tln.Addr().String()
+	}
+	// Lanes this rank accepts: from every lower rank.
+	m.pending = id.Rank
+	if m.pending == 0 {
+		close(m.ready)
+	}
+	acceptErr := make(chan error, 1)
+	go m.acceptLoop(auth, acceptErr)
+
+	tbl, err := register(ctx, id.Rendezvous, auth, registration{
+		Rank: id.Rank, Size: id.Size, Addr: addr, Host: m.hosts[id.Rank], Name: m.names[id.Rank], Job: id.JobID,
+	}, opt.Timeout)
+	if err != nil {
+		return fail(fmt.Errorf("rank %d: %v", id.Rank, err))
+	}
+	m.addrs = tbl.Addrs
+	copy(m.hosts, tbl.Hosts)
+	copy(m.names, tbl.Names)
+	scheme := opt.Transport + "://"
+	for r, a := range tbl.Addrs {
+		if !strings.HasPrefix(a, scheme) {
+			return fail(fmt.Errorf("rank %d uses transport %s but rank %d uses %s: set %s the same on every rank", id.Rank, opt.Transport, r, strings.SplitN(a, ":", 2)[0], EnvTransport))
+		}
+	}
+	// Dial every higher rank.
+	var wg sync.WaitGroup
+	dialErrs := make(chan error, id.Size)
+	for p := id.Rank + 1; p < id.Size; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			if err := m.dialPeer(ctx, auth, p); err != nil {
+				dialErrs <- err
+			}
+		}(p)
+	}
+	wg.Wait()
+	close(dialErrs)
+	if err := <-dialErrs; err != nil {
+		return fail(err)
+	}
+	select {
+	case <-m.ready:
+	case err := <-acceptErr:
+		return fail(err)
+	case <-ctx.Done():
+		return fail(fmt.Errorf("rank %d: %s did not connect within %s", id.Rank, m.describeMissing(), opt.Timeout))
+	}
+	return m, nil
+}
+
+func (m *Mesh) describeMissing() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var miss []int
+	for p := 0; p < m.id.Rank; p++ {
+		for _, l := range m.lanes[p] {
+			if l == nil {
+				miss = append(miss, p)
+				break
+			}
+		}
+	}
+	if len(miss) == 0 {
+		return "no rank"
+	}
+	s := rankList(miss)
+	if len(miss) == 1 && m.names[miss[0]] != "" {
+		s += " (" + m.names[miss[0]] + ")"
+	}
+	return s
+}
+
+// addLane records an incoming lane; it reports whether the mesh is complete.
+func (m *Mesh) addLane(peer, ch int, c laneConn) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if peer < 0 || peer >= m.id.Size || ch < 0 || ch >= m.opt.Channels {
+		return fmt.Errorf("peer %d channel %d out of range", peer, ch)
+	}
+	if m.lanes[peer][ch] != nil {
+		return fmt.Errorf("rank %d opened channel %d twice", peer, ch)
+	}
+	m.lanes[peer][ch] = &lane{c: c}
+	if peer < m.id.Rank {
+		full := true
+		for _, l := range m.lanes[peer] {
+			if l == nil {
+				full = false
+			}
+		}
+		if full {
+			m.pending--
+			if m.pending == 0 {
+				close(m.ready)
+			}
+		}
+	}
+	return nil
+}
+
+func writeHello(w io.Writer, rank, ch int) error {
+	var b [8]byte
+	binary.LittleEndian.PutUint32(b[0:], helloMagic)
+	binary.LittleEndian.PutUint16(b[4:], uint16(rank))
+	binary.LittleEndian.PutUint16(b[6:], uint16(ch))
+	_, err := w.Write(b[:])
+	return err
+}
+
+func readHello(r laneConn) (rank, ch int, err error) {
+	var b [8]byte
+	r.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, 0, err
+	}
+	r.SetReadDeadline(time.Time{})
+	if binary.LittleEndian.Uint32(b[0:]) != helloMagic {
+		return 0, 0, errors.New("bad hello")
+	}
+	return int(binary.LittleEndian.Uint16(b[4:])), int(binary.LittleEndian.Uint16(b[6:])), nil
+}
+
+func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
+	if m.qln != nil {
+		for {
+			conn, err := m.qln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			peer := labelRank(peerLabel(conn.ConnectionState().TLS))
+			if peer < 0 || peer >= m.id.Rank {
+				conn.CloseWithError(1, "unexpected peer")
+				continue
+			}
+			m.mu.Lock()
+			m.conns = append(m.conns, conn)
+			m.mu.Unlock()
+			go func() {
+				for {
+					st, err := conn.AcceptStream(context.Background())
+					if err != nil {
+						return
+					}
+					r, ch, err := readHello(st)
+					if err != nil || r != peer {
+						conn.CloseWithError(2, "bad hello")
+						return
+					}
+					if err := m.addLane(r, ch, st); err != nil {
+						select {
+						case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
+						default:
+						}
+						return
+					}
+				}
+			}()
+		}
+	}
+	if m.tln != nil {
+		cfg := auth.serverTLS()
+		for {
+			c, err := m.tln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				tc := tls.Server(c, cfg)
+				tc.SetDeadline(time.Now().Add(10 * time.Second))
+				if err := tc.Handshake(); err != nil {
+					c.Close()
+					return
+				}
+				tc.SetDeadline(time.Time{})
+				peer := labelRank(peerLabel(tc.ConnectionState()))
+				r, ch, err := readHello(tc)
+				if err != nil || r != peer || peer < 0 || peer >= m.id.Rank {
+					c.Close()
+					return
+				}
+				setTCPBuffers(c)
+				m.mu.Lock()
+				m.tcpConns = append(m.tcpConns, tc)
+				m.mu.Unlock()
+				if err := m.addLane(r, ch, tc); err != nil {
+					select {
+					case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
+					default:
+					}
+				}
+			}()
+		}
+	}
+}
+
+func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
+	addr := m.addrs[p]
+	who := fmt.Sprintf("rank %d (%s)", p, m.names[p])
+	switch m.opt.Transport {
+	case "quic":
+		ua, err := net.ResolveUDPAddr("udp", strings.TrimPrefix(addr, "quic://"))
+		if err != nil {
+			return fmt.Errorf("rank %d: address of %s: %v", m.id.Rank, who, err)
+		}
+		conns := make([]*quic.Conn, m.opt.ConnsPerPeer)
+		for k := range conns {
+			c, err := m.qtr.Dial(ctx, ua, auth.clientTLS(), quicConfig(m.opt.Timeout))
+			if err != nil {
+				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ua, explainHandshake(err))
+			}
+			if got := labelRank(peerLabel(c.ConnectionState().TLS)); got != p {
+				c.CloseWithError(1, "wrong peer")
+				return fmt.Errorf("rank %d: %s at %s presented a certificate for %q", m.id.Rank, who, ua, peerLabel(c.ConnectionState().TLS))
+			}
+			conns[k] = c
+			m.mu.Lock()
+			m.conns = append(m.conns, c)
+			m.mu.Unlock()
+		}
+		for ch := 0; ch < m.opt.Channels; ch++ {
+			st, err := conns[ch%len(conns)].OpenStreamSync(ctx)
+			if err != nil {
+				return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			}
+			if err := writeHello(st, m.id.Rank, ch); err != nil {
+				return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			}
+			m.mu.Lock()
+			m.lanes[p][ch] = &lane{c: st}
+			m.mu.Unlock()
+		}
+	case "tcp":
+		ta := strings.TrimPrefix(addr, "tcp://")
+		for ch := 0; ch < m.opt.Channels; ch++ {
+			d := net.Dialer{}
+			c, err := d.DialContext(ctx, "tcp", ta)
+			if err != nil {
+				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, err)
+			}
+			setTCPBuffers(c)
+			tc := tls.Client(c, auth.clientTLS())
+			if err := tc.HandshakeContext(ctx); err != nil {
+				c.Close()
+				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, explainHandshake(err))
+			}
+			if got := labelRank(peerLabel(tc.ConnectionState())); got != p {
+				tc.Close()
+				return fmt.Errorf("rank %d: %s at %s presented a certificate for %q", m.id.Rank, who, ta, peerLabel(tc.ConnectionState()))
+			}
+			if err := writeHello(tc, m.id.Rank, ch); err != nil {
+				tc.Close()
+				return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			}
+			m.mu.Lock()
+			m.tcpConns = append(m.tcpConns, tc)
+			m.lanes[p][ch] = &lane{c: tc}
+			m.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+func setTCPBuffers(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetReadBuffer(4 << 20)
+		tc.SetWriteBuffer(4 << 20)
+	}
+}
+
+// Rank is this process's rank.
+func (m *Mesh) Rank() int { return m.id.Rank }
+
+// Size is the number of ranks in the job.
+func (m *Mesh) Size() int { return m.id.Size }
+
+// Channels is the number of lanes to each peer.
+func (m *Mesh) Channels() int { return m.opt.Channels }
+
+// Identity returns the identity the mesh was built from.
+func (m *Mesh) Identity() Identity { return m.id }
+
+// Hosts returns a key per rank that is equal for ranks on the same machine
+// (same machine id and network namespace).
+func (m *Mesh) Hosts() []string { return append([]string(nil), m.hosts...) }
+
+// HostNames returns each rank's host name, for messages.
+func (m *Mesh) HostNames() []string { return append([]string(nil), m.names...) }
+
+// Stats returns the bytes exchanged with each peer so far.
+func (m *Mesh) Stats() []PeerStats {
+	s := make([]PeerStats, len(m.count))
+	for i := range m.count {
+		s[i] = PeerStats{BytesSent: m.count[i].sent.Load(), BytesRecv: m.count[i].recv.Load()}
+	}
+	return s
+}
+
+func (m *Mesh) lane(peer, ch int, op string) (*lane, error) {
+	if peer < 0 || peer >= m.id.Size || peer == m.id.Rank {
+		return nil, fmt.Errorf("rank %d: %s: invalid peer %d (job size %d)", m.id.Rank, op, peer, m.id.Size)
+	}
+	if ch < 0 || ch >= m.opt.Channels {
+		return nil, fmt.Errorf("rank %d: %s: invalid channel %d (have %d)", m.id.Rank, op, ch, m.opt.Channels)
+	}
+	select {
+	case <-m.closed:
+		return nil, &PeerError{Self: m.id.Rank, Peer: peer, Host: m.names[peer], Op: op, Err: errClosed}
+	default:
+	}
+	return m.lanes[peer][ch], nil
+}
+
+func (m *Mesh) deadline(ctx context.Context) time.Time {
+	d := time.Now().Add(m.opt.Timeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+		return cd
+	}
+	return d
+}
+
+func (m *Mesh) ioError(ctx context.Context, op string, peer, ch int, tag Tag, err error) error {
+	if ctx.Err() != nil {
+		err = ctx.Err()
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		err = fmt.Errorf("no progress for %s (timeout) on channel %d, %v", m.opt.Timeout, ch, tag)
+	} else {
+		select {
+		case <-m.closed:
+			err = errClosed
+		default:
+			err = fmt.Errorf("%v (channel %d, %v)", err, ch, tag)
+		}
+	}
+	return &PeerError{Self: m.id.Rank, Peer: peer, Host: m.names[peer], Op: op, Err: err}
+}
+
+// Send implements Transport.
+func (m *Mesh) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) error {
+	l, err := m.lane(peer, ch, "send")
+	if err != nil {
+		return err
+	}
+	if len(payload) >= maxFrame {
+		return fmt.Errorf("rank %d: send to rank %d: message of %d bytes exceeds the 2 GiB frame limit", m.id.Rank, peer, len(payload))
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	putHeader(l.wh[:], tag, len(payload))
+	l.c.SetWriteDeadline(m.deadline(ctx))
+	stop := context.AfterFunc(ctx, func() { l.c.SetWriteDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := l.c.Write(l.wh[:]); err != nil {
+		return m.ioError(ctx, "send", peer, ch, tag, err)
+	}
+	if len(payload) > 0 {
+		if _, err := l.c.Write(payload); err != nil {
+			return m.ioError(ctx, "send", peer, ch, tag, err)
+		}
+	}
+	m.count[peer].sent.Add(uint64(headerBytes + len(payload)))
+	return nil
+}
+
+// Recv implements Transport.
+func (m *Mesh) Recv(ctx context.Context, peer, ch int, want Tag, dst []byte) error {
+	l, err := m.lane(peer, ch, "recv")
+	if err != nil {
+		return err
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	l.c.SetReadDeadline(m.deadline(ctx))
+	stop := context.AfterFunc(ctx, func() { l.c.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := io.ReadFull(l.c, l.rh[:]); err != nil {
+		return m.ioError(ctx, "recv", peer, ch, want, err)
+	}
+	magic := binary.LittleEndian.Uint32(l.rh[0:])
+	if magic != frameMagic {
+		return &PeerError{Self: m.id.Rank, Peer: peer, Host: m.names[peer], Op: "recv",
+			Err: fmt.Errorf("garbage on channel %d (bad frame header %08x): the stream is out of step", ch, magic)}
+	}
+	got, n := parseHeader(l.rh[:])
+	if got != want || n != len(dst) {
+		// Consume the payload so the lane stays framed, then report.
+		if _, err := io.CopyN(io.Discard, l.c, int64(n)); err != nil {
+			return m.ioError(ctx, "recv", peer, ch, want, err)
+		}
+		m.count[peer].recv.Add(uint64(headerBytes + n))
+		return &MismatchError{Self: m.id.Rank, Peer: peer, Channel: ch, Want: want, Got: got, WantLen: len(dst), GotLen: n}
+	}
+	if n > 0 {
+		if _, err := io.ReadFull(l.c, dst); err != nil {
+			return m.ioError(ctx, "recv", peer, ch, want, err)
+		}
+	}
+	m.count[peer].recv.Add(uint64(headerBytes + n))
+	return nil
+}
+
+func putHeader(b []byte, t Tag, n int) {
+	binary.LittleEndian.PutUint32(b[0:], frameMagic)
+	binary.LittleEndian.PutUint64(b[4:], t.Seq)
+	binary.LittleEndian.PutUint16(b[12:], t.Kind)
+	binary.LittleEndian.PutUint16(b[14:], t.Aux)
+	binary.LittleEndian.PutUint32(b[16:], t.Chunk)
+	binary.LittleEndian.PutUint32(b[20:], uint32(n))
+}
+
+func parseHeader(b []byte) (Tag, int) {
+	return Tag{
+		Seq:   binary.LittleEndian.Uint64(b[4:]),
+		Kind:  binary.LittleEndian.Uint16(b[12:]),
+		Aux:   binary.LittleEndian.Uint16(b[14:]),
+		Chunk: binary.LittleEndian.Uint32(b[16:]),
+	}, int(binary.LittleEndian.Uint32(b[20:]))
+}
+
+// Close tears the mesh down; blocked Sends and Recvs fail.
+func (m *Mesh) Close() error {
+	m.once.Do(func() {
+		close(m.closed)
+		m.mu.Lock()
+		conns, tcs := m.conns, m.tcpConns
+		m.mu.Unlock()
+		for _, c := range conns {
+			c.CloseWithError(0, fmt.Sprintf("rank %d closed its mesh", m.id.Rank))
+		}
+		for _, c := range tcs {
+			c.Close()
+		}
+		if m.qln != nil {
+			m.qln.Close()
+		}
+		if m.qtr != nil {
+			m.qtr.Close()
+		}
+		if m.udp != nil {
+			m.udp.Close()
+		}
+		if m.tln != nil {
+			m.tln.Close()
+		}
+		if m.rdv != nil {
+			m.rdv.Close()
+		}
+	})
+	return nil
+}
+
+// Done is closed when Close has been called.
+func (m *Mesh) Done() <-chan struct{} { return m.closed }
+
+func quicConfig(timeout time.Duration) *quic.Config {
+	idle := min(timeout, 15*time.Second)
+	return &quic.Config{
+		HandshakeIdleTimeout:           min(timeout, 10*time.Second),
+		MaxIdleTimeout:                 idle,
+		KeepAlivePeriod:                idle / 4,
+		InitialStreamReceiveWindow:     4 << 20,
+		MaxStreamReceiveWindow:         32 << 20,
+		InitialConnectionReceiveWindow: 8 << 20,
+		MaxConnectionReceiveWindow:     128 << 20,
+		MaxIncomingStreams:             1024,
+	}
+}
+
+var udpWarnOnce sync.Once
+
+// warnUDPBuffers says once, from rank 0, how to fix small UDP buffers, and
+// silences quic-go's own per-process warning.
+func warnUDPBuffers(id Identity, opt Options) {
+	if opt.Transport != "quic" {
+		return
+	}
+	os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	udpWarnOnce.Do(func() {
+		b, err := os.ReadFile("/proc/sys/net/core/rmem_max")
+		if err != nil || id.Rank != 0 {
+			return
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if n < 7500000 {
+			fmt.Fprintf(os.Stderr, "gorun: warning: net.core.rmem_max is %d; QUIC runs slower with UDP buffers under 7.5 MB: sysctl -w net.core.rmem_max=7500000 net.core.wmem_max=7500000\n", n)
+		}
+	})
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// listenIP picks the address to listen on: the configured one, else the
+// local address that routes to the rendezvous.
+func listenIP(iface, rendezvous string) (string, error) {
+	if iface != "" {
+		if ip := net.ParseIP(iface); ip != nil {
+			return iface, nil
+		}
+		ifc, err := net.InterfaceByName(iface)
+		if err != nil {
+			return "", fmt.Errorf("%s=%q is neither an IP address nor an interface name", EnvIface, iface)
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String(), nil
+			}
+		}
+		return "", fmt.Errorf("interface %s has no IPv4 address", iface)
+	}
+	host, _, err := net.SplitHostPort(rendezvous)
+	if err != nil {
+		return "", err
+	}
+	if isLoopbackHost(host) {
+		if host == "localhost" {
+			return "127.0.0.1", nil
+		}
+		return host, nil
+	}
+	c, err := net.Dial("udp", net.JoinHostPort(host, "9"))
+	if err != nil {
+		return "", fmt.Errorf("no route to the rendezvous host %s: %v", host, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
+
+// hostKey identifies this machine and network namespace.
+func hostKey() string {
+	mid, _ := os.ReadFile("/etc/machine-id")
+	ns, _ := os.Readlink("/proc/self/ns/net")
+	h, _ := os.Hostname()
+	return strings.TrimSpace(string(mid)) + "/" + h + "/" + ns
+}
+
+func hostName(id Identity) string {
+	if id.Host != "" {
+		return id.Host
+	}
+	h, _ := os.Hostname()
+	return h
+}
