@@ -72,8 +72,8 @@ func TestStrangerCannotHandshake(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}
-		defer meshes[r].Close()
 	}
+	defer CloseAll([]Transport{meshes[0], meshes[1]})
 	// 4. The stranger dials rank 1's mesh directly and is refused.
 	addr := strings.TrimPrefix(meshes[0].addrs[1], "quic://")
 	_, err = quic.DialAddr(ctx, addr, other.clientTLS(), quicConfig(3*time.Second))

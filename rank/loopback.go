@@ -10,7 +10,8 @@ import (
 // LoopbackGroup builds n meshes inside this process that talk to each other
 // over real sockets on 127.0.0.1 (QUIC or TLS/TCP as opt says), with a
 // private rendezvous and a fresh job secret. It is for tests and benchmarks
-// that want real transports without starting processes.
+// that want real transports without starting processes. Close the group
+// with CloseAll (closing one by one waits for each peer to hang up).
 func LoopbackGroup(ctx context.Context, n int, opt Options) ([]Transport, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("loopback group of %d ranks", n)
@@ -52,4 +53,19 @@ func LoopbackGroup(ctx context.Context, n int, opt Options) ([]Transport, error)
 		out[r] = meshes[r]
 	}
 	return out, nil
+}
+
+// CloseAll closes transports concurrently. Close waits for each peer to
+// close its side (so that the last messages are delivered), so closing the
+// ranks of one process one after another would wait needlessly.
+func CloseAll(ts []Transport) {
+	var wg sync.WaitGroup
+	for _, t := range ts {
+		if t == nil {
+			continue
+		}
+		wg.Add(1)
+		go func(t Transport) { defer wg.Done(); t.Close() }(t)
+	}
+	wg.Wait()
 }

@@ -551,7 +551,11 @@ func (m *Mesh) ioError(ctx context.Context, op string, peer, ch int, tag Tag, er
 		case <-m.closed:
 			err = errClosed
 		default:
-			err = fmt.Errorf("%v (channel %d, %v)", err, ch, tag)
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				err = fmt.Errorf("rank %d closed the connection (channel %d, %v)", peer, ch, tag)
+			} else {
+				err = fmt.Errorf("%v (channel %d, %v)", err, ch, tag)
+			}
 		}
 	}
 	return &PeerError{Self: m.id.Rank, Peer: peer, Host: m.names[peer], Op: op, Err: err}
@@ -639,13 +643,48 @@ func parseHeader(b []byte) (Tag, int) {
 	}, int(binary.LittleEndian.Uint32(b[20:]))
 }
 
-// Close tears the mesh down; blocked Sends and Recvs fail.
+// closeLinger bounds how long Close waits for peers to read what this rank
+// sent and to close their side.
+const closeLinger = 3 * time.Second
+
+// Close tears the mesh down; blocked Sends and Recvs fail. It first closes
+// the sending side of every lane and waits (at most closeLinger) for each
+// peer to close its side, so that messages sent just before Close are
+// delivered, not cut off.
 func (m *Mesh) Close() error {
 	m.once.Do(func() {
 		close(m.closed)
 		m.mu.Lock()
 		conns, tcs := m.conns, m.tcpConns
+		var lanes []*lane
+		for _, ls := range m.lanes {
+			for _, l := range ls {
+				if l != nil {
+					lanes = append(lanes, l)
+				}
+			}
+		}
 		m.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, l := range lanes {
+			wg.Add(1)
+			go func(l *lane) {
+				defer wg.Done()
+				l.c.SetReadDeadline(time.Unix(1, 0)) // abort Recvs in flight
+				l.wmu.Lock()
+				if cw, ok := l.c.(interface{ CloseWrite() error }); ok {
+					cw.CloseWrite()
+				} else {
+					l.c.Close() // a QUIC stream's Close ends its sending side
+				}
+				l.wmu.Unlock()
+				l.rmu.Lock()
+				l.c.SetReadDeadline(time.Now().Add(closeLinger))
+				io.Copy(io.Discard, l.c)
+				l.rmu.Unlock()
+			}(l)
+		}
+		wg.Wait()
 		for _, c := range conns {
 			c.CloseWithError(0, fmt.Sprintf("rank %d closed its mesh", m.id.Rank))
 		}

@@ -20,11 +20,7 @@ func group(t *testing.T, n int, opt Options) []Transport {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, m := range g {
-			m.Close()
-		}
-	})
+	t.Cleanup(func() { CloseAll(g) })
 	return g
 }
 
