@@ -1,0 +1,38 @@
+# gorun: the front door. `make demo` and `make test` are all a new user needs.
+GO        ?= go
+export CGO_ENABLED ?= 0
+BIN       := bin
+# Packages with goroutines run their tests under the race detector (it needs cgo).
+RACE_PKGS := ./rank/... ./mpirun/... ./collective/... ./half/...
+NP        ?= 4
+
+.PHONY: all build test vet fmt-check bench demo clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -trimpath -o $(BIN)/ ./cmd/... ./examples/...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+# All tests: formatting, vet, the race detector on the concurrent packages,
+# and every package's tests.
+test: fmt-check vet build
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
+	$(GO) test -count=1 -timeout 20m ./...
+
+# Benchmarks print numbers (see README); they assert nothing.
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./bench/...
+
+demo: build
+	$(BIN)/gorun -np $(NP) $(BIN)/ring
+
+clean:
+	rm -rf $(BIN)
