@@ -1,0 +1,118 @@
+package kernels
+
+// AttnArgs describes one multi-head scaled-dot-product attention call.
+//
+// Q is [B, Sq, H*Dh]; K and V are [B, SkCap, H*Dh] of which the first Sk
+// positions are used (SkCap > Sk lets incremental decoding attend over a
+// growing key/value cache). Probs is [B, H, Sq, Sk] and keeps the softmax
+// (before dropout) for the backward pass. O is [B, Sq, H*Dh].
+type AttnArgs struct {
+	B, H, Sq, Sk, Dh int
+	// KeyLen, when set (I32, [B]), masks keys at positions >= KeyLen[b]
+	// (padding). A row whose keys are all masked attends uniformly to none:
+	// its output is zero.
+	KeyLen Tensor
+	// Causal masks key j > query i (decoder self-attention).
+	Causal bool
+	// Scale multiplies the scores (Dh^-0.5).
+	Scale float32
+	// Dropout on the attention weights, regenerated from Seed in backward.
+	Dropout float32
+	Seed    uint64
+}
+
+// AdamArgs are the hyper-parameters of one Adam update. LR is the step size
+// with the bias correction already folded in, as TensorFlow's Adam does:
+// lr_t = lr * sqrt(1-beta2^t) / (1-beta1^t); the update is
+// p -= lr_t * m / (sqrt(v) + Eps).
+type AdamArgs struct {
+	LR, Beta1, Beta2, Eps float32
+}
+
+// Backend is the set of ops the Transformer needs. Every op takes Tensors
+// that live on the backend's device; outputs are preallocated by the caller,
+// so a training step allocates nothing in the steady state. Ops whose name
+// ends in Backward accumulate (+=) into parameter gradients, and into dx
+// where the documentation says so, so that residual branches add up without
+// extra buffers.
+type Backend interface {
+	Name() string
+	Device() Device
+	// Alloc returns a zeroed tensor.
+	Alloc(dt DType, dims ...int) Tensor
+	// Upload / Download copy between host slices and a tensor.
+	Upload(dst Tensor, src []float32)
+	UploadI32(dst Tensor, src []int32)
+	Download(dst []float32, src Tensor)
+	Copy(dst, src Tensor)
+	Zero(t Tensor)
+	// Scale: x *= s.
+	Scale(x Tensor, s float32)
+	// Axpy: y += a*x.
+	Axpy(y Tensor, a float32, x Tensor)
+	// HasInfNaN reports whether x holds an Inf or a NaN.
+	HasInfNaN(x Tensor) bool
+	// SumSquares returns the sum of x*x (for gradient norms).
+	SumSquares(x Tensor) float64
+
+	// Gemm: C = alpha*op(A)*op(B) + beta*C, on the last two dimensions, for
+	// 2-D tensors or a batch of them (leading dimensions equal). A 2-D A
+	// may be given a (rows, cols) view of any tensor: A is read as
+	// A.Rows() x A.Cols().
+	Gemm(transA, transB bool, alpha float32, a, b Tensor, beta float32, c Tensor)
+
+	// AddBias: x[r,:] += bias. BiasGrad: dbias += sum over rows of dy.
+	AddBias(x, bias Tensor)
+	BiasGrad(dbias, dy Tensor)
+	// BiasReLU: x = max(0, x + bias) in place. ReLUBackward: dx *= (y > 0)
+	// where y is the ReLU output.
+	BiasReLU(x, bias Tensor)
+	ReLUBackward(dx, y Tensor)
+
+	// LayerNorm over the last dimension: y = (x-mean)*rstd*gamma + beta,
+	// saving mean and rstd ([rows]). LayerNormBackward adds into dx, dgamma
+	// and dbeta.
+	LayerNorm(y, mean, rstd, x, gamma, beta Tensor, eps float32)
+	LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Tensor)
+
+	// Dropout: y = x * keep / (1-p), keep drawn from (seed, element index),
+	// so Backward regenerates it. y may alias x. DropoutBackward likewise
+	// with dx = dy * keep / (1-p).
+	Dropout(y, x Tensor, p float32, seed uint64)
+	DropoutBackward(dx, dy Tensor, p float32, seed uint64)
+	// ResidualDropout: out = res + dropout(y). out may alias res.
+	ResidualDropout(out, res, y Tensor, p float32, seed uint64)
+
+	// Embedding: out[i,:] = table[ids[i],:] * scale, and zero where
+	// ids[i] == padID (OpenSeq2Seq zeroes padding embeddings).
+	// EmbeddingBackward: dtable[ids[i],:] += dout[i,:] * scale for ids[i]
+	// != padID.
+	Embedding(out, table, ids Tensor, scale float32, padID int32)
+	EmbeddingBackward(dtable, dout, ids Tensor, scale float32, padID int32)
+	// AddPositional: x[b,t,:] += pe[t0+t,:] for x [B, T, D], pe [maxT, D].
+	AddPositional(x, pe Tensor, t0 int)
+
+	// Attention: multi-head attention with padding/causal masks, dropout on
+	// the weights. AttentionBackward writes (not accumulates) dq, dk, dv
+	// (same layouts as q, k, v) and uses dprobs ([B,H,Sq,Sk]) as scratch.
+	Attention(o, probs, q, k, v Tensor, a AttnArgs)
+	AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs Tensor, a AttnArgs)
+
+	// CrossEntropy over logits [N, V] and targets [N] (I32) with label
+	// smoothing ls (target gets 1-ls, every other id ls/(V-1)); rows whose
+	// target is padID count for nothing. Returns the summed loss and the
+	// number of counted rows. If dlogits is non-empty (it may alias logits)
+	// it receives gradScale * d(loss)/d(logits).
+	CrossEntropy(dlogits, logits, targets Tensor, ls float32, padID int32, gradScale float32) (sum float64, count int)
+	// LogSoftmax: out = log(softmax(x)) row-wise (decoding). out may alias x.
+	LogSoftmax(out, x Tensor)
+
+	// Adam: dense update of p with gradient g and moments m, v.
+	Adam(p, g, m, v Tensor, a AdamArgs)
+	// AdamRows: LazyAdam's sparse update: only the listed rows (I32) of the
+	// [rows, cols] parameter are updated, other rows keep p, m and v.
+	AdamRows(p, g, m, v, rows Tensor, a AdamArgs)
+
+	// Sync waits for queued work (no-op on the CPU).
+	Sync()
+}

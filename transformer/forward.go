@@ -1,0 +1,251 @@
+package transformer
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gorun/gorun/kernels"
+)
+
+const f32 = kernels.F32
+
+// dropout site numbers (see site): encoder embedding 0, encoder layer l
+// 1+4l+{0 attention weights, 1 attention output, 2 relu, 3 ffn output};
+// decoder embedding 1<<20, decoder layer l 1<<20+1+8l+{0 self weights,
+// 1 self output, 2 cross weights, 3 cross output, 4 relu, 5 ffn output}.
+func encSite(l, j int) int { return 1 + 4*l + j }
+func decSite(l, j int) int { return 1<<20 + 1 + 8*l + j }
+
+const decEmbSite = 1 << 20
+
+// Forward runs the model on a batch and returns the loss. With train set,
+// dropout is on and the gradient of the loss with respect to the logits is
+// kept for Backward. The loss is the mean over non-pad target tokens.
+func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
+	if err := b.Validate(m.Cfg.Vocab); err != nil {
+		return Loss{}, err
+	}
+	be, c := m.be, m.Cfg
+	B, S, T := b.B, b.S, b.T
+	Nt := B * T
+	m.bt = *b
+	m.train = train
+	m.haveGrad = false
+	if train {
+		m.stepSeed = mix(m.Seed ^ mix(m.DropoutStep))
+		m.DropoutStep++
+	}
+	m.positional(max(S, T))
+	m.encode(b.Src, B, S)
+
+	// decoder input: target shifted right, PAD (zero embedding) first.
+	din := m.dinIDs.shape(be, kernels.I32, B, T)
+	tgt := m.tgtIDs.shape(be, kernels.I32, Nt)
+	if cap(m.hostIDs) < Nt {
+		m.hostIDs = make([]int32, Nt)
+	}
+	host := m.hostIDs[:Nt]
+	tokens := 0
+	for i := 0; i < B; i++ {
+		host[i*T] = PAD
+		copy(host[i*T+1:(i+1)*T], b.Tgt[i*T:(i+1)*T-1])
+		for _, id := range b.Tgt[i*T : (i+1)*T] {
+			if id != PAD {
+				tokens++
+			}
+		}
+	}
+	if tokens == 0 {
+		return Loss{}, fmt.Errorf("transformer: batch has no target tokens")
+	}
+	m.tokens = tokens
+	be.UploadI32(din, host)
+	be.UploadI32(tgt, b.Tgt)
+	m.decodeTrain(B, S, T)
+
+	E := m.w[m.emb]
+	logits := m.logits.shape(be, f32, Nt, c.Vocab)
+	m.gemm(false, true, m.decOut.T, E, 0, logits)
+	var dl kernels.Tensor
+	if train {
+		dl = logits
+	}
+	sum, n := be.CrossEntropy(dl, logits, tgt, c.LabelSmoothing, PAD, 1/float32(tokens))
+	m.haveGrad = train
+	raw := sum / float64(n)
+	return Loss{Raw: raw, Lab: raw - SmoothedEntropy(c.Vocab, float64(c.LabelSmoothing)), Tokens: n}, nil
+}
+
+// sourceLengths uploads the per-sentence source lengths (number of
+// non-pad ids; sentences are right-padded).
+func (m *Model) sourceLengths(src []int32, B, S int) kernels.Tensor {
+	if cap(m.srcLenI32) < B {
+		m.srcLenI32 = make([]int32, B)
+	}
+	h := m.srcLenI32[:B]
+	for i := 0; i < B; i++ {
+		n := int32(0)
+		for j, id := range src[i*S : (i+1)*S] {
+			if id != PAD {
+				n = int32(j + 1)
+			}
+		}
+		h[i] = n
+	}
+	t := m.srcLen.shape(m.be, kernels.I32, B)
+	m.be.UploadI32(t, h)
+	return t
+}
+
+func (m *Model) attnArgs(B, Sq, Sk int, keyLen kernels.Tensor, causal bool, site int) kernels.AttnArgs {
+	c := m.Cfg
+	dh := c.DModel / c.Heads
+	a := kernels.AttnArgs{B: B, H: c.Heads, Sq: Sq, Sk: Sk, Dh: dh, KeyLen: keyLen, Causal: causal,
+		Scale: float32(1 / math.Sqrt(float64(dh))), Dropout: m.drop(c.AttnDropout)}
+	if a.Dropout > 0 {
+		a.Seed = m.site(site)
+	}
+	return a
+}
+
+func (m *Model) seedOf(p float32, site int) uint64 {
+	if p > 0 {
+		return m.site(site)
+	}
+	return 0
+}
+
+// encode runs the encoder on src [B][S]; the result is m.encOut.T [B*S, d].
+func (m *Model) encode(src []int32, B, S int) {
+	be, c := m.be, m.Cfg
+	d, F := c.DModel, c.FFN
+	N := B * S
+	ids := m.srcIDs.shape(be, kernels.I32, B, S)
+	be.UploadI32(ids, src)
+	keyLen := m.sourceLengths(src, B, S)
+	x := m.ea[0].x.shape(be, f32, N, d)
+	be.Embedding(x, m.w[m.emb], ids, m.embMul, PAD)
+	be.AddPositional(x.Reshape(B, S, d), m.pe, 0)
+	if p := m.drop(c.PostDropout); p > 0 {
+		be.Dropout(x, x, p, m.site(0))
+	}
+	w := m.w
+	for l := range m.enc {
+		a, L := &m.ea[l], &m.enc[l]
+		x := a.x.T
+		var out kernels.Tensor
+		if l+1 < len(m.enc) {
+			out = m.ea[l+1].x.shape(be, f32, N, d)
+		} else {
+			out = m.encX.shape(be, f32, N, d)
+		}
+		ln1 := a.ln1.shape(be, f32, N, d)
+		be.LayerNorm(ln1, a.m1.shape(be, f32, N), a.r1.shape(be, f32, N), x, w[L.ln1.g], w[L.ln1.b], c.LNEps)
+		q, k, v := a.q.shape(be, f32, N, d), a.k.shape(be, f32, N, d), a.v.shape(be, f32, N, d)
+		m.gemm(false, false, ln1, w[L.att.q], 0, q)
+		m.gemm(false, false, ln1, w[L.att.k], 0, k)
+		m.gemm(false, false, ln1, w[L.att.v], 0, v)
+		ctx := a.ctx.shape(be, f32, N, d)
+		args := m.attnArgs(B, S, S, keyLen, false, encSite(l, 0))
+		be.Attention(ctx.Reshape(B, S, d), a.p.shape(be, f32, B, c.Heads, S, S), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), args)
+		y := m.scratch(0, N, d)
+		m.gemm(false, false, ctx, w[L.att.o], 0, y)
+		mid := a.mid.shape(be, f32, N, d)
+		p := m.drop(c.PostDropout)
+		be.ResidualDropout(mid, x, y, p, m.seedOf(p, encSite(l, 1)))
+		ln2 := a.ln2.shape(be, f32, N, d)
+		be.LayerNorm(ln2, a.m2.shape(be, f32, N), a.r2.shape(be, f32, N), mid, w[L.ln2.g], w[L.ln2.b], c.LNEps)
+		hd := m.ffnFwd(&a.h, &a.hd, ln2, N, F, L.ffn, encSite(l, 2))
+		y2 := m.scratch(0, N, d)
+		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
+		be.AddBias(y2, w[L.ffn.b2])
+		be.ResidualDropout(out, mid, y2, p, m.seedOf(p, encSite(l, 3)))
+	}
+	be.LayerNorm(m.encOut.shape(be, f32, N, d), m.encM.shape(be, f32, N), m.encR.shape(be, f32, N), m.encX.T, w[m.encLN.g], w[m.encLN.b], c.LNEps)
+}
+
+// ffnFwd computes relu(x W1 + b1) into h and its dropout into hd (hd is h
+// itself when dropout is off) and returns hd.
+func (m *Model) ffnFwd(h, hd *slot, x kernels.Tensor, N, F int, L ffnP, site int) kernels.Tensor {
+	be := m.be
+	ht := h.shape(be, f32, N, F)
+	m.gemm(false, false, x, m.w[L.w1], 0, ht)
+	be.BiasReLU(ht, m.w[L.b1])
+	p := m.drop(m.Cfg.ReLUDropout)
+	if p == 0 {
+		hd.T = ht
+		return ht
+	}
+	t := hd.shape(be, f32, N, F)
+	be.Dropout(t, ht, p, m.site(site))
+	return t
+}
+
+// scratch returns view i of the model's scratch buffers.
+func (m *Model) scratch(i int, dims ...int) kernels.Tensor {
+	return m.scr[i].shape(m.be, f32, dims...)
+}
+
+// decodeTrain runs the decoder over the whole (teacher-forced) target.
+func (m *Model) decodeTrain(B, S, T int) {
+	be, c := m.be, m.Cfg
+	d, F := c.DModel, c.FFN
+	Nt, Ns := B*T, B*S
+	w := m.w
+	keyLen := m.srcLen.T
+	x := m.da[0].x.shape(be, f32, Nt, d)
+	be.Embedding(x, w[m.emb], m.dinIDs.T, m.embMul, PAD)
+	be.AddPositional(x.Reshape(B, T, d), m.pe, 0)
+	if p := m.drop(c.PostDropout); p > 0 {
+		be.Dropout(x, x, p, m.site(decEmbSite))
+	}
+	encOut := m.encOut.T
+	for l := range m.dec {
+		a, L := &m.da[l], &m.dec[l]
+		x := a.x.T
+		var out kernels.Tensor
+		if l+1 < len(m.dec) {
+			out = m.da[l+1].x.shape(be, f32, Nt, d)
+		} else {
+			out = m.decX.shape(be, f32, Nt, d)
+		}
+		p := m.drop(c.PostDropout)
+		// masked self-attention
+		ln1 := a.ln1.shape(be, f32, Nt, d)
+		be.LayerNorm(ln1, a.m1.shape(be, f32, Nt), a.r1.shape(be, f32, Nt), x, w[L.ln1.g], w[L.ln1.b], c.LNEps)
+		q, k, v := a.q.shape(be, f32, Nt, d), a.k.shape(be, f32, Nt, d), a.v.shape(be, f32, Nt, d)
+		m.gemm(false, false, ln1, w[L.self.q], 0, q)
+		m.gemm(false, false, ln1, w[L.self.k], 0, k)
+		m.gemm(false, false, ln1, w[L.self.v], 0, v)
+		ctx := a.ctx.shape(be, f32, Nt, d)
+		args := m.attnArgs(B, T, T, kernels.Tensor{}, true, decSite(l, 0))
+		be.Attention(ctx.Reshape(B, T, d), a.p1.shape(be, f32, B, c.Heads, T, T), q.Reshape(B, T, d), k.Reshape(B, T, d), v.Reshape(B, T, d), args)
+		y := m.scratch(0, Nt, d)
+		m.gemm(false, false, ctx, w[L.self.o], 0, y)
+		mid1 := a.mid1.shape(be, f32, Nt, d)
+		be.ResidualDropout(mid1, x, y, p, m.seedOf(p, decSite(l, 1)))
+		// encoder-decoder attention
+		ln2 := a.ln2.shape(be, f32, Nt, d)
+		be.LayerNorm(ln2, a.m2.shape(be, f32, Nt), a.r2.shape(be, f32, Nt), mid1, w[L.ln2.g], w[L.ln2.b], c.LNEps)
+		q2, k2, v2 := a.q2.shape(be, f32, Nt, d), a.k2.shape(be, f32, Ns, d), a.v2.shape(be, f32, Ns, d)
+		m.gemm(false, false, ln2, w[L.cross.q], 0, q2)
+		m.gemm(false, false, encOut, w[L.cross.k], 0, k2)
+		m.gemm(false, false, encOut, w[L.cross.v], 0, v2)
+		ctx2 := a.ctx2.shape(be, f32, Nt, d)
+		args = m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
+		be.Attention(ctx2.Reshape(B, T, d), a.p2.shape(be, f32, B, c.Heads, T, S), q2.Reshape(B, T, d), k2.Reshape(B, S, d), v2.Reshape(B, S, d), args)
+		y = m.scratch(0, Nt, d)
+		m.gemm(false, false, ctx2, w[L.cross.o], 0, y)
+		mid2 := a.mid2.shape(be, f32, Nt, d)
+		be.ResidualDropout(mid2, mid1, y, p, m.seedOf(p, decSite(l, 3)))
+		// feed-forward
+		ln3 := a.ln3.shape(be, f32, Nt, d)
+		be.LayerNorm(ln3, a.m3.shape(be, f32, Nt), a.r3.shape(be, f32, Nt), mid2, w[L.ln3.g], w[L.ln3.b], c.LNEps)
+		hd := m.ffnFwd(&a.h, &a.hd, ln3, Nt, F, L.ffn, decSite(l, 4))
+		y2 := m.scratch(0, Nt, d)
+		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
+		be.AddBias(y2, w[L.ffn.b2])
+		be.ResidualDropout(out, mid2, y2, p, m.seedOf(p, decSite(l, 5)))
+	}
+	be.LayerNorm(m.decOut.shape(be, f32, Nt, d), m.decM.shape(be, f32, Nt), m.decR.shape(be, f32, Nt), m.decX.T, w[m.decLN.g], w[m.decLN.b], c.LNEps)
+}

@@ -1,0 +1,317 @@
+package transformer
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/gorun/gorun/kernels"
+)
+
+// Param is one trainable tensor. Its weights are Weights[Offset:Offset+Len]
+// of the model's flat weight buffer, and its gradient the same range of the
+// flat gradient buffer.
+//
+// Parameters are registered in forward order (embedding, encoder layers,
+// encoder final norm, decoder layers, decoder final norm) and the backward
+// pass finishes their gradients in exactly the reverse order: the hook sees
+// indices len(Params)-1, ..., 1, 0. So the gradient buffer, read from its
+// end, is in order of readiness, and a run of consecutively ready gradients
+// (a bucket) is one contiguous slice.
+type Param struct {
+	Name   string
+	Shape  []int
+	Offset int
+	Len    int
+}
+
+type lnP struct{ g, b int }
+type attnP struct{ q, k, v, o int }
+type ffnP struct{ w1, b1, w2, b2 int }
+type encLayer struct {
+	ln1 lnP
+	att attnP
+	ln2 lnP
+	ffn ffnP
+}
+type decLayer struct {
+	ln1   lnP
+	self  attnP
+	ln2   lnP
+	cross attnP
+	ln3   lnP
+	ffn   ffnP
+}
+
+// slot is a growable activation buffer; T is its view for the current batch.
+type slot struct {
+	back kernels.Tensor
+	T    kernels.Tensor
+}
+
+func (s *slot) shape(be kernels.Backend, dt kernels.DType, dims ...int) kernels.Tensor {
+	n := 1
+	for _, d := range dims {
+		n *= d
+	}
+	if s.back.Len() < n || s.back.DType != dt || s.back.Rank == 0 {
+		s.back = be.Alloc(dt, n+n/4+1)
+	}
+	s.T = s.back.Slice(0, dims...)
+	return s.T
+}
+
+type encActs struct {
+	x, ln1, q, k, v, ctx, mid, ln2, h, hd slot
+	m1, r1, m2, r2, p                     slot
+}
+
+type decActs struct {
+	x, ln1, q, k, v, ctx, mid1, ln2, q2, k2, v2, ctx2, mid2, ln3, h, hd slot
+	m1, r1, m2, r2, m3, r3, p1, p2                                      slot
+}
+
+// Batch is one padded training batch: Src is [B][S] and Tgt is [B][T]
+// row-major, padded on the right with PAD (0); every target sentence ends
+// with EOS. The decoder input is built inside the model as the target
+// shifted right by one position with a PAD (zero-embedding) start symbol,
+// exactly as OpenSeq2Seq/tensor2tensor do.
+type Batch struct {
+	B, S, T int
+	Src     []int32
+	Tgt     []int32
+}
+
+// Validate checks the sizes of b and its ids against a vocabulary.
+func (b *Batch) Validate(vocab int) error {
+	if b.B < 1 || b.S < 1 || b.T < 1 {
+		return fmt.Errorf("transformer: empty batch %dx%d/%d", b.B, b.S, b.T)
+	}
+	if len(b.Src) != b.B*b.S || len(b.Tgt) != b.B*b.T {
+		return fmt.Errorf("transformer: batch has %d source and %d target ids, want %d and %d", len(b.Src), len(b.Tgt), b.B*b.S, b.B*b.T)
+	}
+	for _, ids := range [][]int32{b.Src, b.Tgt} {
+		for _, id := range ids {
+			if id < 0 || int(id) >= vocab {
+				return fmt.Errorf("transformer: token id %d outside the vocabulary of %d", id, vocab)
+			}
+		}
+	}
+	return nil
+}
+
+// Loss is the result of a forward pass.
+type Loss struct {
+	// Raw is the label-smoothed cross entropy per target token (nats).
+	Raw float64
+	// Lab is Raw minus the smoothed target distribution's entropy, the
+	// number OpenSeq2Seq logs as "Train loss".
+	Lab float64
+	// Tokens is the number of non-pad target tokens.
+	Tokens int
+}
+
+// Model is a Transformer with its parameters, gradients and activations.
+// It is not safe for concurrent use.
+type Model struct {
+	Cfg    Config
+	Params []Param
+	// Weights and Grads are the flat parameter and gradient buffers.
+	Weights, Grads kernels.Tensor
+	// AccumulateGrads makes Backward add to Grads instead of zeroing first.
+	AccumulateGrads bool
+	// Seed and DropoutStep determine the dropout masks: the masks of a
+	// training forward pass depend on (Seed, DropoutStep) only, and
+	// DropoutStep is incremented by each training forward pass.
+	Seed        uint64
+	DropoutStep uint64
+
+	be     kernels.Backend
+	w, g   []kernels.Tensor
+	emb    int
+	enc    []encLayer
+	encLN  lnP
+	dec    []decLayer
+	decLN  lnP
+	pe     kernels.Tensor
+	peLen  int
+	embMul float32
+
+	// state of the last forward pass
+	bt        Batch
+	train     bool
+	stepSeed  uint64
+	haveGrad  bool
+	tokens    int
+	srcIDs    slot
+	dinIDs    slot
+	tgtIDs    slot
+	srcLen    slot
+	ea        []encActs
+	da        []decActs
+	encX      slot // input of the final encoder norm (= last layer output)
+	encOut    slot
+	encM      slot
+	encR      slot
+	decX      slot
+	decOut    slot
+	decM      slot
+	decR      slot
+	logits    slot
+	dx, dy    slot    // residual-stream gradients (encoder, decoder)
+	dEnc      slot    // gradient of the encoder output
+	scr       [8]slot // scratch buffers
+	dh        slot    // [N, ffn] scratch
+	dprobs    slot
+	srcLenI32 []int32
+	hostIDs   []int32
+}
+
+// New builds a model with freshly initialised weights: embedding
+// N(0, d^-0.5) (tensor2tensor), projection matrices Glorot-uniform, biases 0,
+// layer norms gamma 1 beta 0. seed fixes the initial weights and, with
+// DropoutStep, the dropout masks.
+func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Model{Cfg: cfg, be: be, Seed: seed}
+	d, f := cfg.DModel, cfg.FFN
+	off := 0
+	add := func(name string, shape ...int) int {
+		n := 1
+		for _, s := range shape {
+			n *= s
+		}
+		m.Params = append(m.Params, Param{Name: name, Shape: shape, Offset: off, Len: n})
+		off += n
+		return len(m.Params) - 1
+	}
+	addLN := func(pfx string) lnP { return lnP{add(pfx+"/gamma", d), add(pfx+"/beta", d)} }
+	addAttn := func(pfx string) attnP {
+		return attnP{add(pfx+"/q/kernel", d, d), add(pfx+"/k/kernel", d, d), add(pfx+"/v/kernel", d, d), add(pfx+"/output_transform/kernel", d, d)}
+	}
+	addFFN := func(pfx string) ffnP {
+		return ffnP{add(pfx+"/filter_layer/kernel", d, f), add(pfx+"/filter_layer/bias", f), add(pfx+"/output_layer/kernel", f, d), add(pfx+"/output_layer/bias", d)}
+	}
+	m.emb = add("embedding_and_softmax/weights", cfg.Vocab, d)
+	for l := 0; l < cfg.EncLayers; l++ {
+		p := fmt.Sprintf("encoder/layer_%d/", l)
+		var e encLayer
+		e.ln1 = addLN(p + "self_attention/layer_norm")
+		e.att = addAttn(p + "self_attention")
+		e.ln2 = addLN(p + "ffn/layer_norm")
+		e.ffn = addFFN(p + "ffn")
+		m.enc = append(m.enc, e)
+	}
+	m.encLN = addLN("encoder/layer_norm")
+	for l := 0; l < cfg.DecLayers; l++ {
+		p := fmt.Sprintf("decoder/layer_%d/", l)
+		var e decLayer
+		e.ln1 = addLN(p + "self_attention/layer_norm")
+		e.self = addAttn(p + "self_attention")
+		e.ln2 = addLN(p + "encdec_attention/layer_norm")
+		e.cross = addAttn(p + "encdec_attention")
+		e.ln3 = addLN(p + "ffn/layer_norm")
+		e.ffn = addFFN(p + "ffn")
+		m.dec = append(m.dec, e)
+	}
+	m.decLN = addLN("decoder/layer_norm")
+	m.Weights = be.Alloc(kernels.F32, off)
+	m.Grads = be.Alloc(kernels.F32, off)
+	for _, p := range m.Params {
+		m.w = append(m.w, m.Weights.Slice(p.Offset, p.Shape...))
+		m.g = append(m.g, m.Grads.Slice(p.Offset, p.Shape...))
+	}
+	m.embMul = float32(math.Sqrt(float64(d)))
+	m.ea = make([]encActs, cfg.EncLayers)
+	m.da = make([]decActs, cfg.DecLayers)
+	m.initWeights(seed)
+	return m, nil
+}
+
+// Backend is the backend the model runs on.
+func (m *Model) Backend() kernels.Backend { return m.be }
+
+// NumParams is the number of trainable scalars.
+func (m *Model) NumParams() int { return m.Weights.Len() }
+
+// Weight and Grad return the tensors of parameter i.
+func (m *Model) Weight(i int) kernels.Tensor { return m.w[i] }
+
+// Grad returns the gradient tensor of parameter i.
+func (m *Model) Grad(i int) kernels.Tensor { return m.g[i] }
+
+// EmbeddingParam is the index of the shared embedding/softmax matrix.
+func (m *Model) EmbeddingParam() int { return m.emb }
+
+func (m *Model) initWeights(seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 0x7472616e73666f72))
+	host := make([]float32, m.Weights.Len())
+	for i, p := range m.Params {
+		w := host[p.Offset : p.Offset+p.Len]
+		switch {
+		case i == m.emb:
+			sd := 1 / math.Sqrt(float64(m.Cfg.DModel))
+			for j := range w {
+				w[j] = float32(r.NormFloat64() * sd)
+			}
+		case len(p.Shape) == 2:
+			lim := math.Sqrt(6 / float64(p.Shape[0]+p.Shape[1]))
+			for j := range w {
+				w[j] = float32((2*r.Float64() - 1) * lim)
+			}
+		case len(p.Name) > 6 && p.Name[len(p.Name)-6:] == "/gamma":
+			for j := range w {
+				w[j] = 1
+			}
+		}
+	}
+	m.be.Upload(m.Weights, host)
+}
+
+// positional makes sure the sinusoid table has n rows: row t is
+// [sin(t*inv_0..), cos(t*inv_0..)] with inv_i = exp(-i*log(1e4)/(d/2-1)).
+func (m *Model) positional(n int) {
+	if n <= m.peLen {
+		return
+	}
+	if n < 256 {
+		n = 256
+	}
+	d := m.Cfg.DModel
+	half := d / 2
+	inc := math.Log(1e4) / math.Max(float64(half-1), 1)
+	host := make([]float32, n*d)
+	for t := 0; t < n; t++ {
+		for i := 0; i < half; i++ {
+			a := float64(t) * math.Exp(-float64(i)*inc)
+			host[t*d+i] = float32(math.Sin(a))
+			host[t*d+half+i] = float32(math.Cos(a))
+		}
+	}
+	m.pe = m.be.Alloc(kernels.F32, n, d)
+	m.be.Upload(m.pe, host)
+	m.peLen = n
+}
+
+func mix(z uint64) uint64 {
+	z += 0x9E3779B97F4A7C15
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+// site returns the dropout seed of site k of the current step.
+func (m *Model) site(k int) uint64 { return mix(m.stepSeed ^ uint64(k)*0xD1B54A32D192ED03) }
+
+func (m *Model) drop(p float32) float32 {
+	if !m.train {
+		return 0
+	}
+	return p
+}
+
+func (m *Model) gemm(transA, transB bool, a, b kernels.Tensor, beta float32, c kernels.Tensor) {
+	m.be.Gemm(transA, transB, 1, a, b, beta, c)
+}

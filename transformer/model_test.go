@@ -1,0 +1,127 @@
+package transformer
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gorun/gorun/kernels/cpu"
+)
+
+func TestBaseParamCount(t *testing.T) {
+	cfg, err := Preset("base", 32768)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Count from the parameter list without allocating a model.
+	m, err := New(cfg, cpu.New(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.NumParams(); got != 60880896 {
+		t.Fatalf("base with 32768 ids has %d parameters, want 60,880,896", got)
+	}
+	sum := 0
+	for i, p := range m.Params {
+		if p.Offset != sum {
+			t.Fatalf("param %d %s at offset %d, want %d", i, p.Name, p.Offset, sum)
+		}
+		sum += p.Len
+	}
+}
+
+func TestSmoothedEntropy(t *testing.T) {
+	if h := SmoothedEntropy(32768, 0.1); math.Abs(h-1.3648) > 5e-5 {
+		t.Fatalf("smoothed entropy %v, want 1.3648", h)
+	}
+	if h := SmoothedEntropy(32768, 0); h != 0 {
+		t.Fatalf("no smoothing: %v", h)
+	}
+}
+
+// microConfig is a model small enough for finite differences.
+func microConfig() Config {
+	return Config{Preset: "micro", Vocab: 13, DModel: 8, Heads: 2, FFN: 12, EncLayers: 2, DecLayers: 2,
+		AttnDropout: 0.2, ReLUDropout: 0.2, PostDropout: 0.2, LabelSmoothing: 0.1, LNEps: 1e-6}
+}
+
+func microBatch() *Batch {
+	return &Batch{B: 3, S: 5, T: 4,
+		Src: []int32{4, 5, 6, 7, 1, 8, 9, 1, 0, 0, 10, 11, 12, 4, 1},
+		Tgt: []int32{5, 6, 7, 1, 9, 1, 0, 0, 12, 11, 4, 1}}
+}
+
+func TestModelGradientFiniteDifferences(t *testing.T) {
+	for _, dropout := range []bool{false, true} {
+		cfg := microConfig()
+		if !dropout {
+			cfg = cfg.NoDropout()
+		}
+		m, err := New(cfg, cpu.New(), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := microBatch()
+		loss := func() float64 {
+			m.DropoutStep = 7 // same dropout masks every time
+			l, err := m.Forward(b, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l.Raw
+		}
+		loss()
+		var order []int
+		if err := m.Backward(func(i int) { order = append(order, i) }); err != nil {
+			t.Fatal(err)
+		}
+		if len(order) != len(m.Params) {
+			t.Fatalf("hook called %d times for %d params", len(order), len(m.Params))
+		}
+		for k, i := range order {
+			if i != len(m.Params)-1-k {
+				t.Fatalf("hook order %v is not strictly decreasing", order)
+			}
+		}
+		grad := append([]float32(nil), m.Grads.F32...)
+		r := rand.New(rand.NewPCG(1, 2))
+		W := m.Weights.F32
+		bad := 0
+		for pi, p := range m.Params {
+			for k := 0; k < 4; k++ {
+				j := p.Offset + r.IntN(p.Len)
+				if pi == m.emb {
+					// rows of ids that occur, so the gather path is covered too
+					ids := []int{4, 5, 9, 12, 1}
+					j = p.Offset + ids[k]*cfg.DModel + r.IntN(cfg.DModel)
+				}
+				// Central differences at two step sizes: the larger one can
+				// straddle a ReLU kink, the smaller one suffers float32
+				// rounding; the analytic gradient must match one of them.
+				ana := float64(grad[j])
+				ok := false
+				var nums []float64
+				for _, eps := range []float32{1e-3, 2.5e-4} {
+					old := W[j]
+					W[j] = old + eps
+					lp := loss()
+					W[j] = old - eps
+					lm := loss()
+					W[j] = old
+					num := (lp - lm) / (2 * float64(eps))
+					nums = append(nums, num)
+					if math.Abs(num-ana) <= 1e-3+2e-2*math.Abs(num) {
+						ok = true
+					}
+				}
+				if !ok {
+					bad++
+					t.Errorf("dropout=%v %s[%d]: analytic %.6g numeric %.6g", dropout, p.Name, j-p.Offset, ana, nums)
+				}
+			}
+		}
+		if bad > 0 {
+			t.Fatalf("%d gradient mismatches", bad)
+		}
+	}
+}
