@@ -6,7 +6,7 @@ BIN       := bin
 RACE_PKGS := ./rank/... ./mpirun/... ./collective/... ./half/...
 NP        ?= 4
 
-.PHONY: all build test vet fmt-check bench demo clean
+.PHONY: all build test vet fmt-check bench demo clean hosts-up hosts-down
 
 all: build
 
@@ -33,6 +33,13 @@ bench: build
 
 demo: build
 	$(BIN)/gorun -np $(NP) $(BIN)/ring
+
+# Test hosts in network namespaces (root): HOSTS=2 LINK="rate 1gbit loss 0%" make hosts-up
+hosts-up:
+	test/hosts/up.sh
+
+hosts-down:
+	test/hosts/down.sh
 
 clean:
 	rm -rf $(BIN)
