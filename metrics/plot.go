@@ -1,0 +1,69 @@
+package metrics
+
+import (
+	"fmt"
+	"image/color"
+	"sort"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// Line is one named curve of a plot.
+type Line struct {
+	Name   string
+	Points []Point
+}
+
+var palette = []color.RGBA{
+	{R: 31, G: 119, B: 180, A: 255}, {R: 214, G: 39, B: 40, A: 255}, {R: 44, G: 160, B: 44, A: 255},
+	{R: 255, G: 127, B: 14, A: 255}, {R: 148, G: 103, B: 189, A: 255}, {R: 140, G: 86, B: 75, A: 255},
+}
+
+// PlotPNG draws lines against the step and writes a PNG to file. Lines with
+// no points are left out; with no points at all it writes nothing and
+// returns false.
+func PlotPNG(file, title, ylabel string, lines ...Line) (bool, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "step"
+	p.Y.Label.Text = ylabel
+	p.Add(plotter.NewGrid())
+	drawn := 0
+	for i, l := range lines {
+		if len(l.Points) == 0 {
+			continue
+		}
+		pts := append([]Point(nil), l.Points...)
+		sort.SliceStable(pts, func(a, b int) bool { return pts[a].Step < pts[b].Step })
+		xy := make(plotter.XYs, len(pts))
+		for j, pt := range pts {
+			xy[j].X, xy[j].Y = float64(pt.Step), pt.V
+		}
+		ln, err := plotter.NewLine(xy)
+		if err != nil {
+			return false, fmt.Errorf("plot %s: %v", file, err)
+		}
+		ln.Color = palette[i%len(palette)]
+		ln.Width = vg.Points(1.5)
+		p.Add(ln)
+		if len(lines) > 1 {
+			p.Legend.Add(l.Name, ln)
+		}
+		if len(pts) == 1 { // a single point is invisible as a line
+			sc, _ := plotter.NewScatter(xy)
+			sc.Color = ln.Color
+			p.Add(sc)
+		}
+		drawn++
+	}
+	if drawn == 0 {
+		return false, nil
+	}
+	p.Legend.Top = true
+	if err := p.Save(7*vg.Inch, 4*vg.Inch, file); err != nil {
+		return false, fmt.Errorf("plot %s: %v", file, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,262 @@
+// Package metrics writes what a training run measures: metrics.jsonl,
+// TensorBoard event files, and PNG plots of the same series.
+package metrics
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// TensorBoard reads TFRecord files of tensorflow.Event protos. No maintained
+// Go library writes them without pulling in TensorFlow's generated protos, so
+// the few fields a scalar needs are encoded here with protowire.
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func maskedCRC(b []byte) uint32 {
+	c := crc32.Checksum(b, castagnoli)
+	return ((c >> 15) | (c << 17)) + 0xa282ead8
+}
+
+// EventWriter appends scalar summaries to a TensorBoard event file.
+type EventWriter struct {
+	f    *os.File
+	w    *bufio.Writer
+	path string
+}
+
+// NewEventWriter creates dir/events.out.tfevents.<unix>.<host>.
+func NewEventWriter(dir string) (*EventWriter, error) {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	path := filepath.Join(dir, fmt.Sprintf("events.out.tfevents.%d.%s", time.Now().Unix(), host))
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	ew := &EventWriter{f: f, w: bufio.NewWriter(f), path: path}
+	var ev []byte
+	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
+	ev = protowire.AppendFixed64(ev, math.Float64bits(float64(time.Now().UnixNano())/1e9))
+	ev = protowire.AppendTag(ev, 3, protowire.BytesType)
+	ev = protowire.AppendString(ev, "brain.Event:2")
+	if err := ew.record(ev); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return ew, ew.w.Flush()
+}
+
+// Path is the event file's path.
+func (e *EventWriter) Path() string { return e.path }
+
+func (e *EventWriter) record(data []byte) error {
+	var hdr [12]byte
+	binary.LittleEndian.PutUint64(hdr[:8], uint64(len(data)))
+	binary.LittleEndian.PutUint32(hdr[8:], maskedCRC(hdr[:8]))
+	var foot [4]byte
+	binary.LittleEndian.PutUint32(foot[:], maskedCRC(data))
+	if _, err := e.w.Write(hdr[:]); err != nil {
+		return err
+	}
+	if _, err := e.w.Write(data); err != nil {
+		return err
+	}
+	_, err := e.w.Write(foot[:])
+	return err
+}
+
+// Scalars writes one event holding the given tag → value pairs at step.
+func (e *EventWriter) Scalars(step int64, wall time.Time, values map[string]float64) error {
+	var summary []byte
+	for _, tag := range sortedKeys(values) {
+		var v []byte
+		v = protowire.AppendTag(v, 1, protowire.BytesType)
+		v = protowire.AppendString(v, tag)
+		v = protowire.AppendTag(v, 2, protowire.Fixed32Type)
+		v = protowire.AppendFixed32(v, math.Float32bits(float32(values[tag])))
+		summary = protowire.AppendTag(summary, 1, protowire.BytesType)
+		summary = protowire.AppendBytes(summary, v)
+	}
+	var ev []byte
+	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
+	ev = protowire.AppendFixed64(ev, math.Float64bits(float64(wall.UnixNano())/1e9))
+	ev = protowire.AppendTag(ev, 2, protowire.VarintType)
+	ev = protowire.AppendVarint(ev, uint64(step))
+	ev = protowire.AppendTag(ev, 5, protowire.BytesType)
+	ev = protowire.AppendBytes(ev, summary)
+	return e.record(ev)
+}
+
+// Flush writes buffered events to the file.
+func (e *EventWriter) Flush() error { return e.w.Flush() }
+
+// Close flushes and closes the file.
+func (e *EventWriter) Close() error {
+	if err := e.w.Flush(); err != nil {
+		e.f.Close()
+		return err
+	}
+	return e.f.Close()
+}
+
+// Event is a decoded scalar event.
+type Event struct {
+	WallTime    float64
+	Step        int64
+	FileVersion string
+	Scalars     map[string]float32
+}
+
+// ReadEvents reads a TensorBoard event file, checking the TFRecord framing
+// and both masked CRC32C checksums of every record.
+func ReadEvents(path string) ([]Event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := bufio.NewReader(f)
+	var out []Event
+	for n := 0; ; n++ {
+		var hdr [12]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if err == io.EOF {
+				return out, nil
+			}
+			return nil, fmt.Errorf("%s: record %d: truncated header", path, n)
+		}
+		if maskedCRC(hdr[:8]) != binary.LittleEndian.Uint32(hdr[8:]) {
+			return nil, fmt.Errorf("%s: record %d: length checksum mismatch", path, n)
+		}
+		ln := binary.LittleEndian.Uint64(hdr[:8])
+		if ln > 64<<20 {
+			return nil, fmt.Errorf("%s: record %d: implausible length %d", path, n, ln)
+		}
+		data := make([]byte, ln+4)
+		if _, err := io.ReadFull(r, data); err != nil {
+			return nil, fmt.Errorf("%s: record %d: truncated data", path, n)
+		}
+		if maskedCRC(data[:ln]) != binary.LittleEndian.Uint32(data[ln:]) {
+			return nil, fmt.Errorf("%s: record %d: data checksum mismatch", path, n)
+		}
+		ev, err := parseEvent(data[:ln])
+		if err != nil {
+			return nil, fmt.Errorf("%s: record %d: %v", path, n, err)
+		}
+		out = append(out, ev)
+	}
+}
+
+func parseEvent(b []byte) (Event, error) {
+	ev := Event{Scalars: map[string]float32{}}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ev, errors.New("bad tag")
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.Fixed64Type:
+			v, n := protowire.ConsumeFixed64(b)
+			if n < 0 {
+				return ev, errors.New("bad wall_time")
+			}
+			ev.WallTime, b = math.Float64frombits(v), b[n:]
+		case num == 2 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return ev, errors.New("bad step")
+			}
+			ev.Step, b = int64(v), b[n:]
+		case num == 3 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeString(b)
+			if n < 0 {
+				return ev, errors.New("bad file_version")
+			}
+			ev.FileVersion, b = v, b[n:]
+		case num == 5 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return ev, errors.New("bad summary")
+			}
+			b = b[n:]
+			if err := parseSummary(v, ev.Scalars); err != nil {
+				return ev, err
+			}
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return ev, errors.New("bad field")
+			}
+			b = b[n:]
+		}
+	}
+	return ev, nil
+}
+
+func parseSummary(b []byte, into map[string]float32) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return errors.New("bad summary tag")
+		}
+		b = b[n:]
+		if num != 1 || typ != protowire.BytesType {
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return errors.New("bad summary field")
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return errors.New("bad summary value")
+		}
+		b = b[n:]
+		var tag string
+		var val float32
+		for len(v) > 0 {
+			num, typ, n := protowire.ConsumeTag(v)
+			if n < 0 {
+				return errors.New("bad value tag")
+			}
+			v = v[n:]
+			switch {
+			case num == 1 && typ == protowire.BytesType:
+				s, n := protowire.ConsumeString(v)
+				if n < 0 {
+					return errors.New("bad value tag string")
+				}
+				tag, v = s, v[n:]
+			case num == 2 && typ == protowire.Fixed32Type:
+				x, n := protowire.ConsumeFixed32(v)
+				if n < 0 {
+					return errors.New("bad simple_value")
+				}
+				val, v = math.Float32frombits(x), v[n:]
+			default:
+				n := protowire.ConsumeFieldValue(num, typ, v)
+				if n < 0 {
+					return errors.New("bad value field")
+				}
+				v = v[n:]
+			}
+		}
+		into[tag] = val
+	}
+	return nil
+}
