@@ -84,3 +84,24 @@ func TestPlotPNG(t *testing.T) {
 		t.Error("an empty plot was written")
 	}
 }
+
+// The lab: Transformer-base (60,880,896 parameters) on 4 ranks over 1 Gbit/s.
+// fp32: 2*3/4 * 4 B * 60.88e6 / 125e6 B/s = 2.922 s; fp16 half of that.
+func TestBottleneckLab(t *testing.T) {
+	b := AnalyzeBottleneck(60880896, 4, 1, 1.9)
+	if d := b.MinCommFP32 - 2.92228; d > 1e-4 || d < -1e-4 {
+		t.Errorf("fp32 bound %v", b.MinCommFP32)
+	}
+	if d := b.MinCommFP16 - 1.46114; d > 1e-4 || d < -1e-4 {
+		t.Errorf("fp16 bound %v", b.MinCommFP16)
+	}
+	if b.Verdict != "compute-bound" {
+		t.Errorf("verdict %q", b.Verdict)
+	}
+	if v := AnalyzeBottleneck(60880896, 4, 1, 0.5).Verdict; v != "network-bound" {
+		t.Errorf("verdict %q", v)
+	}
+	if !strings.Contains(b.String(), "2.922 s with fp32") {
+		t.Errorf("%s", b)
+	}
+}
