@@ -113,6 +113,13 @@ type Backend interface {
 	// [rows, cols] parameter are updated, other rows keep p, m and v.
 	AdamRows(p, g, m, v, rows Tensor, a AdamArgs)
 
+	// GatherRows: dst[i, :cols] = src[idx[i], :cols], rows being the first
+	// dimension (beam reordering of decoder caches). dst must not alias src.
+	GatherRows(dst, src, idx Tensor, cols int)
+	// WriteStep: cache[r, t, :] = x[r, :] for cache [R, Tcap, D], x [R, D]
+	// (appending a position to a key/value cache).
+	WriteStep(cache, x Tensor, t int)
+
 	// Sync waits for queued work (no-op on the CPU).
 	Sync()
 }

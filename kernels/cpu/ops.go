@@ -296,3 +296,31 @@ func (be *Backend) AdamRows(pt, gt, mt, vt, rt kernels.Tensor, a kernels.AdamArg
 		}
 	})
 }
+
+// GatherRows implements kernels.Backend.
+func (be *Backend) GatherRows(dt, st, it kernels.Tensor, cols int) {
+	dst, src, idx := f32(dt, "dst"), f32(st, "src"), it.I32
+	rl := st.Len() / st.Dims[0]
+	dl := dt.Len() / dt.Dims[0]
+	if cols > rl || cols > dl || len(idx) > dt.Dims[0] {
+		panic(fmt.Sprintf("cpu: GatherRows %v <- %v cols %d", dt, st, cols))
+	}
+	be.par(len(idx), 4, func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			s := int(idx[i]) * rl
+			copy(dst[i*dl:i*dl+cols], src[s:s+cols])
+		}
+	})
+}
+
+// WriteStep implements kernels.Backend.
+func (be *Backend) WriteStep(ct, xt kernels.Tensor, t int) {
+	cache, x := f32(ct, "cache"), f32(xt, "x")
+	R, Tc, D := ct.Dims[0], ct.Dims[1], ct.Dims[2]
+	if t < 0 || t >= Tc || xt.Len() != R*D {
+		panic(fmt.Sprintf("cpu: WriteStep %v <- %v at %d", ct, xt, t))
+	}
+	for r := 0; r < R; r++ {
+		copy(cache[(r*Tc+t)*D:(r*Tc+t+1)*D], x[r*D:(r+1)*D])
+	}
+}
