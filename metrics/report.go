@@ -221,7 +221,7 @@ func WriteReport(dir string) (string, error) {
 		dir, ri.Preset, commas(ri.Params), ri.WorldSize, strings.Join(uniq(ri.Hosts), ", "), orStr(ri.Device, "cpu"), ri.BatchTokens)
 
 	w("## How long did it take, and how many steps?\n\n")
-	w("- Total wall time: **%s** for **%d steps** (the last logged step).\n", (time.Duration((last - first) * 1e9)).Round(time.Second), lastStep)
+	w("- Total wall time: **%s** for **%s steps** (the last logged step).\n", (time.Duration((last - first) * 1e9)).Round(time.Second), commas(lastStep))
 	w("- Average step time: **%s s** (median %s s) over %d logged intervals.\n", fmtNum(mean(stepTime), "%.3f"), fmtNum(median(stepTime), "%.3f"), len(stepTime))
 	w("- Throughput: **%s target tokens/s** on average across the job.\n\n", fmtNum(mean(toks), "%.0f"))
 	w("%s\n\n", plot("step_time.png", "step time", "seconds", Line{"step time", stepTime}))
