@@ -37,7 +37,13 @@ type sgemmImpl struct {
 	mc     int // row block: the mc x kc A block lives in L2
 	nc     int // column block: the kc x nc B block lives in L3
 	fn     microKernel
+	// asmPack: pack with the AVX-512 loops when the CPU has them (panels
+	// of at most 32 floats); otherwise, and for the pure Go kernel, in Go.
+	asmPack bool
 }
+
+// hasPackAVX512 is set by the amd64 init when the CPU has AVX-512F.
+var hasPackAVX512 bool
 
 var goImpl = &sgemmImpl{name: "go", mr: 4, nr: 4, kc: 256, mc: 128, nc: 4096, fn: sgemmKernelGo}
 
@@ -384,6 +390,7 @@ func putJob(j *gemmJob) {
 // packBuf holds one goroutine's packed panels, reused across calls.
 type packBuf struct {
 	a, b, tile []float32
+	idxA, idxB [32]int32 // i*lda, j*ldb for the gathering packers
 }
 
 var bufPool = sync.Pool{New: func() any { return new(packBuf) }}
@@ -424,6 +431,18 @@ func (j *gemmJob) block(buf *packBuf, i0, i1, j0, j1 int, a, b, c []float32) {
 	buf.a = aligned(buf.a, mcb*kcb)
 	buf.b = aligned(buf.b, ncb*kcb)
 	buf.tile = aligned(buf.tile, mr*nr)
+	asmA := im.asmPack && hasPackAVX512 && mr <= 32 && 31*j.lda <= 1<<31-1
+	asmB := im.asmPack && hasPackAVX512 && nr <= 32 && 31*j.ldb <= 1<<31-1
+	if asmA {
+		for i := range buf.idxA {
+			buf.idxA[i] = int32(i * j.lda)
+		}
+	}
+	if asmB {
+		for i := range buf.idxB {
+			buf.idxB[i] = int32(i * j.ldb)
+		}
+	}
 	for jc := j0; jc < j1; jc += ncb {
 		nc := min(ncb, j1-jc)
 		for pc := 0; pc < k; pc += kcb {
@@ -434,10 +453,18 @@ func (j *gemmJob) block(buf *packBuf, i0, i1, j0, j1 int, a, b, c []float32) {
 			} else if beta == 0 {
 				overwrite = 1
 			}
-			packB(buf.b, nr, j.transB, b, j.ldb, pc, kc, jc, nc)
+			if asmB {
+				packBAsm(buf.b, nr, j.transB, b, j.ldb, pc, kc, jc, nc, &buf.idxB)
+			} else {
+				packB(buf.b, nr, j.transB, b, j.ldb, pc, kc, jc, nc)
+			}
 			for ic := i0; ic < i1; ic += mcb {
 				mc := min(mcb, i1-ic)
-				packA(buf.a, mr, j.transA, a, j.lda, ic, mc, pc, kc, j.alpha)
+				if asmA {
+					packAAsm(buf.a, mr, j.transA, a, j.lda, ic, mc, pc, kc, j.alpha, &buf.idxA)
+				} else {
+					packA(buf.a, mr, j.transA, a, j.lda, ic, mc, pc, kc, j.alpha)
+				}
 				macroKernel(im, buf, kc, mc, nc, c[ic*j.ldc+jc:], j.ldc, beta, overwrite)
 			}
 		}
@@ -547,6 +574,52 @@ func packB(dst []float32, nr int, trans bool, b []float32, ldb, p0, kc, j0, nc i
 			for p := 0; p < kc; p++ {
 				panel[p*nr+j] = 0
 			}
+		}
+	}
+}
+
+// laneMasks returns the AVX-512 lane masks of the first n of 32 lanes.
+func laneMasks(n int) (lo, hi int) {
+	lo = 1<<min(n, 16) - 1
+	hi = 1<<max(n-16, 0) - 1
+	return lo, hi
+}
+
+// packAAsm is packA with the AVX-512 loops (mr <= 32).
+func packAAsm(dst []float32, mr int, trans bool, a []float32, lda, i0, mc, p0, kc int, alpha float32, idx *[32]int32) {
+	sm1, sm2 := laneMasks(mr)
+	for ir := 0; ir < mc; ir += mr {
+		mrr := min(mr, mc-ir)
+		lm1, lm2 := laneMasks(mrr)
+		panel := dst[ir*kc : ir*kc+mr*kc]
+		if trans {
+			// Row p0+p of the stored A holds op(A)'s column: contiguous.
+			src := a[p0*lda+i0+ir:]
+			_ = src[(kc-1)*lda+mrr-1]
+			packCopyAVX512(&panel[0], &src[0], kc, lda, alpha, lm1, lm2, sm1, sm2)
+		} else {
+			src := a[(i0+ir)*lda+p0:]
+			_ = src[(mrr-1)*lda+kc-1]
+			packGatherAVX512(&panel[0], &src[0], &idx[0], kc, alpha, lm1, lm2, sm1, sm2)
+		}
+	}
+}
+
+// packBAsm is packB with the AVX-512 loops (nr <= 32).
+func packBAsm(dst []float32, nr int, trans bool, b []float32, ldb, p0, kc, j0, nc int, idx *[32]int32) {
+	sm1, sm2 := laneMasks(nr)
+	for jr := 0; jr < nc; jr += nr {
+		nrr := min(nr, nc-jr)
+		lm1, lm2 := laneMasks(nrr)
+		panel := dst[jr*kc : jr*kc+nr*kc]
+		if !trans {
+			src := b[p0*ldb+j0+jr:]
+			_ = src[(kc-1)*ldb+nrr-1]
+			packCopyAVX512(&panel[0], &src[0], kc, ldb, 1, lm1, lm2, sm1, sm2)
+		} else {
+			src := b[(j0+jr)*ldb+p0:]
+			_ = src[(nrr-1)*ldb+kc-1]
+			packGatherAVX512(&panel[0], &src[0], &idx[0], kc, 1, lm1, lm2, sm1, sm2)
 		}
 	}
 }

@@ -14,13 +14,20 @@ func sgemmKernelAVX2(kc int, a, b, c *float32, ldc int, beta float32, overwrite 
 
 func init() {
 	var impls []*sgemmImpl
+	hasPackAVX512 = cpu.X86.HasAVX512F && cpu.X86.HasPOPCNT
 	if cpu.X86.HasAVX512F {
 		// 12 x 32 tile: 24 accumulators, 2 B vectors, 6 broadcast registers.
-		impls = append(impls, &sgemmImpl{name: "avx512", mr: 12, nr: 32, kc: 256, mc: 480, nc: 4096, fn: sgemmKernelAVX512})
+		impls = append(impls, &sgemmImpl{name: "avx512", mr: 12, nr: 32, kc: 512, mc: 480, nc: 4096, fn: sgemmKernelAVX512, asmPack: true})
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		// 6 x 16 tile: 12 accumulators, 2 B vectors, 2 broadcast registers.
-		impls = append(impls, &sgemmImpl{name: "avx2", mr: 6, nr: 16, kc: 256, mc: 480, nc: 4096, fn: sgemmKernelAVX2})
+		impls = append(impls, &sgemmImpl{name: "avx2", mr: 6, nr: 16, kc: 256, mc: 480, nc: 4096, fn: sgemmKernelAVX2, asmPack: true})
 	}
 	sgemmImpls = append(impls, sgemmImpls...)
 }
+
+//go:noescape
+func packCopyAVX512(dst, src *float32, kc, ld int, alpha float32, lm1, lm2, sm1, sm2 int)
+
+//go:noescape
+func packGatherAVX512(dst, src *float32, idx *int32, kc int, alpha float32, lm1, lm2, sm1, sm2 int)
