@@ -392,18 +392,38 @@ func (be *Backend) LayerNormBackward(dxt, dgt, dbt, dyt, xt, meant, rstdt, gt ke
 	}
 }
 
-// keep reports whether element i survives dropout p under seed, as a
-// counter-based hash (splitmix64), so forward and backward agree and the
-// mask does not depend on the number of threads.
-func keep(seed uint64, i int, thresh uint32) bool {
-	z := seed + uint64(i)*0x9E3779B97F4A7C15
+// maskWord is the dropout randomness of elements 4g..4g+3: a counter-based
+// hash (splitmix64) of (seed, g), 16 bits per element, so forward and
+// backward agree and the mask does not depend on the number of threads.
+func maskWord(seed uint64, g int) uint64 {
+	z := seed + uint64(g)*0x9E3779B97F4A7C15
 	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
 	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	z ^= z >> 31
-	return uint32(z>>32) >= thresh
+	return z ^ (z >> 31)
 }
 
-func dropThresh(p float32) uint32 { return uint32(float64(p) * (1 << 32)) }
+// dropThresh: an element is kept when its 16 random bits are >= the
+// threshold, i.e. with probability 1 - round(p*65536)/65536.
+func dropThresh(p float32) uint16 { return uint16(math.Round(float64(p) * 65536)) }
+
+// dropApply computes y[i] = res[i] + x[i]*sc for kept elements and
+// y[i] = res[i] for dropped ones, over [lo, hi); res may be nil (zero).
+func dropApply(y, res, x []float32, lo, hi int, seed uint64, th uint16, sc float32) {
+	for i := lo; i < hi; {
+		z := maskWord(seed, i>>2)
+		end := min((i|3)+1, hi)
+		for ; i < end; i++ {
+			v := float32(0)
+			if uint16(z>>(uint(i&3)*16)) >= th {
+				v = x[i] * sc
+			}
+			if res != nil {
+				v += res[i]
+			}
+			y[i] = v
+		}
+	}
+}
 
 // Dropout implements kernels.Backend.
 func (be *Backend) Dropout(yt, xt kernels.Tensor, p float32, seed uint64) {
@@ -414,15 +434,7 @@ func (be *Backend) Dropout(yt, xt kernels.Tensor, p float32, seed uint64) {
 		return
 	}
 	th, sc := dropThresh(p), 1/(1-p)
-	be.par(len(y), 1<<14, func(_, lo, hi int) {
-		for i := lo; i < hi; i++ {
-			if keep(seed, i, th) {
-				y[i] = x[i] * sc
-			} else {
-				y[i] = 0
-			}
-		}
-	})
+	be.par(len(y), 1<<14, func(_, lo, hi int) { dropApply(y, nil, x, lo, hi, seed, th, sc) })
 }
 
 // DropoutBackward implements kernels.Backend.
@@ -444,15 +456,7 @@ func (be *Backend) ResidualDropout(outt, rest, yt kernels.Tensor, p float32, see
 		return
 	}
 	th, sc := dropThresh(p), 1/(1-p)
-	be.par(len(y), 1<<14, func(_, lo, hi int) {
-		for i := lo; i < hi; i++ {
-			if keep(seed, i, th) {
-				out[i] = res[i] + y[i]*sc
-			} else {
-				out[i] = res[i]
-			}
-		}
-	})
+	be.par(len(y), 1<<14, func(_, lo, hi int) { dropApply(out, res, y, lo, hi, seed, th, sc) })
 }
 
 // Embedding implements kernels.Backend.

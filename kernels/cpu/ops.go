@@ -204,19 +204,30 @@ func (be *Backend) CrossEntropy(dlt, lt, tt kernels.Tensor, ls float32, pad int3
 				}
 				sz += float64(z)
 			}
+			zy := float64(row[y])
 			var se float32
-			for _, z := range row {
-				se += expf(z - mx)
+			if dl == nil {
+				for _, z := range row {
+					se += expf(z - mx)
+				}
+			} else {
+				// d may alias row: each z is read before its slot is
+				// overwritten with exp(z - max).
+				d := dl[r*V : r*V+V]
+				for j, z := range row {
+					e := expf(z - mx)
+					d[j] = e
+					se += e
+				}
 			}
 			lse := float64(mx) + math.Log(float64(se))
-			zy := float64(row[y])
 			sum += lse - (float64(conf)*zy + float64(low)*(sz-zy))
 			cnt++
 			if dl != nil {
 				d := dl[r*V : r*V+V]
 				inv := 1 / se
-				for j, z := range row {
-					d[j] = (expf(z-mx)*inv - low) * gradScale
+				for j, e := range d {
+					d[j] = (e*inv - low) * gradScale
 				}
 				d[y] -= (conf - low) * gradScale
 			}
