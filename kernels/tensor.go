@@ -106,7 +106,11 @@ func (t Tensor) Dim(i int) int {
 }
 
 // Shape returns the dimensions as a new slice.
-func (t Tensor) Shape() []int { return append([]int(nil), t.Dims[:t.Rank]...) }
+func (t Tensor) Shape() []int {
+	s := make([]int, t.Rank)
+	copy(s, t.Dims[:])
+	return s
+}
 
 // Rows is the product of all dimensions but the last (the number of rows of
 // the tensor seen as a matrix), and Cols the last dimension.
@@ -121,24 +125,25 @@ func (t Tensor) Cols() int {
 }
 
 func (t Tensor) String() string {
-	return fmt.Sprintf("%s%v@%s", t.DType, t.Dims[:t.Rank], t.Dev)
+	return fmt.Sprintf("%s%s@%s", t.DType, dimsOf(t), t.Dev)
 }
 
 // Reshape returns a view with other dimensions and the same number of elements.
 func (t Tensor) Reshape(dims ...int) Tensor {
 	if len(dims) > MaxRank || len(dims) == 0 {
-		panic(fmt.Sprintf("kernels: reshape to rank %d", len(dims)))
+		panic("kernels: reshape to a rank outside 1..4")
 	}
 	n := 1
 	for _, d := range dims {
 		n *= d
 	}
+	var nd [MaxRank]int
+	copy(nd[:], dims)
 	if n != t.Len() {
-		panic(fmt.Sprintf("kernels: reshape %v to %v", t.Dims[:t.Rank], dims))
+		panic(fmt.Sprintf("kernels: reshape %s to %v (rank %d)", dimsOf(t), nd, len(dims)))
 	}
 	t.Rank = len(dims)
-	t.Dims = [MaxRank]int{}
-	copy(t.Dims[:], dims)
+	t.Dims = nd
 	return t
 }
 
@@ -150,7 +155,10 @@ func (t Tensor) Slice(off int, dims ...int) Tensor {
 		n *= d
 	}
 	if off < 0 || off+n > t.Len() {
-		panic(fmt.Sprintf("kernels: slice [%d:%d] of %v", off, off+n, t.Dims[:t.Rank]))
+		panic(fmt.Sprintf("kernels: slice [%d:%d] of %s", off, off+n, dimsOf(t)))
+	}
+	if len(dims) > MaxRank {
+		panic("kernels: slice to a rank above 4")
 	}
 	v := t
 	v.Rank = len(dims)
@@ -182,7 +190,7 @@ func FromF32(data []float32, dims ...int) Tensor {
 	t := Tensor{DType: F32, F32: data, Rank: len(dims)}
 	copy(t.Dims[:], dims)
 	if t.Len() != len(data) {
-		panic(fmt.Sprintf("kernels: %d elements for shape %v", len(data), dims))
+		panic(fmt.Sprintf("kernels: %d elements for shape %s", len(data), dimsOf(t)))
 	}
 	return t
 }
@@ -192,7 +200,12 @@ func FromI32(data []int32, dims ...int) Tensor {
 	t := Tensor{DType: I32, I32: data, Rank: len(dims)}
 	copy(t.Dims[:], dims)
 	if t.Len() != len(data) {
-		panic(fmt.Sprintf("kernels: %d elements for shape %v", len(data), dims))
+		panic(fmt.Sprintf("kernels: %d elements for shape %s", len(data), dimsOf(t)))
 	}
 	return t
 }
+
+// dimsOf formats the dimensions (a function of its own so that error paths
+// do not make the caller's tensor escape to the heap).
+//go:noinline
+func dimsOf(t Tensor) string { return fmt.Sprint(t.Dims[:t.Rank]) }
