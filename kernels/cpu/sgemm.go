@@ -390,7 +390,6 @@ func putJob(j *gemmJob) {
 // packBuf holds one goroutine's packed panels, reused across calls.
 type packBuf struct {
 	a, b, tile []float32
-	idxA, idxB [32]int32 // i*lda, j*ldb for the gathering packers
 }
 
 var bufPool = sync.Pool{New: func() any { return new(packBuf) }}
@@ -431,18 +430,8 @@ func (j *gemmJob) block(buf *packBuf, i0, i1, j0, j1 int, a, b, c []float32) {
 	buf.a = aligned(buf.a, mcb*kcb)
 	buf.b = aligned(buf.b, ncb*kcb)
 	buf.tile = aligned(buf.tile, mr*nr)
-	asmA := im.asmPack && hasPackAVX512 && mr <= 32 && 31*j.lda <= 1<<31-1
-	asmB := im.asmPack && hasPackAVX512 && nr <= 32 && 31*j.ldb <= 1<<31-1
-	if asmA {
-		for i := range buf.idxA {
-			buf.idxA[i] = int32(i * j.lda)
-		}
-	}
-	if asmB {
-		for i := range buf.idxB {
-			buf.idxB[i] = int32(i * j.ldb)
-		}
-	}
+	asmA := im.asmPack && hasPackAVX512 && mr <= 32
+	asmB := im.asmPack && hasPackAVX512 && nr <= 32
 	for jc := j0; jc < j1; jc += ncb {
 		nc := min(ncb, j1-jc)
 		for pc := 0; pc < k; pc += kcb {
@@ -454,14 +443,14 @@ func (j *gemmJob) block(buf *packBuf, i0, i1, j0, j1 int, a, b, c []float32) {
 				overwrite = 1
 			}
 			if asmB {
-				packBAsm(buf.b, nr, j.transB, b, j.ldb, pc, kc, jc, nc, &buf.idxB)
+				packBAsm(buf.b, nr, j.transB, b, j.ldb, pc, kc, jc, nc)
 			} else {
 				packB(buf.b, nr, j.transB, b, j.ldb, pc, kc, jc, nc)
 			}
 			for ic := i0; ic < i1; ic += mcb {
 				mc := min(mcb, i1-ic)
 				if asmA {
-					packAAsm(buf.a, mr, j.transA, a, j.lda, ic, mc, pc, kc, j.alpha, &buf.idxA)
+					packAAsm(buf.a, mr, j.transA, a, j.lda, ic, mc, pc, kc, j.alpha)
 				} else {
 					packA(buf.a, mr, j.transA, a, j.lda, ic, mc, pc, kc, j.alpha)
 				}
@@ -586,7 +575,7 @@ func laneMasks(n int) (lo, hi int) {
 }
 
 // packAAsm is packA with the AVX-512 loops (mr <= 32).
-func packAAsm(dst []float32, mr int, trans bool, a []float32, lda, i0, mc, p0, kc int, alpha float32, idx *[32]int32) {
+func packAAsm(dst []float32, mr int, trans bool, a []float32, lda, i0, mc, p0, kc int, alpha float32) {
 	sm1, sm2 := laneMasks(mr)
 	for ir := 0; ir < mc; ir += mr {
 		mrr := min(mr, mc-ir)
@@ -600,13 +589,13 @@ func packAAsm(dst []float32, mr int, trans bool, a []float32, lda, i0, mc, p0, k
 		} else {
 			src := a[(i0+ir)*lda+p0:]
 			_ = src[(mrr-1)*lda+kc-1]
-			packGatherAVX512(&panel[0], &src[0], &idx[0], kc, alpha, lm1, lm2, sm1, sm2)
+			packTrans16(panel, src, lda, mrr, kc, mr, alpha)
 		}
 	}
 }
 
 // packBAsm is packB with the AVX-512 loops (nr <= 32).
-func packBAsm(dst []float32, nr int, trans bool, b []float32, ldb, p0, kc, j0, nc int, idx *[32]int32) {
+func packBAsm(dst []float32, nr int, trans bool, b []float32, ldb, p0, kc, j0, nc int) {
 	sm1, sm2 := laneMasks(nr)
 	for jr := 0; jr < nc; jr += nr {
 		nrr := min(nr, nc-jr)
@@ -619,7 +608,27 @@ func packBAsm(dst []float32, nr int, trans bool, b []float32, ldb, p0, kc, j0, n
 		} else {
 			src := b[(j0+jr)*ldb+p0:]
 			_ = src[(nrr-1)*ldb+kc-1]
-			packGatherAVX512(&panel[0], &src[0], &idx[0], kc, 1, lm1, lm2, sm1, sm2)
+			packTrans16(panel, src, ldb, nrr, kc, nr, 1)
 		}
+	}
+}
+
+// packTrans16 packs rows [0,rows) of the stored matrix src (row stride ld),
+// columns [0,kc), transposed into a panel of width w <= 32: panel[p*w+i] =
+// alpha*src[i*ld+p], lanes rows..w-1 zero. It runs the AVX-512 16 x 16
+// transpose once per group of 16 lanes.
+func packTrans16(panel, src []float32, ld, rows, kc, w int, alpha float32) {
+	var offs [16]int
+	for g := 0; g < w; g += 16 {
+		n := min(16, rows-g) // rows in this group; <= 0: all lanes zero
+		first := min(g, rows-1)
+		for i := range offs {
+			offs[i] = (min(g+i, rows-1) - first) * ld * 4
+		}
+		rowMask := 0
+		if n > 0 {
+			rowMask = 1<<n - 1
+		}
+		packTransAVX512(&panel[g], &src[first*ld], &offs, kc, w, alpha, rowMask, 1<<min(16, w-g)-1)
 	}
 }

@@ -30,4 +30,4 @@ func init() {
 func packCopyAVX512(dst, src *float32, kc, ld int, alpha float32, lm1, lm2, sm1, sm2 int)
 
 //go:noescape
-func packGatherAVX512(dst, src *float32, idx *int32, kc int, alpha float32, lm1, lm2, sm1, sm2 int)
+func packTransAVX512(dst, src *float32, offs *[16]int, kc, w int, alpha float32, rowMask, storeMask int)

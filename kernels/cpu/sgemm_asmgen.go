@@ -152,6 +152,92 @@ func gen(k kern) {
 	b.WriteString("\n")
 }
 
+// genPackTrans writes packTransAVX512, which transposes up to 16 rows of
+// the stored matrix into a panel, 16 columns at a time through a 16 x 16
+// in-register transpose (unpack ps, unpack pd, two rounds of 128-bit lane
+// shuffles).
+func genPackTrans() {
+	b.WriteString(`// func packTransAVX512(dst, src *float32, offs *[16]int, kc, w int, alpha float32, rowMask, storeMask int)
+// dst[p*w+i] = alpha*src[offs[i]/4+p] for i < 16 lanes in rowMask (other lanes
+// of storeMask get zero), p < kc. offs[i] is row i's byte offset.
+TEXT ·packTransAVX512(SB), NOSPLIT, $0-64
+`)
+	p("MOVQ dst+0(FP), DI")
+	p("MOVQ src+8(FP), SI")
+	p("MOVQ offs+16(FP), R9")
+	p("MOVQ kc+24(FP), CX")
+	p("MOVQ w+32(FP), DX")
+	p("SHLQ $2, DX")
+	p("MOVQ DX, R12")
+	p("SHLQ $4, R12")
+	p("MOVQ rowMask+48(FP), AX")
+	p("KMOVW AX, K2")
+	p("MOVQ storeMask+56(FP), AX")
+	p("KMOVW AX, K3")
+	b.WriteString("packt_loop:\n")
+	p("MOVQ $0xffff, AX")
+	p("CMPQ CX, $16")
+	p("JGE packt_full")
+	p("MOVQ $1, AX")
+	p("SHLQ CX, AX")
+	p("DECQ AX")
+	b.WriteString("packt_full:\n")
+	p("KMOVW AX, K1")
+	z := func(i int) string { return fmt.Sprintf("Z%d", i) }
+	for r := 0; r < 16; r++ {
+		p("MOVQ %d(R9), R10", 8*r)
+		p("VMOVUPS.Z (SI)(R10*1), K1, %s", z(r))
+	}
+	// Stage 1: t[2k], t[2k+1] = unpack lo/hi ps of rows 2k, 2k+1.
+	for k := 0; k < 8; k++ {
+		p("VUNPCKLPS %s, %s, %s", z(2*k+1), z(2*k), z(16+2*k))
+		p("VUNPCKHPS %s, %s, %s", z(2*k+1), z(2*k), z(16+2*k+1))
+	}
+	// Stage 2: u[4k+c] holds rows 4k..4k+3 at column 4L+c of lane L.
+	for k := 0; k < 4; k++ {
+		t := 16 + 4*k
+		p("VUNPCKLPD %s, %s, %s", z(t+2), z(t), z(4*k))
+		p("VUNPCKHPD %s, %s, %s", z(t+2), z(t), z(4*k+1))
+		p("VUNPCKLPD %s, %s, %s", z(t+3), z(t+1), z(4*k+2))
+		p("VUNPCKHPD %s, %s, %s", z(t+3), z(t+1), z(4*k+3))
+	}
+	// Stage 3 and 4: 4 x 4 transpose of 128-bit lanes of u[c], u[4+c],
+	// u[8+c], u[12+c]; column j = 4L+c ends in Z(j).
+	for c := 0; c < 4; c++ {
+		v := 16 + 4*c
+		p("VSHUFF32X4 $0x44, %s, %s, %s", z(4+c), z(c), z(v))
+		p("VSHUFF32X4 $0xEE, %s, %s, %s", z(4+c), z(c), z(v+1))
+		p("VSHUFF32X4 $0x44, %s, %s, %s", z(12+c), z(8+c), z(v+2))
+		p("VSHUFF32X4 $0xEE, %s, %s, %s", z(12+c), z(8+c), z(v+3))
+	}
+	for c := 0; c < 4; c++ {
+		v := 16 + 4*c
+		p("VSHUFF32X4 $0x88, %s, %s, %s", z(v+2), z(v), z(c))
+		p("VSHUFF32X4 $0xDD, %s, %s, %s", z(v+2), z(v), z(4+c))
+		p("VSHUFF32X4 $0x88, %s, %s, %s", z(v+3), z(v+1), z(8+c))
+		p("VSHUFF32X4 $0xDD, %s, %s, %s", z(v+3), z(v+1), z(12+c))
+	}
+	p("VBROADCASTSS alpha+40(FP), Z16")
+	p("MOVQ DI, R11")
+	for j := 0; j < 16; j++ {
+		if j > 0 {
+			p("CMPQ CX, $%d", j)
+			p("JLE packt_next")
+		}
+		p("VMULPS.Z Z16, %s, K2, %s", z(j), z(j))
+		p("VMOVUPS %s, K3, (R11)", z(j))
+		p("ADDQ DX, R11")
+	}
+	b.WriteString("packt_next:\n")
+	p("ADDQ $64, SI")
+	p("ADDQ R12, DI")
+	p("SUBQ $16, CX")
+	p("JGT packt_loop")
+	p("VZEROUPPER")
+	p("RET")
+	b.WriteString("\n")
+}
+
 func log2(n int) int {
 	l := 0
 	for 1<<l < n {
@@ -169,5 +255,6 @@ func main() {
 	b.WriteString("#include \"textflag.h\"\n\n")
 	gen(kern{name: "sgemmKernelAVX512", mr: 12, vecs: 2, lanes: 16, reg: "Z", zero: "VPXORD", unroll: 4, pfA: 768, pfB: 0, feature: "AVX-512F"})
 	gen(kern{name: "sgemmKernelAVX2", mr: 6, vecs: 2, lanes: 8, reg: "Y", zero: "VXORPS", unroll: 4, pfA: 384, pfB: 0, feature: "AVX2 and FMA"})
+	genPackTrans()
 	os.Stdout.WriteString(b.String())
 }
