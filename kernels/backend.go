@@ -46,6 +46,9 @@ type Backend interface {
 	Download(dst []float32, src Tensor)
 	Copy(dst, src Tensor)
 	Zero(t Tensor)
+	// Cast converts between F32, F16 and BF16 (round to nearest even); dst
+	// and src have the same length.
+	Cast(dst, src Tensor)
 	// Scale: x *= s.
 	Scale(x Tensor, s float32)
 	// Axpy: y += a*x.

@@ -1,0 +1,63 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gorun/gorun/kernels"
+)
+
+func TestCastF16Known(t *testing.T) {
+	for _, c := range []struct {
+		f float32
+		h uint16
+	}{
+		{0, 0}, {1, 0x3c00}, {-2, 0xc000}, {65504, 0x7bff}, {65520, 0x7c00}, {1e6, 0x7c00},
+		{6.103515625e-05, 0x0400}, {5.960464477539063e-08, 0x0001}, {2.980232238769531e-08, 0}, // tie to even: 0
+		{1.0009765625, 0x3c01}, {1.00048828125, 0x3c00}, // halfway between 0x3c00 and 0x3c01: even
+		{1.00146484375, 0x3c02}, // halfway between 0x3c01 and 0x3c02: even
+		{float32(math.Inf(-1)), 0xfc00},
+	} {
+		if got := f32ToF16(c.f); got != c.h {
+			t.Errorf("f32ToF16(%v) = %#04x, want %#04x", c.f, got, c.h)
+		}
+	}
+	if v := f16ToF32(f32ToF16(float32(math.NaN()))); v == v {
+		t.Error("NaN does not survive f16")
+	}
+	// every finite f16 round-trips through f32
+	for h := 0; h < 0x10000; h++ {
+		if h&0x7c00 == 0x7c00 {
+			continue
+		}
+		if back := f32ToF16(f16ToF32(uint16(h))); back != uint16(h) && !(h == 0x8000 && back == 0x8000) {
+			t.Fatalf("f16 %#04x -> %v -> %#04x", h, f16ToF32(uint16(h)), back)
+		}
+	}
+}
+
+func TestCastBF16AndTensors(t *testing.T) {
+	be := New()
+	r := rand.New(rand.NewPCG(1, 1))
+	n := 50000
+	x := randn(r, n, 10)
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		h := be.Alloc(dt, n)
+		y := be.Alloc(kernels.F32, n)
+		be.Cast(h, kernels.FromF32(x, n))
+		be.Cast(y, h)
+		rel := 1.0 / 1024 // f16: ulp = 2^-10 of the binade
+		if dt == kernels.BF16 {
+			rel = 1.0 / 128
+		}
+		for i := range x {
+			if d := math.Abs(float64(y.F32[i] - x[i])); d > rel*math.Abs(float64(x[i]))/2*1.0001+1e-7 /* half an ulp */ {
+				t.Fatalf("%v: %v -> %v", dt, x[i], y.F32[i])
+			}
+		}
+	}
+	if f32ToBF16(1.00390625) != 0x3f80 || f32ToBF16(1.01171875) != 0x3f82 { // ties to even
+		t.Fatal("bf16 rounding is not to nearest even")
+	}
+}
