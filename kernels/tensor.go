@@ -207,5 +207,6 @@ func FromI32(data []int32, dims ...int) Tensor {
 
 // dimsOf formats the dimensions (a function of its own so that error paths
 // do not make the caller's tensor escape to the heap).
+//
 //go:noinline
 func dimsOf(t Tensor) string { return fmt.Sprint(t.Dims[:t.Rank]) }
