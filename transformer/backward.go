@@ -32,6 +32,7 @@ func (m *Model) Backward(hook func(param int)) error {
 		be.Zero(m.Grads)
 	}
 	// softmax projection (tied to the embedding): logits = decOut E^T
+	t0 := m.now()
 	dlogits := m.logits.T
 	m.gemm(true, false, dlogits, m.decOut.T, 1, g[m.emb])
 	dout := m.scratch(0, Nt, d)
@@ -40,6 +41,7 @@ func (m *Model) Backward(hook func(param int)) error {
 	be.Zero(dy)
 	be.LayerNormBackward(dy, g[m.decLN.g], g[m.decLN.b], dout, m.decX.T, m.decM.T, m.decR.T, w[m.decLN.g])
 	ready(m.decLN.b, m.decLN.g)
+	m.traced("softmax", "backward", t0)
 
 	dEnc := m.dEnc.shape(be, f32, Ns, d)
 	be.Zero(dEnc)
@@ -47,6 +49,7 @@ func (m *Model) Backward(hook func(param int)) error {
 	keyLen := m.srcLen.T
 	p := m.drop(c.PostDropout)
 	for l := len(m.dec) - 1; l >= 0; l-- {
+		t0 := m.now()
 		a, L := &m.da[l], &m.dec[l]
 		m.ffnBwd(dy, a.ln3.T, a.h.T, a.hd.T, Nt, L.ffn, decSite(l, 4), decSite(l, 5), ready)
 		m.lnBwd(dy, a.mid2.T, a.m3.T, a.r3.T, L.ln3, Nt, ready)
@@ -71,6 +74,7 @@ func (m *Model) Backward(hook func(param int)) error {
 		// masked self-attention
 		m.selfAttnBwd(dy, a.ln1.T, a.ctx.T, a.q.T, a.k.T, a.v.T, a.p1.T, L.self, B, T, kernels.Tensor{}, true, decSite(l, 0), decSite(l, 1), ready)
 		m.lnBwd(dy, a.x.T, a.m1.T, a.r1.T, L.ln1, Nt, ready)
+		m.traced(m.decNames[l], "backward", t0)
 	}
 	if p > 0 {
 		be.DropoutBackward(dy, dy, p, m.site(decEmbSite))
@@ -83,11 +87,13 @@ func (m *Model) Backward(hook func(param int)) error {
 	be.LayerNormBackward(dx, g[m.encLN.g], g[m.encLN.b], dEnc, m.encX.T, m.encM.T, m.encR.T, w[m.encLN.g])
 	ready(m.encLN.b, m.encLN.g)
 	for l := len(m.enc) - 1; l >= 0; l-- {
+		t0 := m.now()
 		a, L := &m.ea[l], &m.enc[l]
 		m.ffnBwd(dx, a.ln2.T, a.h.T, a.hd.T, Ns, L.ffn, encSite(l, 2), encSite(l, 3), ready)
 		m.lnBwd(dx, a.mid.T, a.m2.T, a.r2.T, L.ln2, Ns, ready)
 		m.selfAttnBwd(dx, a.ln1.T, a.ctx.T, a.q.T, a.k.T, a.v.T, a.p.T, L.att, B, S, keyLen, false, encSite(l, 0), encSite(l, 1), ready)
 		m.lnBwd(dx, a.x.T, a.m1.T, a.r1.T, L.ln1, Ns, ready)
+		m.traced(m.encNames[l], "backward", t0)
 	}
 	if p > 0 {
 		be.DropoutBackward(dx, dx, p, m.site(0))

@@ -63,6 +63,7 @@ func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
 	be.UploadI32(tgt, b.Tgt)
 	m.decodeTrain(B, S, T)
 
+	t0 := m.now()
 	E := m.w[m.emb]
 	logits := m.logits.shape(be, f32, Nt, c.Vocab)
 	m.gemm(false, true, m.decOut.T, E, 0, logits)
@@ -72,6 +73,7 @@ func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
 	}
 	sum, n := be.CrossEntropy(dl, logits, tgt, c.LabelSmoothing, PAD, 1/float32(tokens))
 	m.haveGrad = train
+	m.traced("softmax", "forward", t0)
 	raw := sum / float64(n)
 	return Loss{Raw: raw, Lab: raw - SmoothedEntropy(c.Vocab, float64(c.LabelSmoothing)), Tokens: n}, nil
 }
@@ -131,6 +133,7 @@ func (m *Model) encode(src []int32, B, S int) {
 	}
 	w := m.w
 	for l := range m.enc {
+		t0 := m.now()
 		a, L := &m.ea[l], &m.enc[l]
 		x := a.x.T
 		var out kernels.Tensor
@@ -160,6 +163,7 @@ func (m *Model) encode(src []int32, B, S int) {
 		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
 		be.AddBias(y2, w[L.ffn.b2])
 		be.ResidualDropout(out, mid, y2, p, m.seedOf(p, encSite(l, 3)))
+		m.traced(m.encNames[l], "forward", t0)
 	}
 	be.LayerNorm(m.encOut.shape(be, f32, N, d), m.encM.shape(be, f32, N), m.encR.shape(be, f32, N), m.encX.T, w[m.encLN.g], w[m.encLN.b], c.LNEps)
 }
@@ -201,6 +205,7 @@ func (m *Model) decodeTrain(B, S, T int) {
 	}
 	encOut := m.encOut.T
 	for l := range m.dec {
+		t0 := m.now()
 		a, L := &m.da[l], &m.dec[l]
 		x := a.x.T
 		var out kernels.Tensor
@@ -246,6 +251,7 @@ func (m *Model) decodeTrain(B, S, T int) {
 		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
 		be.AddBias(y2, w[L.ffn.b2])
 		be.ResidualDropout(out, mid2, y2, p, m.seedOf(p, decSite(l, 5)))
+		m.traced(m.decNames[l], "forward", t0)
 	}
 	be.LayerNorm(m.decOut.shape(be, f32, Nt, d), m.decM.shape(be, f32, Nt), m.decR.shape(be, f32, Nt), m.decX.T, w[m.decLN.g], w[m.decLN.b], c.LNEps)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"time"
 
 	"github.com/gorun/gorun/kernels"
 )
@@ -125,6 +126,11 @@ type Model struct {
 	// DropoutStep is incremented by each training forward pass.
 	Seed        uint64
 	DropoutStep uint64
+	// Trace, if set, is called after each layer's forward or backward
+	// pass with the layer ("encoder/layer_0", "decoder/layer_5",
+	// "softmax"), the phase ("forward", "backward") and the start and end
+	// times, for timelines.
+	Trace func(layer, phase string, start, end time.Time)
 
 	be     kernels.Backend
 	w, g   []kernels.Tensor
@@ -165,6 +171,8 @@ type Model struct {
 	dprobs    slot
 	srcLenI32 []int32
 	hostIDs   []int32
+	encNames  []string
+	decNames  []string
 }
 
 // New builds a model with freshly initialised weights: embedding
@@ -222,6 +230,12 @@ func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
 	for _, p := range m.Params {
 		m.w = append(m.w, m.Weights.Slice(p.Offset, p.Shape...))
 		m.g = append(m.g, m.Grads.Slice(p.Offset, p.Shape...))
+	}
+	for l := 0; l < cfg.EncLayers; l++ {
+		m.encNames = append(m.encNames, fmt.Sprintf("encoder/layer_%d", l))
+	}
+	for l := 0; l < cfg.DecLayers; l++ {
+		m.decNames = append(m.decNames, fmt.Sprintf("decoder/layer_%d", l))
 	}
 	m.embMul = float32(math.Sqrt(float64(d)))
 	m.ea = make([]encActs, cfg.EncLayers)
@@ -314,4 +328,20 @@ func (m *Model) drop(p float32) float32 {
 
 func (m *Model) gemm(transA, transB bool, a, b kernels.Tensor, beta float32, c kernels.Tensor) {
 	m.be.Gemm(transA, transB, 1, a, b, beta, c)
+}
+
+// now returns the time if tracing is on.
+func (m *Model) now() time.Time {
+	if m.Trace == nil {
+		return time.Time{}
+	}
+	m.be.Sync()
+	return time.Now()
+}
+
+func (m *Model) traced(layer, phase string, t0 time.Time) {
+	if m.Trace != nil {
+		m.be.Sync()
+		m.Trace(layer, phase, t0, time.Now())
+	}
 }

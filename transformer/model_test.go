@@ -3,7 +3,9 @@ package transformer
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/kernels/cpu"
 )
@@ -123,5 +125,49 @@ func TestModelGradientFiniteDifferences(t *testing.T) {
 		if bad > 0 {
 			t.Fatalf("%d gradient mismatches", bad)
 		}
+	}
+}
+
+func TestTraceAndBatchErrors(t *testing.T) {
+	m, err := New(microConfig(), cpu.New(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev []string
+	m.Trace = func(layer, phase string, s, e time.Time) {
+		if e.Before(s) {
+			t.Errorf("%s %s ends before it starts", layer, phase)
+		}
+		ev = append(ev, phase+" "+layer)
+	}
+	if _, err := m.Forward(microBatch(), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Backward(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"forward encoder/layer_0", "forward encoder/layer_1", "forward decoder/layer_0", "forward decoder/layer_1", "forward softmax",
+		"backward softmax", "backward decoder/layer_1", "backward decoder/layer_0", "backward encoder/layer_1", "backward encoder/layer_0"}
+	if strings.Join(ev, ",") != strings.Join(want, ",") {
+		t.Fatalf("trace events %v, want %v", ev, want)
+	}
+	if err := m.Backward(nil); err == nil {
+		t.Fatal("second Backward without Forward accepted")
+	}
+	bad := microBatch()
+	bad.Src[2] = 13
+	if _, err := m.Forward(bad, true); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+		t.Fatalf("out-of-vocabulary id: %v", err)
+	}
+	bad = microBatch()
+	bad.T = 5
+	if _, err := m.Forward(bad, true); err == nil {
+		t.Fatal("inconsistent batch sizes accepted")
+	}
+	if _, err := Preset("huge", 100); err == nil || !strings.Contains(err.Error(), "tiny") {
+		t.Fatalf("unknown preset: %v", err)
+	}
+	if _, err := m.Translate([][]int32{{4, 99}}, DefaultDecode); err == nil {
+		t.Fatal("out-of-vocabulary source accepted by Translate")
 	}
 }
