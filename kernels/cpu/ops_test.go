@@ -346,3 +346,55 @@ func TestGemmTransposes(t *testing.T) {
 		}
 	}
 }
+
+func TestLogSoftmaxAndReductions(t *testing.T) {
+	be := New()
+	r := rand.New(rand.NewPCG(8, 8))
+	N, V := 3, 1000
+	x := randn(r, N*V, 5)
+	out := make([]float32, len(x))
+	be.LogSoftmax(kernels.FromF32(out, N, V), kernels.FromF32(x, N, V))
+	for i := 0; i < N; i++ {
+		mx := math.Inf(-1)
+		for _, v := range x[i*V : (i+1)*V] {
+			mx = math.Max(mx, float64(v))
+		}
+		var se float64
+		for _, v := range x[i*V : (i+1)*V] {
+			se += math.Exp(float64(v) - mx)
+		}
+		for j, v := range x[i*V : (i+1)*V] {
+			want := float64(v) - mx - math.Log(se)
+			if math.Abs(float64(out[i*V+j])-want) > 1e-5*(1+math.Abs(want)) {
+				t.Fatalf("logsoftmax[%d,%d] = %v, want %v", i, j, out[i*V+j], want)
+			}
+		}
+	}
+	big := make([]float32, 1<<17)
+	var ss float64
+	for i := range big {
+		big[i] = float32(i%7) - 3
+		ss += float64(big[i]) * float64(big[i])
+	}
+	bt := kernels.FromF32(big, len(big))
+	if got := be.SumSquares(bt); got != ss {
+		t.Fatalf("SumSquares %v, want %v", got, ss)
+	}
+	if be.HasInfNaN(bt) {
+		t.Fatal("finite tensor reported Inf/NaN")
+	}
+	big[99999] = float32(math.Inf(1))
+	if !be.HasInfNaN(bt) {
+		t.Fatal("Inf not found")
+	}
+	big[99999] = float32(math.NaN())
+	if !be.HasInfNaN(bt) {
+		t.Fatal("NaN not found")
+	}
+	y := []float32{1, 2, 3}
+	be.Axpy(kernels.FromF32(y, 3), 2, kernels.FromF32([]float32{1, 1, -1}, 3))
+	be.Scale(kernels.FromF32(y, 3), 0.5)
+	if y[0] != 1.5 || y[1] != 2 || y[2] != 0.5 {
+		t.Fatalf("Axpy/Scale: %v", y)
+	}
+}
