@@ -281,11 +281,7 @@ func (be *Backend) BiasReLU(xt, bt kernels.Tensor) {
 		for r := lo; r < hi; r++ {
 			row := x[r*d : r*d+d]
 			for j, b := range bias {
-				v := row[j] + b
-				if v < 0 {
-					v = 0
-				}
-				row[j] = v
+				row[j] = max(row[j]+b, 0)
 			}
 		}
 	})
@@ -296,10 +292,13 @@ func (be *Backend) ReLUBackward(dxt, yt kernels.Tensor) {
 	sameLen(dxt, yt, "ReLUBackward")
 	dx, y := f32(dxt, "dx"), f32(yt, "y")
 	be.par(len(dx), 1<<15, func(_, lo, hi int) {
-		for i := lo; i < hi; i++ {
-			if y[i] <= 0 {
-				dx[i] = 0
-			}
+		// branchless: y is a ReLU output (>= 0), and the sign of the
+		// inputs is random, so a branch would mispredict half the time.
+		yy, dd := y[lo:hi], dx[lo:hi]
+		for i, v := range yy {
+			nz := math.Float32bits(v) & 0x7fffffff
+			mask := uint32(int32(-nz) >> 31) // all ones when v != 0
+			dd[i] = math.Float32frombits(math.Float32bits(dd[i]) & mask)
 		}
 	})
 }
