@@ -106,3 +106,47 @@ func peakRSS() float64 {
 	return 0
 }
 
+
+// BenchmarkTranslate decodes 32 random source sentences of 20 tokens with
+// an untrained model (so every output runs to the maximum, input length +
+// 50: the worst case), greedy and beam 4, and reports output tokens/s.
+//
+//	go test -bench Translate -benchtime 2x -cpu 2 ./bench/
+func BenchmarkTranslate(b *testing.B) {
+	for _, preset := range []string{"tiny", "small"} {
+		for _, beam := range []int{1, 4} {
+			b.Run(preset+"/beam"+strconv.Itoa(beam), func(b *testing.B) {
+				cfg, err := transformer.Preset(preset, 8000)
+				if err != nil {
+					b.Fatal(err)
+				}
+				m, err := transformer.New(cfg, cpu.New(), 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				r := rand.New(rand.NewPCG(3, 4))
+				src := make([][]int32, 32)
+				for i := range src {
+					for j := 0; j < 19; j++ {
+						src[i] = append(src[i], int32(4+r.IntN(7996)))
+					}
+					src[i] = append(src[i], transformer.EOS)
+				}
+				opt := transformer.DecodeOptions{Beam: beam, Alpha: 0.6, MaxExtra: 50}
+				toks := 0
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					out, err := m.Translate(src, opt)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, o := range out {
+						toks += len(o)
+					}
+				}
+				b.ReportMetric(float64(toks)/b.Elapsed().Seconds(), "out_tok/s")
+				b.ReportMetric(float64(32*b.N)/b.Elapsed().Seconds(), "sent/s")
+			})
+		}
+	}
+}
