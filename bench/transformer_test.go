@@ -106,7 +106,6 @@ func peakRSS() float64 {
 	return 0
 }
 
-
 // BenchmarkTranslate decodes 32 random source sentences of 20 tokens with
 // an untrained model (so every output runs to the maximum, input length +
 // 50: the worst case), greedy and beam 4, and reports output tokens/s.
