@@ -1,0 +1,157 @@
+#include "textflag.h"
+
+// func f32ToF16F16C(dst *uint16, src *float32, n int)
+TEXT ·f32ToF16F16C(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+f2h32:
+	CMPQ CX, $32
+	JLT  f2h8
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VCVTPS2PH $0, Y0, 0(DI)
+	VCVTPS2PH $0, Y1, 16(DI)
+	VCVTPS2PH $0, Y2, 32(DI)
+	VCVTPS2PH $0, Y3, 48(DI)
+	ADDQ $128, SI
+	ADDQ $64, DI
+	SUBQ $32, CX
+	JMP  f2h32
+f2h8:
+	CMPQ CX, $8
+	JLT  f2hdone
+	VMOVUPS 0(SI), Y0
+	VCVTPS2PH $0, Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $16, DI
+	SUBQ $8, CX
+	JMP  f2h8
+f2hdone:
+	VZEROUPPER
+	RET
+
+// func f16ToF32F16C(dst *float32, src *uint16, n int)
+TEXT ·f16ToF32F16C(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+h2f32:
+	CMPQ CX, $32
+	JLT  h2f8
+	VCVTPH2PS 0(SI), Y0
+	VCVTPH2PS 16(SI), Y1
+	VCVTPH2PS 32(SI), Y2
+	VCVTPH2PS 48(SI), Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $64, SI
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  h2f32
+h2f8:
+	CMPQ CX, $8
+	JLT  h2fdone
+	VCVTPH2PS 0(SI), Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  h2f8
+h2fdone:
+	VZEROUPPER
+	RET
+
+// func bf16ToF32AVX2(dst *float32, src *uint16, n int)
+TEXT ·bf16ToF32AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+b2f32:
+	CMPQ CX, $32
+	JLT  b2f8
+	VPMOVZXWD 0(SI), Y0
+	VPMOVZXWD 16(SI), Y1
+	VPMOVZXWD 32(SI), Y2
+	VPMOVZXWD 48(SI), Y3
+	VPSLLD $16, Y0, Y0
+	VPSLLD $16, Y1, Y1
+	VPSLLD $16, Y2, Y2
+	VPSLLD $16, Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $64, SI
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  b2f32
+b2f8:
+	CMPQ CX, $8
+	JLT  b2fdone
+	VPMOVZXWD 0(SI), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVDQU Y0, 0(DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  b2f8
+b2fdone:
+	VZEROUPPER
+	RET
+
+// bf16 = (b + 0x7fff + ((b >> 16) & 1)) >> 16, or (b | 0x400000) >> 16 for a NaN.
+// Y0: input, result in Y1; uses Y2, Y3.
+#define BF16ROUND(in, out, t1, t2) \
+	VPSRLD $16, in, out \
+	VPAND  Y11, out, out \
+	VPADDD Y10, out, out \
+	VPADDD in, out, out \
+	VPSRLD $16, out, out \
+	VPAND  Y12, in, t1 \
+	VPCMPGTD Y13, t1, t1 \
+	VPOR   Y14, in, t2 \
+	VPSRLD $16, t2, t2 \
+	VPBLENDVB t1, t2, out, out
+
+// func f32ToBF16AVX2(dst *uint16, src *float32, n int)
+TEXT ·f32ToBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7fff, AX
+	MOVQ AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL $1, AX
+	MOVQ AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL $0x7fffffff, AX
+	MOVQ AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL $0x7f800000, AX
+	MOVQ AX, X13
+	VPBROADCASTD X13, Y13
+	MOVL $0x00400000, AX
+	MOVQ AX, X14
+	VPBROADCASTD X14, Y14
+f2b16:
+	CMPQ CX, $16
+	JLT  f2bdone
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y4
+	BF16ROUND(Y0, Y1, Y2, Y3)
+	BF16ROUND(Y4, Y5, Y6, Y7)
+	VPACKUSDW Y5, Y1, Y1
+	VPERMQ $0xD8, Y1, Y1
+	VMOVDQU Y1, 0(DI)
+	ADDQ $64, SI
+	ADDQ $32, DI
+	SUBQ $16, CX
+	JMP  f2b16
+f2bdone:
+	VZEROUPPER
+	RET
