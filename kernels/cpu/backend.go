@@ -405,22 +405,52 @@ func maskWord(seed uint64, g int) uint64 {
 // threshold, i.e. with probability 1 - round(p*65536)/65536.
 func dropThresh(p float32) uint16 { return uint16(math.Round(float64(p) * 65536)) }
 
+// dropMask is all ones when the 16 random bits r say "drop" (r < th).
+func dropMask(r, th uint32) uint32 { return uint32(int32(r-th) >> 31) }
+
 // dropApply computes y[i] = res[i] + x[i]*sc for kept elements and
 // y[i] = res[i] for dropped ones, over [lo, hi); res may be nil (zero).
+// Branch-free: one hash per 4 elements, the mask applied to the bits.
 func dropApply(y, res, x []float32, lo, hi int, seed uint64, th uint16, sc float32) {
-	for i := lo; i < hi; {
-		z := maskWord(seed, i>>2)
-		end := min((i|3)+1, hi)
-		for ; i < end; i++ {
-			v := float32(0)
-			if uint16(z>>(uint(i&3)*16)) >= th {
-				v = x[i] * sc
-			}
-			if res != nil {
-				v += res[i]
-			}
-			y[i] = v
+	t := uint32(th)
+	one := func(i int, z uint64) float32 {
+		m := dropMask(uint32(uint16(z>>(uint(i&3)*16))), t)
+		return math.Float32frombits(math.Float32bits(x[i]*sc) &^ m)
+	}
+	i := lo
+	for ; i < hi && i&3 != 0; i++ {
+		v := one(i, maskWord(seed, i>>2))
+		if res != nil {
+			v += res[i]
 		}
+		y[i] = v
+	}
+	end4 := i + (hi-i)&^3
+	if res == nil {
+		for ; i < end4; i += 4 {
+			z := maskWord(seed, i>>2)
+			xs, ys := x[i:i+4:i+4], y[i:i+4:i+4]
+			ys[0] = math.Float32frombits(math.Float32bits(xs[0]*sc) &^ dropMask(uint32(uint16(z)), t))
+			ys[1] = math.Float32frombits(math.Float32bits(xs[1]*sc) &^ dropMask(uint32(uint16(z>>16)), t))
+			ys[2] = math.Float32frombits(math.Float32bits(xs[2]*sc) &^ dropMask(uint32(uint16(z>>32)), t))
+			ys[3] = math.Float32frombits(math.Float32bits(xs[3]*sc) &^ dropMask(uint32(uint16(z>>48)), t))
+		}
+	} else {
+		for ; i < end4; i += 4 {
+			z := maskWord(seed, i>>2)
+			xs, ys, rs := x[i:i+4:i+4], y[i:i+4:i+4], res[i:i+4:i+4]
+			ys[0] = rs[0] + math.Float32frombits(math.Float32bits(xs[0]*sc)&^dropMask(uint32(uint16(z)), t))
+			ys[1] = rs[1] + math.Float32frombits(math.Float32bits(xs[1]*sc)&^dropMask(uint32(uint16(z>>16)), t))
+			ys[2] = rs[2] + math.Float32frombits(math.Float32bits(xs[2]*sc)&^dropMask(uint32(uint16(z>>32)), t))
+			ys[3] = rs[3] + math.Float32frombits(math.Float32bits(xs[3]*sc)&^dropMask(uint32(uint16(z>>48)), t))
+		}
+	}
+	for ; i < hi; i++ {
+		v := one(i, maskWord(seed, i>>2))
+		if res != nil {
+			v += res[i]
+		}
+		y[i] = v
 	}
 }
 
