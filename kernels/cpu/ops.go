@@ -7,24 +7,29 @@ import (
 	"github.com/gorun/gorun/kernels"
 )
 
-// expf is a float32 exp accurate to a few ulp: range reduction by ln 2 and
-// a degree-6 polynomial on [-ln2/2, ln2/2]. It is the inner loop of softmax
-// and cross entropy over a 32k vocabulary, where math.Exp dominates.
-func expf(x float32) float32 {
-	if x < -87 || x > 88 {
-		return float32(math.Exp(float64(x)))
+// expShift sets dst[j] = exp(src[j] - mx) and returns the sum; dst may
+// alias src, or be nil to only sum. Every src[j] must be <= mx (softmax),
+// so exponents are <= 0 and values below e^-87 flush to zero. It is expf's
+// algorithm with the loop inside, so the compiler keeps it in registers.
+func expShift(dst, src []float32, mx float32) float32 {
+	var sum float32
+	for j, z := range src {
+		x := z - mx
+		var e float32
+		if x >= -87 {
+			t := x*1.44269504088896341 - 0.5
+			n := int32(t) // t <= -0.5 rounds toward zero: round(x/ln2)
+			fn := float32(n)
+			r := x - fn*0.693145751953125 - fn*1.42860682030941723212e-6
+			p := 1 + r*(1+r*(0.5+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720))))))
+			e = p * math.Float32frombits(uint32(n+127)<<23)
+		}
+		if dst != nil {
+			dst[j] = e
+		}
+		sum += e
 	}
-	t := x * 1.44269504088896341
-	var n int32
-	if t >= 0 {
-		n = int32(t + 0.5)
-	} else {
-		n = int32(t - 0.5)
-	}
-	fn := float32(n)
-	r := x - fn*0.693145751953125 - fn*1.42860682030941723212e-6
-	p := 1 + r*(1+r*(0.5+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720))))))
-	return p * math.Float32frombits(uint32(n+127)<<23)
+	return sum
 }
 
 func (be *Backend) scratch(n int) []float32 {
@@ -88,13 +93,7 @@ func (be *Backend) Attention(ot, pt, qt, kt, vt kernels.Tensor, a kernels.AttnAr
 					mx = s
 				}
 			}
-			var sum float32
-			for j := 0; j < n; j++ {
-				e := expf(row[j] - mx)
-				row[j] = e
-				sum += e
-			}
-			inv := 1 / sum
+			inv := 1 / expShift(row[:n], row[:n], mx)
 			for j := 0; j < n; j++ {
 				row[j] *= inv
 			}
@@ -207,18 +206,11 @@ func (be *Backend) CrossEntropy(dlt, lt, tt kernels.Tensor, ls float32, pad int3
 			zy := float64(row[y])
 			var se float32
 			if dl == nil {
-				for _, z := range row {
-					se += expf(z - mx)
-				}
+				se = expShift(nil, row, mx)
 			} else {
 				// d may alias row: each z is read before its slot is
 				// overwritten with exp(z - max).
-				d := dl[r*V : r*V+V]
-				for j, z := range row {
-					e := expf(z - mx)
-					d[j] = e
-					se += e
-				}
+				se = expShift(dl[r*V:r*V+V], row, mx)
 			}
 			lse := float64(mx) + math.Log(float64(se))
 			sum += lse - (float64(conf)*zy + float64(low)*(sz-zy))
@@ -259,10 +251,7 @@ func (be *Backend) LogSoftmax(ot, xt kernels.Tensor) {
 					mx = z
 				}
 			}
-			var se float32
-			for _, z := range row {
-				se += expf(z - mx)
-			}
+			se := expShift(nil, row, mx)
 			l := mx + float32(math.Log(float64(se)))
 			for j, z := range row {
 				o[j] = z - l

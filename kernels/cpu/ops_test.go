@@ -270,15 +270,6 @@ func TestDropoutReproducible(t *testing.T) {
 	}
 }
 
-func TestExpf(t *testing.T) {
-	for x := float32(-90); x < 88; x += 0.0137 {
-		got, want := float64(expf(x)), math.Exp(float64(x))
-		if math.Abs(got-want) > 4e-7*want+1e-38 {
-			t.Fatalf("expf(%v) = %v, want %v", x, got, want)
-		}
-	}
-}
-
 func TestAdamAndRows(t *testing.T) {
 	be := New()
 	r := rand.New(rand.NewPCG(6, 6))
@@ -396,5 +387,32 @@ func TestLogSoftmaxAndReductions(t *testing.T) {
 	be.Scale(kernels.FromF32(y, 3), 0.5)
 	if y[0] != 1.5 || y[1] != 2 || y[2] != 0.5 {
 		t.Fatalf("Axpy/Scale: %v", y)
+	}
+}
+
+func TestExpShift(t *testing.T) {
+	src := make([]float32, 0, 20000)
+	for x := float32(-95); x <= 0; x += 0.00493 {
+		src = append(src, x)
+	}
+	src = append(src, 0)
+	dst := make([]float32, len(src))
+	sum := expShift(dst, src, 0)
+	var ref float64
+	for j, x := range src {
+		want := math.Exp(float64(x))
+		if x < -87 {
+			want = 0
+		}
+		ref += want
+		if math.Abs(float64(dst[j])-want) > 4e-7*want {
+			t.Fatalf("exp(%v) = %v, want %v", x, dst[j], want)
+		}
+	}
+	if math.Abs(float64(sum)-ref) > 1e-5*ref {
+		t.Fatalf("sum %v, want %v", sum, ref)
+	}
+	if s2 := expShift(nil, src, 0); s2 != sum {
+		t.Fatal("sum without dst differs")
 	}
 }
