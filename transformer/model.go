@@ -345,3 +345,33 @@ func (m *Model) traced(layer, phase string, t0 time.Time) {
 		m.Trace(layer, phase, t0, time.Now())
 	}
 }
+
+// GradSlice returns the gradients of parameters lo..hi (inclusive) as one
+// contiguous view of Grads: a bucket of consecutively ready parameters.
+func (m *Model) GradSlice(lo, hi int) kernels.Tensor {
+	if lo > hi {
+		lo, hi = hi, lo
+	}
+	a, b := m.Params[lo], m.Params[hi]
+	return m.Grads.Slice(a.Offset, b.Offset+b.Len-a.Offset)
+}
+
+// PadBatch builds a Batch from ragged source and target sentences (ids
+// without padding; targets ending with EOS), padding each side to its
+// longest sentence with PAD.
+func PadBatch(src, tgt [][]int32) (*Batch, error) {
+	if len(src) != len(tgt) || len(src) == 0 {
+		return nil, fmt.Errorf("transformer: %d source and %d target sentences", len(src), len(tgt))
+	}
+	S, T := 1, 1
+	for i := range src {
+		S = max(S, len(src[i]))
+		T = max(T, len(tgt[i]))
+	}
+	b := &Batch{B: len(src), S: S, T: T, Src: make([]int32, len(src)*S), Tgt: make([]int32, len(src)*T)}
+	for i := range src {
+		copy(b.Src[i*S:], src[i])
+		copy(b.Tgt[i*T:], tgt[i])
+	}
+	return b, nil
+}

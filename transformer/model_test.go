@@ -86,6 +86,10 @@ func TestModelGradientFiniteDifferences(t *testing.T) {
 			}
 		}
 		grad := append([]float32(nil), m.Grads.F32...)
+		// a bucket of consecutive parameters is one contiguous gradient slice
+		if gs := m.GradSlice(3, 7); gs.Len() != m.Params[7].Offset+m.Params[7].Len-m.Params[3].Offset || &gs.F32[0] != &m.Grads.F32[m.Params[3].Offset] {
+			t.Fatalf("GradSlice(3, 7) is %v", gs)
+		}
 		r := rand.New(rand.NewPCG(1, 2))
 		W := m.Weights.F32
 		bad := 0

@@ -31,15 +31,9 @@ func toyPairs(n, k int, seed uint64) (src, tgt [][]int32) {
 
 // pad builds a Batch from ragged sentences.
 func pad(src, tgt [][]int32) *Batch {
-	S, T := 0, 0
-	for i := range src {
-		S = max(S, len(src[i]))
-		T = max(T, len(tgt[i]))
-	}
-	b := &Batch{B: len(src), S: S, T: T, Src: make([]int32, len(src)*S), Tgt: make([]int32, len(src)*T)}
-	for i := range src {
-		copy(b.Src[i*S:], src[i])
-		copy(b.Tgt[i*T:], tgt[i])
+	b, err := PadBatch(src, tgt)
+	if err != nil {
+		panic(err)
 	}
 	return b
 }
