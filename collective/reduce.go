@@ -1,0 +1,141 @@
+package collective
+
+import "github.com/gorun/gorun/half"
+
+// reducer combines received slices into the accumulator. The accumulator
+// holds elements of type dtype; received and sent slices hold elements of
+// type wire (equal to dtype except for float32 data sent as float16 or
+// bfloat16). All arithmetic is float32; every rank applies the same
+// operations in the same order to each element, so results are
+// reproducible bit for bit.
+type reducer struct {
+	dtype, wire DType
+	op          Op
+	n           int // world size, for Average
+	a, b        []float32
+}
+
+func newReducer(dtype, wire DType, op Op, n int) *reducer {
+	return &reducer{dtype: dtype, wire: wire, op: op, n: n}
+}
+
+func (r *reducer) scratch(n int) ([]float32, []float32) {
+	if cap(r.a) < n {
+		r.a = make([]float32, n)
+		r.b = make([]float32, n)
+	}
+	return r.a[:n], r.b[:n]
+}
+
+// decode converts wire-format bytes into float32.
+func decode(dst []float32, src []byte, t DType) {
+	switch t {
+	case Float32:
+		copy(dst, f32s(src))
+	case Float16:
+		half.Float16ToFloat32(dst, u16s(src))
+	case BFloat16:
+		half.BFloat16ToFloat32(dst, u16s(src))
+	}
+}
+
+// encode converts float32 into bytes of type t.
+func encode(dst []byte, src []float32, t DType) {
+	switch t {
+	case Float32:
+		copy(f32s(dst), src)
+	case Float16:
+		half.Float32ToFloat16(u16s(dst), src)
+	case BFloat16:
+		half.Float32ToBFloat16(u16s(dst), src)
+	}
+}
+
+// combine sets acc = acc (op) in, elementwise. acc holds dtype elements, in
+// holds wire elements.
+func (r *reducer) combine(acc, in []byte) {
+	ne := len(acc) / r.dtype.Size()
+	if ne == 0 {
+		return
+	}
+	if r.dtype == Float32 {
+		x := f32s(acc)
+		y := f32s(in)
+		if r.wire != Float32 {
+			_, b := r.scratch(ne)
+			decode(b, in, r.wire)
+			y = b
+		}
+		apply(x, y, r.op)
+		return
+	}
+	a, b := r.scratch(ne)
+	decode(a, acc, r.dtype)
+	decode(b, in, r.wire)
+	apply(a, b, r.op)
+	encode(acc, a, r.dtype)
+}
+
+// finish applies the last step to a fully reduced slice: the division of
+// Average.
+func (r *reducer) finish(acc []byte) {
+	if r.op != Average || r.n == 1 {
+		return
+	}
+	ne := len(acc) / r.dtype.Size()
+	if ne == 0 {
+		return
+	}
+	d := float32(r.n)
+	if r.dtype == Float32 {
+		x := f32s(acc)
+		for i := range x {
+			x[i] /= d
+		}
+		return
+	}
+	a, _ := r.scratch(ne)
+	decode(a, acc, r.dtype)
+	for i := range a {
+		a[i] /= d
+	}
+	encode(acc, a, r.dtype)
+}
+
+// toWire converts a dtype slice to wire format into dst (len = elements *
+// wire size). Only used when wire != dtype (float32 data).
+func (r *reducer) toWire(dst, acc []byte) {
+	encode(dst, f32s(acc), r.wire)
+}
+
+// fromWire converts wire bytes into the dtype accumulator.
+func (r *reducer) fromWire(acc, src []byte) {
+	decode(f32s(acc), src, r.wire)
+}
+
+func apply(x, y []float32, op Op) {
+	y = y[:len(x)]
+	switch op {
+	case Sum, Average:
+		i := 0
+		for ; i+4 <= len(x); i += 4 {
+			xs := x[i : i+4 : i+4]
+			ys := y[i : i+4 : i+4]
+			xs[0] += ys[0]
+			xs[1] += ys[1]
+			xs[2] += ys[2]
+			xs[3] += ys[3]
+		}
+		for ; i < len(x); i++ {
+			x[i] += y[i]
+		}
+	case Min:
+		for i := range x {
+			x[i] = min(x[i], y[i])
+		}
+	case Max:
+		for i := range x {
+			x[i] = max(x[i], y[i])
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package collective
+
+// ringGroup is how many slices of each step a ring handles before moving
+// to the next step (see ring). It bounds the messages in flight on each
+// link, which the send queue and the slot pools must hold.
+const ringGroup = 16
+
+type ringSpec struct {
+	acc        []byte // work buffer of dtype elements
+	chunks     []int  // N+1 element offsets: chunk j = [chunks[j], chunks[j+1])
+	rs, ag     bool   // phases: reduce-scatter, allgather
+	nch        int    // rings (one per channel)
+	sliceBytes int
+	dtype      DType
+	wire       DType
+	op         Op
+	roundOwn   bool // allreduce with wire != dtype: the owner's result goes through the wire format too
+}
+
+// ring runs reduce-scatter and/or allgather around the ring
+// prev -> rank -> next on each of nch channels in parallel; channel c moves
+// part c of every chunk.
+//
+// Steps t = 0..T-1. Reduce-scatter step t sends chunk (r-t-1) and receives
+// chunk (r-t-2), which it reduces into acc; after N-1 steps rank r owns the
+// full reduction of chunk r. Allgather step t sends chunk (r-t) and
+// receives chunk (r-t-1). Every send at step t+1 forwards the chunk
+// received at step t. Each chunk part is cut into slices; slices are
+// handled in groups of ringGroup: all steps of a group in order, and within
+// a step, receiving slice k+1 overlaps reducing slice k and sending slice
+// k-1. Every rank follows the same schedule, so the order of messages on a
+// link is the same on both ends.
+func (r *run) ring(sp ringSpec) {
+	n, me := r.t.Size(), r.t.Rank()
+	if n == 1 {
+		return
+	}
+	for c := 0; c < sp.nch; c++ {
+		r.ringChannel(sp, c, n, me)
+	}
+}
+
+type segment struct{ lo, hi, ns int }
+
+func (r *run) ringChannel(sp ringSpec, c, n, me int) {
+	next, prev := (me+1)%n, (me+n-1)%n
+	es, ws := sp.dtype.Size(), sp.wire.Size()
+	mod := func(x int) int { return ((x % n) + n) % n }
+	// part c of every chunk, and its slices
+	segs := make([]segment, n)
+	maxS := 0
+	for j := 0; j < n; j++ {
+		cl := sp.chunks[j+1] - sp.chunks[j]
+		cs := split(cl, sp.nch)
+		lo, hi := sp.chunks[j]+cs[c], sp.chunks[j]+cs[c+1]
+		segs[j] = segment{lo, hi, slices(hi-lo, ws, sp.sliceBytes)}
+		maxS = max(maxS, segs[j].ns)
+	}
+	sliceOf := func(j, k int) (int, int) {
+		s := segs[j]
+		b := split(s.hi-s.lo, s.ns)
+		return s.lo + b[k], s.lo + b[k+1]
+	}
+	nRS := 0
+	if sp.rs {
+		nRS = n - 1
+	}
+	T := nRS
+	if sp.ag {
+		T += n - 1
+	}
+	sendChunk := func(t int) int {
+		if t < nRS {
+			return mod(me - t - 1)
+		}
+		return mod(me - (t - nRS))
+	}
+	recvChunk := func(t int) int {
+		if t < nRS {
+			return mod(me - t - 2)
+		}
+		return mod(me - (t - nRS) - 1)
+	}
+	// The schedule: the order of sends on the link to next (identical, up
+	// to chunk numbering, to the order of receives on the link from prev).
+	type msg struct{ t, k int }
+	var sends, recvs []msg
+	sendIdx := map[msg]int{}
+	for g := 0; g < maxS; g += ringGroup {
+		ke := min(maxS, g+ringGroup)
+		for k := g; k < ke; k++ {
+			if k < segs[sendChunk(0)].ns {
+				sendIdx[msg{0, k}] = len(sends)
+				sends = append(sends, msg{0, k})
+			}
+		}
+		for t := 0; t < T; t++ {
+			j := recvChunk(t)
+			for k := g; k < ke; k++ {
+				if k < segs[j].ns {
+					recvs = append(recvs, msg{t, k})
+					if t+1 < T {
+						sendIdx[msg{t + 1, k}] = len(sends)
+						sends = append(sends, msg{t + 1, k})
+					}
+				}
+			}
+		}
+	}
+	direct := sp.ag && sp.wire == sp.dtype // allgather receives land in acc
+	depth := ringGroup + 2
+	snd := r.newSender(next, c, 2*ringGroup+8)
+	pool := newBufPool(depth)
+	rv := r.newReceiver(prev, c, recvPlan{
+		count: len(recvs),
+		size: func(m int) int {
+			lo, hi := sliceOf(recvChunk(recvs[m].t), recvs[m].k)
+			return (hi - lo) * ws
+		},
+		dst: func(m int) []byte {
+			if !direct || recvs[m].t < nRS {
+				return nil
+			}
+			lo, hi := sliceOf(recvChunk(recvs[m].t), recvs[m].k)
+			return sp.acc[lo*es : hi*es : hi*es]
+		},
+		before: func(m int) error {
+			if !direct || !sp.rs || recvs[m].t < nRS {
+				return nil
+			}
+			// acc of this slice was sent at reduce-scatter step t-nRS
+			return snd.waitSent(sendIdx[msg{recvs[m].t - nRS, recvs[m].k}] + 1)
+		},
+		slotBytes: min(sp.sliceBytes, (sp.chunks[n]-sp.chunks[0])*ws+1),
+		depth:     depth,
+	})
+	red := newReducer(sp.dtype, sp.wire, sp.op, n)
+	r.goFn(func() error {
+		defer snd.close()
+		// send pushes acc[lo:hi] in wire format.
+		send := func(lo, hi int) bool {
+			b := sp.acc[lo*es : hi*es]
+			if sp.wire == sp.dtype {
+				return snd.push(b, nil)
+			}
+			w, ok := pool.get(r.ctx, (hi-lo)*ws)
+			if !ok {
+				return false
+			}
+			red.toWire(w, b)
+			return snd.push(w, func() { pool.put(w) })
+		}
+		m := 0
+		for g := 0; g < maxS; g += ringGroup {
+			ke := min(maxS, g+ringGroup)
+			j0 := sendChunk(0)
+			for k := g; k < ke && k < segs[j0].ns; k++ {
+				lo, hi := sliceOf(j0, k)
+				if !send(lo, hi) {
+					return nil
+				}
+			}
+			for t := 0; t < T; t++ {
+				j := recvChunk(t)
+				for k := g; k < ke && k < segs[j].ns; k++ {
+					it, ok := rv.next()
+					if !ok {
+						return nil
+					}
+					m++
+					lo, hi := sliceOf(j, k)
+					a := sp.acc[lo*es : hi*es]
+					fwd := t+1 < T
+					if t < nRS {
+						red.combine(a, it.buf)
+						rv.release(it)
+						if t == nRS-1 { // this rank's own chunk is complete
+							red.finish(a)
+							if sp.roundOwn && sp.ag {
+								w, ok := pool.get(r.ctx, (hi-lo)*ws)
+								if !ok {
+									return nil
+								}
+								red.toWire(w, a)
+								red.fromWire(a, w)
+								if !snd.push(w, func() { pool.put(w) }) {
+									return nil
+								}
+								continue
+							}
+						}
+						if fwd && !send(lo, hi) {
+							return nil
+						}
+						continue
+					}
+					// allgather
+					if !it.slot { // already in acc
+						if fwd && !snd.push(a, nil) {
+							return nil
+						}
+						continue
+					}
+					red.fromWire(a, it.buf)
+					if !fwd {
+						rv.release(it)
+					} else if !snd.push(it.buf, func() { rv.release(it) }) {
+						return nil
+					}
+				}
+			}
+		}
+		return nil
+	})
+}

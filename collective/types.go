@@ -1,0 +1,312 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// DType is the element type of a buffer.
+type DType uint8
+
+const (
+	Float32  DType = 1
+	Float16  DType = 2 // IEEE 754 binary16
+	BFloat16 DType = 3
+	rawBytes DType = 15 // Allgather and Broadcast move bytes
+)
+
+// Size is the size of one element in bytes.
+func (d DType) Size() int {
+	switch d {
+	case Float32:
+		return 4
+	case rawBytes:
+		return 1
+	}
+	return 2
+}
+
+func (d DType) valid() bool { return d >= Float32 && d <= BFloat16 }
+
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float16:
+		return "float16"
+	case BFloat16:
+		return "bfloat16"
+	case rawBytes:
+		return "bytes"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// ParseDType accepts the names allreduce-perf uses (float, half, bfloat16)
+// and the String forms.
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "float", "float32", "f32", "fp32":
+		return Float32, nil
+	case "half", "float16", "f16", "fp16":
+		return Float16, nil
+	case "bfloat16", "bf16":
+		return BFloat16, nil
+	}
+	return 0, fmt.Errorf("unknown data type %q (want float, half or bfloat16)", s)
+}
+
+// Op is a reduction.
+type Op uint8
+
+const (
+	Sum     Op = 1
+	Average Op = 2 // the sum divided by the world size
+	Min     Op = 3
+	Max     Op = 4
+)
+
+func (o Op) valid() bool { return o >= Sum && o <= Max }
+
+func (o Op) String() string {
+	switch o {
+	case Sum:
+		return "sum"
+	case Average:
+		return "avg"
+	case Min:
+		return "min"
+	case Max:
+		return "max"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// ParseOp accepts sum, avg (average), min, max.
+func ParseOp(s string) (Op, error) {
+	switch s {
+	case "sum":
+		return Sum, nil
+	case "avg", "average", "mean":
+		return Average, nil
+	case "min":
+		return Min, nil
+	case "max":
+		return Max, nil
+	}
+	return 0, fmt.Errorf("unknown reduction %q (want sum, avg, min or max)", s)
+}
+
+// Algorithm selects how Allreduce moves data.
+type Algorithm uint8
+
+const (
+	Auto Algorithm = 0 // by size and world size (see CostModel)
+	Ring Algorithm = 1 // reduce-scatter + allgather around rings
+	Tree Algorithm = 2 // reduce up / broadcast down a double binary tree
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case Auto:
+		return "auto"
+	case Ring:
+		return "ring"
+	case Tree:
+		return "tree"
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm accepts auto, ring, tree.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "auto", "":
+		return Auto, nil
+	case "ring":
+		return Ring, nil
+	case "tree":
+		return Tree, nil
+	}
+	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring or tree)", s)
+}
+
+// kind is the collective, carried in every message's Tag.Kind.
+type kind uint16
+
+const (
+	kAllreduce     kind = 1
+	kBroadcast     kind = 2
+	kAllgather     kind = 3
+	kReduceScatter kind = 4
+	kBarrier       kind = 5
+)
+
+func (k kind) String() string {
+	switch k {
+	case kAllreduce:
+		return "allreduce"
+	case kBroadcast:
+		return "broadcast"
+	case kAllgather:
+		return "allgather"
+	case kReduceScatter:
+		return "reduce-scatter"
+	case kBarrier:
+		return "barrier"
+	}
+	return fmt.Sprintf("collective %d", uint16(k))
+}
+
+// call describes one collective call as every rank must agree on it. It is
+// packed into the tag of every message: Seq = sequence number (low 32
+// bits) | element count (high 32 bits), Kind = collective, Aux = dtype |
+// op<<4 | wire dtype<<8 | algorithm<<12 (for broadcast: the root).
+type call struct {
+	seq   uint32
+	kind  kind
+	count int // elements
+	dtype DType
+	op    Op
+	wire  DType
+	algo  Algorithm
+	root  int
+}
+
+func (c call) tag(msg int) rank.Tag {
+	aux := uint16(c.dtype) | uint16(c.op)<<4 | uint16(c.wire)<<8 | uint16(c.algo)<<12
+	if c.kind == kBroadcast {
+		aux = uint16(c.root)
+	}
+	return rank.Tag{Seq: uint64(c.seq) | uint64(uint32(c.count))<<32, Kind: uint16(c.kind), Aux: aux, Chunk: uint32(msg)}
+}
+
+func fromTag(t rank.Tag) call {
+	c := call{seq: uint32(t.Seq), count: int(t.Seq >> 32), kind: kind(t.Kind)}
+	if c.kind == kBroadcast {
+		c.root = int(t.Aux)
+	} else {
+		c.dtype, c.op, c.wire, c.algo = DType(t.Aux&15), Op(t.Aux>>4&15), DType(t.Aux>>8&15), Algorithm(t.Aux>>12)
+	}
+	return c
+}
+
+func (c call) String() string {
+	s := fmt.Sprintf("%s #%d of %d", c.kind, c.seq, c.count)
+	switch c.kind {
+	case kBroadcast:
+		return s + fmt.Sprintf(" bytes from root %d", c.root)
+	case kBarrier:
+		return fmt.Sprintf("barrier #%d", c.seq)
+	}
+	if c.kind == kAllgather {
+		return s + " bytes per rank"
+	}
+	s += " x " + c.dtype.String()
+	{
+		s += ", " + c.op.String()
+	}
+	if c.wire != c.dtype {
+		s += ", " + c.wire.String() + " on the wire"
+	}
+	if c.kind == kAllreduce {
+		s += ", " + c.algo.String()
+	}
+	return s
+}
+
+// differences names what differs between two calls.
+func differences(a, b call) string {
+	var d []string
+	if a.seq != b.seq {
+		d = append(d, "sequence number (a rank skipped or added a collective)")
+	}
+	if a.kind != b.kind {
+		d = append(d, "collective")
+	}
+	if a.count != b.count {
+		d = append(d, "length")
+	}
+	if a.dtype != b.dtype {
+		d = append(d, "data type")
+	}
+	if a.op != b.op {
+		d = append(d, "reduction")
+	}
+	if a.wire != b.wire {
+		d = append(d, "wire format")
+	}
+	if a.algo != b.algo {
+		d = append(d, "algorithm (set GORUN_ALLREDUCE the same on every rank)")
+	}
+	if a.root != b.root {
+		d = append(d, "root")
+	}
+	if len(d) == 0 {
+		return "message sizes (slice settings differ between ranks)"
+	}
+	s := d[0]
+	for _, x := range d[1:] {
+		s += ", " + x
+	}
+	return s
+}
+
+// MismatchError reports ranks that called different collectives (or the
+// same one with a different length, data type, reduction, root, algorithm
+// or sequence number).
+type MismatchError struct {
+	Rank, Peer int
+	Mine, Peers string // the calls as each rank made them
+	What        string // what differs
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("collective mismatch: rank %d called %s but rank %d called %s (%s differs)", e.Rank, e.Mine, e.Peer, e.Peers, e.What)
+}
+
+func explainMismatch(err error) error {
+	var me *rank.MismatchError
+	if !errors.As(err, &me) {
+		return err
+	}
+	a, b := fromTag(me.Want), fromTag(me.Got)
+	if me.Want == me.Got {
+		return &MismatchError{Rank: me.Self, Peer: me.Peer, Mine: a.String(), Peers: b.String(),
+			What: fmt.Sprintf("message size (%d bytes expected, %d sent; slice settings differ between ranks)", me.WantLen, me.GotLen)}
+	}
+	return &MismatchError{Rank: me.Self, Peer: me.Peer, Mine: a.String(), Peers: b.String(), What: differences(a, b)}
+}
+
+// Float32Bytes views a float32 slice as bytes (no copy).
+func Float32Bytes(s []float32) []byte {
+	if len(s) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s))
+}
+
+// Uint16Bytes views a slice of float16 or bfloat16 bits as bytes (no copy).
+func Uint16Bytes(s []uint16) []byte {
+	if len(s) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
+}
+
+func f32s(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+func u16s(b []byte) []uint16 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2)
+}
