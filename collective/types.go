@@ -259,7 +259,7 @@ func differences(a, b call) string {
 // same one with a different length, data type, reduction, root, algorithm
 // or sequence number).
 type MismatchError struct {
-	Rank, Peer int
+	Rank, Peer  int
 	Mine, Peers string // the calls as each rank made them
 	What        string // what differs
 }
