@@ -1,0 +1,266 @@
+package data
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Binary corpus layout (little-endian), version 1:
+//
+//	off  size  field
+//	0    8     magic "GORUNCRP"
+//	8    4     version (1)
+//	12   4     vocabulary size
+//	16   8     lines N
+//	24   8     source tokens
+//	32   8     target tokens
+//	40   8     lines dropped when it was prepared
+//	48   32    vocabulary hash (SHA-256 of the pieces)
+//	80   44    reserved (zero)
+//	124  4     CRC-32 (IEEE) of bytes 0..123
+//	128  8(N+1) source offsets (in tokens, from 0 to source tokens)
+//	...  8(N+1) target offsets
+//	...  4*src  source ids (int32)
+//	...  4*tgt  target ids (int32)
+//
+// Ids are stored without EOS. The file size must be exactly what the
+// header implies.
+const (
+	corpusMagic   = "GORUNCRP"
+	corpusVersion = 1
+	headerSize    = 128
+)
+
+// Corpus is a memory-mapped binary corpus; Pair returns views into the
+// mapping (zero-copy), valid until Close.
+type Corpus struct {
+	path                 string
+	mem                  []byte
+	n                    int
+	srcOff, tgtOff       []uint64
+	srcIDs, tgtIDs       []int32
+	vocabSize            int
+	vocabHash            string
+	srcTokens, tgtTokens int64
+	dropped              int64
+	size                 int64
+}
+
+// WriteCorpus writes pairs of id sequences (without EOS) to path, recording
+// the vocabulary's hash and size and how many lines were dropped.
+func WriteCorpus(path string, src, tgt [][]int32, vocabHash string, vocabSize int, dropped int64) error {
+	if len(src) != len(tgt) {
+		return fmt.Errorf("%s: %d source and %d target lines", path, len(src), len(tgt))
+	}
+	hash, err := hex.DecodeString(vocabHash)
+	if err != nil || len(hash) != 32 {
+		return fmt.Errorf("%s: vocabulary hash %q is not 64 hex digits", path, vocabHash)
+	}
+	var ns, nt uint64
+	for i := range src {
+		ns += uint64(len(src[i]))
+		nt += uint64(len(tgt[i]))
+	}
+	h := make([]byte, headerSize)
+	copy(h, corpusMagic)
+	le := binary.LittleEndian
+	le.PutUint32(h[8:], corpusVersion)
+	le.PutUint32(h[12:], uint32(vocabSize))
+	le.PutUint64(h[16:], uint64(len(src)))
+	le.PutUint64(h[24:], ns)
+	le.PutUint64(h[32:], nt)
+	le.PutUint64(h[40:], uint64(dropped))
+	copy(h[48:80], hash)
+	le.PutUint32(h[124:], crc32.ChecksumIEEE(h[:124]))
+
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	w.Write(h)
+	var b [8]byte
+	for _, side := range [][][]int32{src, tgt} {
+		var off uint64
+		le.PutUint64(b[:], 0)
+		w.Write(b[:])
+		for _, s := range side {
+			off += uint64(len(s))
+			le.PutUint64(b[:], off)
+			w.Write(b[:])
+		}
+	}
+	for _, side := range [][][]int32{src, tgt} {
+		for _, s := range side {
+			for _, id := range s {
+				if id < 0 || int(id) >= vocabSize {
+					f.Close()
+					os.Remove(tmp)
+					return fmt.Errorf("%s: id %d outside the vocabulary of %d", path, id, vocabSize)
+				}
+				le.PutUint32(b[:4], uint32(id))
+				w.Write(b[:4])
+			}
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// OpenCorpus memory-maps a binary corpus and validates its header and
+// offsets (not the tokens: a rank reads only its shard's tokens). Every
+// problem is one error naming the file.
+func OpenCorpus(path string) (*Corpus, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() < headerSize {
+		return nil, fmt.Errorf("%s: not a gorun corpus (%d bytes, shorter than the %d-byte header)", path, fi.Size(), headerSize)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%s: mmap: %v", path, err)
+	}
+	c, err := parseCorpus(mem)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	c.path = path
+	c.size = fi.Size()
+	return c, nil
+}
+
+// parseCorpus validates b and builds the views into it.
+func parseCorpus(b []byte) (*Corpus, error) {
+	if len(b) < headerSize || string(b[:8]) != corpusMagic {
+		return nil, fmt.Errorf("not a gorun corpus (bad magic; make one with nmt-train prepare)")
+	}
+	le := binary.LittleEndian
+	if v := le.Uint32(b[8:]); v != corpusVersion {
+		return nil, fmt.Errorf("corpus format version %d, this program reads version %d", v, corpusVersion)
+	}
+	if le.Uint32(b[124:]) != crc32.ChecksumIEEE(b[:124]) {
+		return nil, fmt.Errorf("header checksum mismatch (corrupted file)")
+	}
+	if !littleEndianHost() {
+		return nil, fmt.Errorf("this host is big-endian; the corpus is little-endian")
+	}
+	n, ns, nt := le.Uint64(b[16:]), le.Uint64(b[24:]), le.Uint64(b[32:])
+	const lim = 1 << 40
+	if n >= lim || ns >= lim || nt >= lim {
+		return nil, fmt.Errorf("header counts out of range (%d lines, %d+%d tokens)", n, ns, nt)
+	}
+	want := uint64(headerSize) + 16*(n+1) + 4*(ns+nt)
+	if uint64(len(b)) != want {
+		return nil, fmt.Errorf("size is %d bytes, the header (%d lines, %d source and %d target tokens) implies %d: truncated or garbled", len(b), n, ns, nt, want)
+	}
+	c := &Corpus{mem: b, n: int(n), vocabSize: int(le.Uint32(b[12:])),
+		vocabHash: hex.EncodeToString(b[48:80]), srcTokens: int64(ns), tgtTokens: int64(nt),
+		dropped: int64(le.Uint64(b[40:]))}
+	p := uintptr(headerSize)
+	c.srcOff = unsafe.Slice((*uint64)(unsafe.Pointer(&b[p])), n+1)
+	p += uintptr(8 * (n + 1))
+	c.tgtOff = unsafe.Slice((*uint64)(unsafe.Pointer(&b[p])), n+1)
+	p += uintptr(8 * (n + 1))
+	if ns > 0 {
+		c.srcIDs = unsafe.Slice((*int32)(unsafe.Pointer(&b[p])), ns)
+	}
+	p += uintptr(4 * ns)
+	if nt > 0 {
+		c.tgtIDs = unsafe.Slice((*int32)(unsafe.Pointer(&b[p])), nt)
+	}
+	for side, off := range [][]uint64{c.srcOff, c.tgtOff} {
+		total := []uint64{ns, nt}[side]
+		name := []string{"source", "target"}[side]
+		if off[0] != 0 || off[n] != total {
+			return nil, fmt.Errorf("%s offsets run from %d to %d, want 0 to %d (garbled)", name, off[0], off[n], total)
+		}
+		for i := uint64(1); i <= n; i++ {
+			if off[i] < off[i-1] {
+				return nil, fmt.Errorf("%s offset of line %d goes backwards (garbled)", name, i)
+			}
+		}
+	}
+	return c, nil
+}
+
+func littleEndianHost() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}
+
+// Len is the number of lines.
+func (c *Corpus) Len() int { return c.n }
+
+// Pair returns line i as views into the mapping.
+func (c *Corpus) Pair(i int) (src, tgt []int32) {
+	return c.srcIDs[c.srcOff[i]:c.srcOff[i+1]:c.srcOff[i+1]], c.tgtIDs[c.tgtOff[i]:c.tgtOff[i+1]:c.tgtOff[i+1]]
+}
+
+// Lens returns the lengths of line i from the offsets alone.
+func (c *Corpus) Lens(i int) (int, int) {
+	return int(c.srcOff[i+1] - c.srcOff[i]), int(c.tgtOff[i+1] - c.tgtOff[i])
+}
+
+// VocabHash is the hash of the vocabulary the corpus was made with.
+func (c *Corpus) VocabHash() string { return c.vocabHash }
+
+// VocabSize is the size of that vocabulary.
+func (c *Corpus) VocabSize() int { return c.vocabSize }
+
+// Tokens returns the token counts of each side (without EOS).
+func (c *Corpus) Tokens() (src, tgt int64) { return c.srcTokens, c.tgtTokens }
+
+// Dropped is the number of lines prepare dropped.
+func (c *Corpus) Dropped() int64 { return c.dropped }
+
+// Bytes is the file size.
+func (c *Corpus) Bytes() int64 { return c.size }
+
+// Path is the file it was opened from.
+func (c *Corpus) Path() string { return c.path }
+
+// CheckVocab returns an error naming the file when v is not the vocabulary
+// the corpus was made with.
+func (c *Corpus) CheckVocab(v *Vocab) error {
+	if v.Hash() != c.vocabHash || v.Size() != c.vocabSize {
+		return fmt.Errorf("%s: made with a vocabulary of %d pieces (hash %.12s), not this one of %d (hash %.12s): prepare it again with this vocabulary", c.path, c.vocabSize, c.vocabHash, v.Size(), v.Hash())
+	}
+	return nil
+}
+
+// Close unmaps the file; slices from Pair are invalid afterwards.
+func (c *Corpus) Close() error {
+	if c.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(c.mem)
+	c.mem, c.srcIDs, c.tgtIDs, c.srcOff, c.tgtOff = nil, nil, nil, nil, nil
+	return err
+}

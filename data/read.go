@@ -1,0 +1,203 @@
+package data
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"unicode/utf8"
+)
+
+// HistWidth is the width of the length histogram's bins (in tokens).
+const HistWidth = 8
+
+// Stats describes a parallel corpus as it was read: what the lab asks ("how
+// big was the training set, how many lines") and what was dropped and why.
+// Lengths count pieces plus the EOS the model sees.
+type Stats struct {
+	SrcPath, TgtPath string
+	Bytes            int64 // both input files on disk
+	Lines            int64 // line pairs read
+	Kept             int64
+	DroppedEmpty     int64 // a side with no pieces
+	DroppedLong      int64 // a side longer than MaxLen
+	MaxLen           int   // 0: no limit
+	SrcTokens        int64 // kept lines, without EOS
+	TgtTokens        int64
+	SrcUnk, TgtUnk   int64 // pieces not in the vocabulary (kept lines)
+	// Hist[k] counts non-empty line pairs whose longer side (with EOS) is
+	// in (k*HistWidth, (k+1)*HistWidth]; dropped long lines included.
+	Hist []int64
+}
+
+// Dropped is the number of line pairs dropped.
+func (s *Stats) Dropped() int64 { return s.DroppedEmpty + s.DroppedLong }
+
+// MB is the size of the inputs on disk in MB (10^6 bytes).
+func (s *Stats) MB() float64 { return float64(s.Bytes) / 1e6 }
+
+func (s *Stats) addHist(n int) {
+	k := (n - 1) / HistWidth
+	for len(s.Hist) <= k {
+		s.Hist = append(s.Hist, 0)
+	}
+	s.Hist[k]++
+}
+
+// String is a short human summary.
+func (s *Stats) String() string {
+	return fmt.Sprintf("%s + %s: %.1f MB, %d line pairs read, %d kept, %d dropped (%d empty, %d longer than %d tokens), %d source and %d target tokens (%d and %d unknown)",
+		s.SrcPath, s.TgtPath, s.MB(), s.Lines, s.Kept, s.Dropped(), s.DroppedEmpty, s.DroppedLong, s.MaxLen,
+		s.SrcTokens, s.TgtTokens, s.SrcUnk, s.TgtUnk)
+}
+
+// Markdown writes the statistics as a Markdown section titled title.
+func (s *Stats) Markdown(w io.Writer, title string) {
+	fmt.Fprintf(w, "## %s\n\n", title)
+	fmt.Fprintf(w, "| | |\n|---|---|\n")
+	fmt.Fprintf(w, "| source file | `%s` |\n| target file | `%s` |\n", s.SrcPath, s.TgtPath)
+	fmt.Fprintf(w, "| size on disk | %.1f MB |\n", s.MB())
+	fmt.Fprintf(w, "| line pairs read | %d |\n| line pairs kept | %d |\n", s.Lines, s.Kept)
+	fmt.Fprintf(w, "| dropped: empty side | %d |\n", s.DroppedEmpty)
+	if s.MaxLen > 0 {
+		fmt.Fprintf(w, "| dropped: longer than %d tokens (with EOS) | %d |\n", s.MaxLen, s.DroppedLong)
+	}
+	fmt.Fprintf(w, "| source tokens (kept, without EOS) | %d |\n| target tokens (kept, without EOS) | %d |\n", s.SrcTokens, s.TgtTokens)
+	fmt.Fprintf(w, "| unknown pieces source / target | %d / %d |\n\n", s.SrcUnk, s.TgtUnk)
+	if len(s.Hist) > 0 {
+		fmt.Fprintf(w, "Length of the longer side (tokens with EOS), non-empty pairs:\n\n| length | pairs | |\n|---|---:|---|\n")
+		var most int64
+		for _, c := range s.Hist {
+			most = max(most, c)
+		}
+		for k, c := range s.Hist {
+			bar := 0
+			if most > 0 {
+				bar = int(40 * c / most)
+			}
+			fmt.Fprintf(w, "| %d-%d | %d | %s |\n", k*HistWidth+1, (k+1)*HistWidth, c, strings.Repeat("#", bar))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// lineReader reads lines of one file, checking UTF-8.
+type lineReader struct {
+	path string
+	sc   *bufio.Scanner
+	n    int
+}
+
+func (r *lineReader) next() (string, bool, error) {
+	if !r.sc.Scan() {
+		if err := r.sc.Err(); err != nil {
+			return "", false, fmt.Errorf("%s:%d: %v", r.path, r.n+1, err)
+		}
+		return "", false, nil
+	}
+	r.n++
+	b := r.sc.Bytes()
+	if !utf8.Valid(b) {
+		return "", false, fmt.Errorf("%s:%d: invalid UTF-8", r.path, r.n)
+	}
+	return strings.TrimSuffix(string(b), "\r"), true, nil
+}
+
+// ReadParallelFunc reads two line-aligned files, turns each line into
+// pieces with split and into ids with v, and keeps the pairs whose sides
+// are non-empty and at most maxLen tokens with EOS (maxLen <= 0: no limit).
+// Files of different line counts, invalid UTF-8 and unreadable files are
+// errors naming the file (and line).
+func ReadParallelFunc(srcPath, tgtPath string, split func(string) []string, v *Vocab, maxLen int) (src, tgt [][]int32, st Stats, err error) {
+	st = Stats{SrcPath: srcPath, TgtPath: tgtPath, MaxLen: maxLen}
+	var rs [2]*lineReader
+	for i, p := range []string{srcPath, tgtPath} {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, nil, st, err
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err == nil {
+			st.Bytes += fi.Size()
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), maxLineBytes)
+		rs[i] = &lineReader{path: p, sc: sc}
+	}
+	for {
+		ls, okS, err := rs[0].next()
+		if err != nil {
+			return nil, nil, st, err
+		}
+		lt, okT, err := rs[1].next()
+		if err != nil {
+			return nil, nil, st, err
+		}
+		if okS != okT {
+			for _, r := range rs {
+				for {
+					_, ok, err := r.next()
+					if err != nil {
+						return nil, nil, st, err
+					}
+					if !ok {
+						break
+					}
+				}
+			}
+			return nil, nil, st, fmt.Errorf("%s has %d lines but %s has %d: the files are not parallel", srcPath, rs[0].n, tgtPath, rs[1].n)
+		}
+		if !okS {
+			break
+		}
+		st.Lines++
+		ps, pt := split(ls), split(lt)
+		if len(ps) == 0 || len(pt) == 0 {
+			st.DroppedEmpty++
+			continue
+		}
+		n := max(len(ps), len(pt)) + 1
+		st.addHist(n)
+		if maxLen > 0 && n > maxLen {
+			st.DroppedLong++
+			continue
+		}
+		is, it := v.Encode(ps), v.Encode(pt)
+		st.SrcUnk += countUnk(is)
+		st.TgtUnk += countUnk(it)
+		st.Kept++
+		st.SrcTokens += int64(len(is))
+		st.TgtTokens += int64(len(it))
+		src = append(src, is)
+		tgt = append(tgt, it)
+	}
+	return src, tgt, st, nil
+}
+
+// ReadParallel reads the lab's tokenized files (pieces separated by
+// spaces); see ReadParallelFunc.
+func ReadParallel(srcPath, tgtPath string, v *Vocab, maxLen int) (src, tgt [][]int32, st Stats, err error) {
+	return ReadParallelFunc(srcPath, tgtPath, SplitPieces, v, maxLen)
+}
+
+func countUnk(ids []int32) int64 {
+	var n int64
+	for _, id := range ids {
+		if id == UNK {
+			n++
+		}
+	}
+	return n
+}
+
+// ReadLines reads a text file's lines, checking UTF-8 (errors name
+// file:line).
+func ReadLines(path string) ([]string, error) {
+	var out []string
+	err := eachLine(path, func(_ int, l string) error {
+		out = append(out, l)
+		return nil
+	})
+	return out, err
+}
