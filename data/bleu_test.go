@@ -1,0 +1,103 @@
+package data
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// sacreBLEU's README example (two reference sets).
+func TestCorpusBLEUSacreREADME(t *testing.T) {
+	sys := []string{"The dog bit the man.", "It wasn't surprising.", "The man had just bitten him."}
+	refs := [][]string{
+		{"The dog bit the man.", "It was not unexpected.", "The man bit him first."},
+		{"The dog had bit the man.", "No one was surprised.", "The man had bitten the dog."},
+	}
+	r := CorpusBLEU(sys, refs...)
+	if math.Abs(r.Score-48.530827) > 1e-5 {
+		t.Errorf("score %.6f, want 48.530827 (%v)", r.Score, r)
+	}
+	if r.Counts != [4]int{14, 7, 5, 3} || r.Totals != [4]int{17, 14, 11, 8} || r.SysLen != 17 || r.RefLen != 18 {
+		t.Errorf("got %v counts %v totals %v", r, r.Counts, r.Totals)
+	}
+	if got, want := r.String(), "BLEU = 48.53 82.4/50.0/45.5/37.5 (BP = 0.943 ratio = 0.944 hyp_len = 17 ref_len = 18)"; got != want {
+		t.Errorf("String()\n got %s\nwant %s", got, want)
+	}
+	if !strings.HasPrefix(r.Signature(), "nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp|version:") {
+		t.Errorf("signature %s", r.Signature())
+	}
+}
+
+// Hugging Face evaluate's sacrebleu metric card example scores 100.
+func TestCorpusBLEUPerfect(t *testing.T) {
+	r := CorpusBLEU([]string{"hello there general kenobi", "foo bar foobar"},
+		[]string{"hello there general kenobi", "foo bar foobar"},
+		[]string{"hello there !", "foo bar foobar"})
+	if math.Abs(r.Score-100) > 1e-9 {
+		t.Errorf("score %v", r)
+	}
+}
+
+// torchmetrics' example: 'the cat is on the mat' against two references
+// gives 0.7598 = (5/6 * 4/5 * 3/4 * 2/3)^(1/4).
+func TestCorpusBLEUCat(t *testing.T) {
+	r := CorpusBLEU([]string{"the cat is on the mat"}, []string{"there is a cat on the mat"}, []string{"a cat is on the mat"})
+	want := 100 * math.Pow(1.0/3, 0.25)
+	if math.Abs(r.Score-want) > 1e-9 || r.Counts != [4]int{5, 4, 3, 2} || r.RefLen != 6 {
+		t.Errorf("got %v %v, want %.4f", r, r.Counts, want)
+	}
+}
+
+// Exp smoothing: no 4-gram match gives precision 100/(2*total); a brevity
+// penalty applies; no unigram match gives 0.
+func TestCorpusBLEUSmoothing(t *testing.T) {
+	r := CorpusBLEU([]string{"a b c d"}, []string{"a b c x y"})
+	p := [4]float64{75, 100 * 2.0 / 3, 50, 100 / (2 * 1.0)}
+	bp := math.Exp(1 - 5.0/4)
+	want := bp * math.Exp((math.Log(p[0])+math.Log(p[1])+math.Log(p[2])+math.Log(p[3]))/4)
+	if r.Precisions != p || math.Abs(r.BP-bp) > 1e-12 || math.Abs(r.Score-want) > 1e-9 {
+		t.Errorf("got %v %v, want %v %v", r, r.Precisions, want, p)
+	}
+	if r := CorpusBLEU([]string{"x y"}, []string{"a b"}); r.Score != 0 {
+		t.Errorf("no match scored %v", r)
+	}
+	if r := CorpusBLEU([]string{""}, []string{"a b"}); r.Score != 0 || r.BP != 0 {
+		t.Errorf("empty hypothesis scored %v", r)
+	}
+}
+
+func TestTokenize13a(t *testing.T) {
+	for in, want := range map[string]string{
+		"Hello, world.":               "Hello , world .",
+		"It costs $3.50, or 1,000.":   "It costs $ 3.50 , or 1,000 .",
+		"state-of-the-art 1990-2000":  "state-of-the-art 1990 - 2000",
+		"a &amp; b &quot;c&quot;":     `a & b " c "`,
+		"(Ärger) über [x] {y}: ü/z?!": "( Ärger ) über [ x ] { y } : ü / z ? !",
+		"  many   spaces\there ":      "many spaces here",
+		"don't 'quote'":               "don't 'quote'", // the apostrophe is not in 13a's class
+	} {
+		if got := strings.Join(Tokenize13a(in), " "); got != want {
+			t.Errorf("Tokenize13a(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestTokenizedBLEU(t *testing.T) {
+	h := [][]string{strings.Fields("▁the ▁cat ▁is ▁on ▁the ▁mat")}
+	if got := TokenizedBLEU(h, h); math.Abs(got-1) > 1e-12 {
+		t.Errorf("identical: %v", got)
+	}
+	r := [][]string{strings.Fields("▁a ▁cat ▁is ▁on ▁the ▁mat")}
+	// 5/6, 4/5, 3/4, 2/3 with the same length: BP 1.
+	if got, want := TokenizedBLEU(h, r), math.Pow(1.0/3, 0.25); math.Abs(got-want) > 1e-12 {
+		t.Errorf("got %v want %v", got, want)
+	}
+	// no smoothing: a missing 4-gram match gives 0
+	if got := TokenizedBLEU([][]string{{"a", "b", "c", "d"}}, [][]string{{"a", "b", "c", "x"}}); got != 0 {
+		t.Errorf("unsmoothed got %v", got)
+	}
+	if !reflect.DeepEqual(Tokenize13a(""), []string(nil)) && len(Tokenize13a("")) != 0 {
+		t.Errorf("empty")
+	}
+}
