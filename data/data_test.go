@@ -1,0 +1,659 @@
+package data
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+func TestLoadVocabLabFormat(t *testing.T) {
+	v, err := LoadVocab("testdata/m_common.vocab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, p := range []string{"<pad>", "</s>", "<s>", "<unk>", "▁The"} {
+		if v.Piece(int32(id)) != p || v.ID(p) != int32(id) {
+			t.Errorf("id %d: piece %q, ID(%q) = %d", id, v.Piece(int32(id)), p, v.ID(p))
+		}
+	}
+	if v.ID("▁Geduld") != UNK || v.Has("▁Geduld") {
+		t.Errorf("a piece not in the file must be UNK")
+	}
+	// write and read back: same pieces, same hash
+	p := filepath.Join(t.TempDir(), "v.txt")
+	if err := v.WriteFile(p); err != nil {
+		t.Fatal(err)
+	}
+	w, err := LoadVocab(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Hash() != v.Hash() || w.Size() != v.Size() {
+		t.Errorf("round trip changed the vocabulary")
+	}
+	ids := v.Encode([]string{"▁Das", "▁Haus", "▁Geduld"})
+	if got := v.Decode(append(ids, EOS, v.ID("▁Das"))); !reflect.DeepEqual(got, []string{"▁Das", "▁Haus", "<unk>"}) {
+		t.Errorf("Decode = %q", got)
+	}
+}
+
+func TestVocabErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, c := range map[string]struct{ text, want string }{
+		"dup":     {"<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\n▁a\t-0\nb\t-1\n▁a\t-2\n", ":7: duplicate piece \"▁a\" (first on line 5)"},
+		"missing": {"<pad>\t0\n</s>\t0\n<unk>\t0\n▁a\t-0\n", ":3: want special piece <s> (id 2)"},
+		"order":   {"<unk>\t0\n<s>\t0\n</s>\t0\n<pad>\t0\n", ":1: want special piece <pad> (id 0)"},
+		"short":   {"<pad>\t0\n</s>\t0\n", ":3: want special piece <s> (id 2), got end of file"},
+		"utf8":    {"<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\n\xff\t-1\n", ":5: invalid UTF-8"},
+		"score":   {"<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\nx\tabc\n", ":5: score \"abc\" is not a number"},
+		"empty":   {"<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\n\t-1\n", ":5: empty piece"},
+	} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(c.text), 0o644)
+		_, err := LoadVocab(p)
+		if err == nil || !strings.HasPrefix(err.Error(), p+c.want) {
+			t.Errorf("%s: error %v, want prefix %s%s", name, err, p, c.want)
+		}
+	}
+}
+
+func TestBuildVocab(t *testing.T) {
+	v := BuildVocab(map[string]int64{"▁b": 5, "▁a": 5, "c": 9, "<unk>": 100, "d": 1}, 7)
+	want := []string{"<pad>", "</s>", "<s>", "<unk>", "c", "▁a", "▁b"}
+	for i, p := range want {
+		if v.Piece(int32(i)) != p {
+			t.Errorf("id %d = %q, want %q", i, v.Piece(int32(i)), p)
+		}
+	}
+	if v.Size() != 7 {
+		t.Errorf("size %d", v.Size())
+	}
+}
+
+func TestReadParallelLabFormat(t *testing.T) {
+	v, err := LoadVocab("testdata/m_common.vocab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, tgt, st, err := ReadParallel("testdata/sample.en.tok", "testdata/sample.de.tok", v, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(src) != 8 || st.Lines != 8 || st.Kept != 8 || st.Dropped() != 0 {
+		t.Fatalf("read %d lines, stats %s", len(src), st.String())
+	}
+	if got := v.Decode(src[0]); strings.Join(got, " ") != "▁The ▁tour ▁programs ▁last ▁2 7 ▁days ." {
+		t.Errorf("line 1 = %q", got)
+	}
+	if Detokenize(v.Decode(tgt[2])) != "Das Haus ist klein, aber der Garten ist groß." {
+		t.Errorf("detok %q", Detokenize(v.Decode(tgt[2])))
+	}
+	// ▁Geduld and programme are not in the vocabulary
+	if st.TgtUnk != 2 || st.SrcUnk != 0 {
+		t.Errorf("unknown %d/%d", st.SrcUnk, st.TgtUnk)
+	}
+	var n int64
+	for _, s := range src {
+		n += int64(len(s))
+	}
+	if n != st.SrcTokens {
+		t.Errorf("source tokens %d vs %d", n, st.SrcTokens)
+	}
+	// --max-length 10: lines 2, 3 and 6 have a side of more than 9 pieces
+	src, _, st, err = ReadParallel("testdata/sample.en.tok", "testdata/sample.de.tok", v, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DroppedLong != 3 || st.Kept != 5 || len(src) != 5 {
+		t.Errorf("max length 10: %s", st.String())
+	}
+	var sb strings.Builder
+	st.Markdown(&sb, "train")
+	if !strings.Contains(sb.String(), "| dropped: longer than 10 tokens (with EOS) | 3 |") {
+		t.Errorf("markdown:\n%s", sb.String())
+	}
+}
+
+func TestReadParallelErrors(t *testing.T) {
+	dir := t.TempDir()
+	v := SyntheticVocab()
+	w := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(text), 0o644)
+		return p
+	}
+	a := w("a", "x y\nz\nw\n")
+	b := w("b", "x\ny\n")
+	if _, _, _, err := ReadParallel(a, b, v, 0); err == nil || err.Error() != fmt.Sprintf("%s has 3 lines but %s has 2: the files are not parallel", a, b) {
+		t.Errorf("line counts: %v", err)
+	}
+	c := w("c", "x\ny \xc3\x28\n")
+	if _, _, _, err := ReadParallel(a, c, v, 0); err == nil || err.Error() != c+":2: invalid UTF-8" {
+		t.Errorf("utf8: %v", err)
+	}
+	d := w("d", "x\n\ny\n")
+	_, _, st, err := ReadParallel(a, d, v, 0)
+	if err != nil || st.DroppedEmpty != 1 || st.Kept != 2 {
+		t.Errorf("empty line: %v %s", err, st.String())
+	}
+	if _, _, _, err := ReadParallel(a, filepath.Join(dir, "nope"), v, 0); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestCorpusRoundTrip(t *testing.T) {
+	v := SyntheticVocab()
+	s, g := Synthetic(3, 200)
+	src, tgt := EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v)
+	src[5] = nil // an empty side is representable
+	p := filepath.Join(t.TempDir(), "c.bin")
+	if err := WriteCorpus(p, src, tgt, v.Hash(), v.Size(), 7); err != nil {
+		t.Fatal(err)
+	}
+	c, err := OpenCorpus(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Len() != 200 || c.VocabHash() != v.Hash() || c.Dropped() != 7 || c.CheckVocab(v) != nil {
+		t.Fatalf("header: %d lines, hash %s, dropped %d", c.Len(), c.VocabHash(), c.Dropped())
+	}
+	for i := range src {
+		a, b := c.Pair(i)
+		if !reflect.DeepEqual(append([]int32{}, a...), append([]int32{}, src[i]...)) || !reflect.DeepEqual(b, tgt[i]) {
+			t.Fatalf("line %d differs", i)
+		}
+		if ls, lt := c.Lens(i); ls != len(src[i]) || lt != len(tgt[i]) {
+			t.Fatalf("line %d lengths", i)
+		}
+	}
+	other, _ := NewVocab([]string{"x"})
+	if err := c.CheckVocab(other); err == nil || !strings.HasPrefix(err.Error(), p+": made with a vocabulary of 411 pieces") {
+		t.Errorf("vocab mismatch: %v", err)
+	}
+}
+
+func TestCorpusBadFiles(t *testing.T) {
+	v := SyntheticVocab()
+	s, g := Synthetic(3, 50)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.bin")
+	if err := WriteCorpus(good, EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v), v.Hash(), v.Size(), 0); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(good)
+	cases := map[string]struct {
+		data []byte
+		want string
+	}{
+		"truncated": {b[:len(b)-4], "truncated or garbled"},
+		"short":     {b[:100], "shorter than the 128-byte header"},
+		"magic":     {append([]byte("NOTACORP"), b[8:]...), "bad magic"},
+		"header":    {func() []byte { c := append([]byte{}, b...); c[20] ^= 1; return c }(), "header checksum mismatch"},
+		"offsets": {func() []byte {
+			c := append([]byte{}, b...)
+			binary.LittleEndian.PutUint64(c[headerSize+8*3:], 1<<30)
+			return c
+		}(), "source offset of line 4 goes backwards"},
+		"empty": {nil, "shorter than the 128-byte header"},
+	}
+	for name, c := range cases {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, c.data, 0o644)
+		_, err := OpenCorpus(p)
+		if err == nil || !strings.HasPrefix(err.Error(), p+": ") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+	if err := WriteCorpus(filepath.Join(dir, "x"), [][]int32{{500}}, [][]int32{{1}}, v.Hash(), v.Size(), 0); err == nil {
+		t.Errorf("an id outside the vocabulary was written")
+	}
+}
+
+func FuzzOpenCorpus(f *testing.F) {
+	v := SyntheticVocab()
+	s, g := Synthetic(3, 5)
+	p := filepath.Join(f.TempDir(), "seed.bin")
+	if err := WriteCorpus(p, EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v), v.Hash(), v.Size(), 0); err != nil {
+		f.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	f.Add(b)
+	f.Add(b[:headerSize])
+	f.Add([]byte(corpusMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		// parseCorpus is what OpenCorpus runs on the mapping; a Go slice
+		// avoids a file per input. 8-byte alignment as a mapping has.
+		buf := make([]uint64, (len(b)+7)/8)
+		al := unsafeBytes(buf)[:len(b)]
+		copy(al, b)
+		c, err := parseCorpus(al)
+		if err != nil {
+			return
+		}
+		for i := 0; i < c.Len(); i++ {
+			c.Pair(i)
+			c.Lens(i)
+		}
+	})
+}
+
+func FuzzParseVocab(f *testing.F) {
+	b, _ := os.ReadFile("testdata/m_common.vocab")
+	f.Add(b)
+	f.Add([]byte("<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := ParseVocab(b)
+		if err != nil {
+			return
+		}
+		for i := 0; i < v.Size(); i++ {
+			if v.ID(v.Piece(int32(i))) != int32(i) {
+				t.Fatalf("id %d does not round trip", i)
+			}
+		}
+	})
+}
+
+func TestSynthetic(t *testing.T) {
+	s1, t1 := Synthetic(1, 500)
+	s2, t2 := Synthetic(1, 500)
+	if !reflect.DeepEqual(s1, s2) || !reflect.DeepEqual(t1, t2) {
+		t.Fatal("same seed, different corpus")
+	}
+	s3, _ := Synthetic(2, 500)
+	same := 0
+	for i := range s1 {
+		if s1[i] == s3[i] {
+			same++
+		}
+	}
+	if same > 5 {
+		t.Errorf("seeds 1 and 2 share %d of 500 sentences", same)
+	}
+	v := SyntheticVocab()
+	if v.Size() < 200 || v.Size() > 600 {
+		t.Errorf("vocabulary of %d", v.Size())
+	}
+	lens := map[int]int{}
+	for i := range s1 {
+		for _, line := range []string{s1[i], t1[i]} {
+			n := len(strings.Fields(line))
+			if n < 4 || n > 20 {
+				t.Errorf("line %d has %d words: %s", i, n, line)
+			}
+			lens[n]++
+			for _, id := range v.Encode(WordPieces(line)) {
+				if id == UNK {
+					t.Fatalf("line %q has a word outside the vocabulary", line)
+				}
+			}
+			if Detokenize(WordPieces(line)) != line {
+				t.Errorf("detokenize %q", line)
+			}
+		}
+	}
+	if len(lens) < 10 {
+		t.Errorf("only %d distinct lengths", len(lens))
+	}
+	// agreement and order: the target verb form of a clause depends on the
+	// subject's number; a plural source subject noun ends in s and its
+	// target clause's verb in ön.
+	l := lexicon()
+	pl := map[string]bool{}
+	for _, n := range l.nouns {
+		pl[n.srcPl] = true
+	}
+	plVerb := map[string]bool{}
+	for _, vb := range l.verbs {
+		plVerb[vb.tgtPl] = true
+	}
+	checked := 0
+	for i := range s1 {
+		if strings.Contains(s1[i], ",") {
+			continue
+		}
+		sw, tw := strings.Fields(s1[i]), strings.Fields(t1[i])
+		// subject noun: the first noun form in the source
+		subjPl := false
+		for _, w := range sw {
+			if pl[w] {
+				subjPl = true
+				break
+			}
+			if l.isNoun(w) {
+				break
+			}
+		}
+		verb := tw[len(tw)-2]
+		if plVerb[verb] != subjPl {
+			t.Errorf("agreement: %q -> %q", s1[i], t1[i])
+		}
+		if tw[len(tw)-3] == "wo" || (len(tw) > 3 && l.isAdv(tw[len(tw)-3])) {
+			checked++
+		}
+	}
+	if checked < 100 {
+		t.Errorf("only %d target clauses end in 'wo [adverb] verb .'", checked)
+	}
+}
+
+func (l *synthLexicon) isNoun(w string) bool {
+	for _, n := range l.nouns {
+		if n.src == w || n.srcPl == w {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *synthLexicon) isAdv(w string) bool {
+	for _, a := range l.advs {
+		if a.tgt == w {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBPERoundTrip(t *testing.T) {
+	lines := []string{
+		"Die Größe der Häuser in München beträgt 1234 m² und 56,7 %.",
+		"Über 3 Millionen Bürger grüßen die Bären.",
+		"The 2 houses in Munich cost 1,234 euros; Ärger über Öl.",
+		"häuser häuser häuser Häuser bären bären 12 12 123 123",
+	}
+	for i := 0; i < 4; i++ {
+		lines = append(lines, lines...)
+	}
+	b := LearnBPE(lines, 200)
+	if b.NumMerges() == 0 || b.NumMerges() > 200 {
+		t.Fatalf("%d merges", b.NumMerges())
+	}
+	for _, l := range append(lines[:4:4], "unseen Wörter: Zwölf Boxkämpfer jagen 987 Eichhörnchen ÿ") {
+		ps := b.Apply(l)
+		if Detokenize(ps) != strings.Join(strings.Fields(l), " ") {
+			t.Errorf("round trip %q -> %q -> %q", l, ps, Detokenize(ps))
+		}
+		for _, p := range ps {
+			if strings.Contains(strings.TrimPrefix(p, WordBoundary), WordBoundary) || p == "" {
+				t.Errorf("bad piece %q", p)
+			}
+		}
+	}
+	// frequent words become one piece
+	if got := b.Apply("häuser bären"); !reflect.DeepEqual(got, []string{"▁häuser", "▁bären"}) {
+		t.Errorf("Apply = %q", got)
+	}
+	// deterministic, and the merges file round-trips
+	if c := LearnBPE(lines, 200); !reflect.DeepEqual(c.merges, b.merges) {
+		t.Errorf("two runs learned different merges")
+	}
+	p := filepath.Join(t.TempDir(), "bpe.codes")
+	if err := b.WriteFile(p); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadBPE(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range lines[:4] {
+		if !reflect.DeepEqual(c.Apply(l), b.Apply(l)) {
+			t.Errorf("loaded merges apply differently to %q", l)
+		}
+	}
+	// every piece Apply makes from the training lines is in Pieces()
+	set := map[string]bool{}
+	for _, p := range b.Pieces() {
+		set[p] = true
+	}
+	for _, l := range lines[:4] {
+		for _, p := range b.Apply(l) {
+			if !set[p] {
+				t.Errorf("piece %q not in Pieces()", p)
+			}
+		}
+	}
+	os.WriteFile(p, []byte("#version: gorun-bpe 1\na b\nab\n"), 0o644)
+	if _, err := LoadBPE(p); err == nil || !strings.HasPrefix(err.Error(), p+":3: ") {
+		t.Errorf("bad merges file: %v", err)
+	}
+}
+
+// The merge order follows pair frequency, ties going to the pair of older
+// symbols (base runes in byte order: "▁" sorts after ASCII); learning stops
+// when no pair occurs twice.
+func TestBPEMergeOrder(t *testing.T) {
+	b := LearnBPECounts(map[string]int64{"ab": 10, "abc": 4, "c": 1}, 10)
+	want := [][2]string{{"a", "b"}, {"▁", "ab"}, {"▁ab", "c"}}
+	if !reflect.DeepEqual(b.merges, want) {
+		t.Errorf("merges %q, want %q", b.merges, want)
+	}
+}
+
+func batchSource(n int, seed int64) *Pairs {
+	v := SyntheticVocab()
+	s, g := Synthetic(seed, n)
+	return &Pairs{EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v)}
+}
+
+func TestBatcherInvariants(t *testing.T) {
+	src := batchSource(1003, 5)
+	src.Src[7] = make([]int32, 40) // longer than MaxLen: skipped
+	for i := range src.Src[7] {
+		src.Src[7][i] = 9
+	}
+	for _, size := range []int{1, 2, 3, 4, 7} {
+		cfg := BatchConfig{TokensPerBatch: 200, MaxLen: 24, Seed: 11, Size: size, VocabSize: 411}
+		steps := -1
+		seen := make([]int, src.Len())
+		for r := 0; r < size; r++ {
+			cfg.Rank = r
+			b, err := NewBatcher(src, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if steps >= 0 && b.StepsPerEpoch() != steps {
+				t.Fatalf("size %d: rank %d has %d steps, rank 0 %d", size, r, b.StepsPerEpoch(), steps)
+			}
+			steps = b.StepsPerEpoch()
+			for e := 0; e < 2; e++ {
+				for k := 0; k < steps; k++ {
+					bt, err := b.Next()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if bt.Padded() > cfg.TokensPerBatch {
+						t.Fatalf("batch of %dx(%d,%d) = %d padded tokens over %d", bt.B, bt.S, bt.T, bt.Padded(), cfg.TokensPerBatch)
+					}
+					checkBatch(t, src, bt)
+					for _, l := range bt.Lines {
+						seen[l]++
+					}
+				}
+				if b.Epoch() != e {
+					t.Fatalf("epoch %d after %d steps", b.Epoch(), (e+1)*steps)
+				}
+			}
+		}
+		for i, c := range seen {
+			want := 2
+			if i == 7 {
+				want = 0
+			}
+			if c != want {
+				t.Fatalf("size %d: line %d seen %d times in 2 epochs", size, i, c)
+			}
+		}
+	}
+}
+
+// checkBatch checks the padded layout against the source lines.
+func checkBatch(t *testing.T, s Source, b *Batch) {
+	t.Helper()
+	if len(b.Src) != b.B*b.S || len(b.Tgt) != b.B*b.T || len(b.Lines) != b.B {
+		t.Fatalf("batch shape %d %d %d", b.B, b.S, b.T)
+	}
+	for i, l := range b.Lines {
+		src, tgt := s.Pair(l)
+		for _, c := range []struct {
+			row  []int32
+			line []int32
+		}{{b.Src[i*b.S : (i+1)*b.S], src}, {b.Tgt[i*b.T : (i+1)*b.T], tgt}} {
+			want := append(append(append([]int32{}, c.line...), EOS), make([]int32, len(c.row)-len(c.line)-1)...)
+			if !reflect.DeepEqual(c.row, want) {
+				t.Fatalf("row %d = %v, want %v", i, c.row, want)
+			}
+		}
+	}
+}
+
+func TestBatcherDeterministicAndResume(t *testing.T) {
+	src := batchSource(500, 6)
+	cfg := BatchConfig{TokensPerBatch: 150, Seed: 3, Rank: 1, Size: 2}
+	a, _ := NewBatcher(src, cfg)
+	b, _ := NewBatcher(src, cfg)
+	var pos json.RawMessage
+	var rest [][]int
+	for k := 0; k < 3*a.StepsPerEpoch(); k++ {
+		x, _ := a.Next()
+		y, _ := b.Next()
+		if !reflect.DeepEqual(x, y) {
+			t.Fatalf("step %d differs between two batchers of the same seed", k)
+		}
+		if k == a.StepsPerEpoch()+5 {
+			pos = a.Position()
+		}
+		if k > a.StepsPerEpoch()+5 {
+			rest = append(rest, x.Lines)
+		}
+	}
+	// epochs differ
+	c, _ := NewBatcher(src, cfg)
+	first, _ := c.Next()
+	for k := 1; k < c.StepsPerEpoch(); k++ {
+		c.Next()
+	}
+	second, _ := c.Next()
+	if reflect.DeepEqual(first.Lines, second.Lines) {
+		t.Errorf("epochs 0 and 1 start with the same batch")
+	}
+	// resume: a fresh batcher restored to pos yields the same sequence,
+	// also with rank 0's position on rank 1 (positions are rank-free)
+	d, _ := NewBatcher(src, cfg)
+	if err := d.Restore(pos); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range rest {
+		x, _ := d.Next()
+		if !reflect.DeepEqual(x.Lines, want) {
+			t.Fatalf("resumed step %d differs", k)
+		}
+	}
+	cfg.Size = 3
+	e, _ := NewBatcher(src, cfg)
+	if err := e.Restore(pos); err == nil || !strings.Contains(err.Error(), "2 ranks") {
+		t.Errorf("restore with another world size: %v", err)
+	}
+	cfg.Size, cfg.Seed = 2, 4
+	e, _ = NewBatcher(src, cfg)
+	if err := e.Restore(pos); err == nil || !strings.Contains(err.Error(), "seed 3") {
+		t.Errorf("restore with another seed: %v", err)
+	}
+}
+
+func TestBatcherErrors(t *testing.T) {
+	src := batchSource(10, 6)
+	if _, err := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, Size: 11}); err == nil || !strings.Contains(err.Error(), "use fewer ranks") {
+		t.Errorf("more ranks than lines: %v", err)
+	}
+	if _, err := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, Rank: 2, Size: 2}); err == nil {
+		t.Errorf("rank out of range accepted")
+	}
+	src.Tgt[3][0] = 9999
+	b, _ := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, VocabSize: 411})
+	var err error
+	for k := 0; k < b.StepsPerEpoch() && err == nil; k++ {
+		_, err = b.Next()
+	}
+	if err == nil || !strings.Contains(err.Error(), "line 4 has id 9999") {
+		t.Errorf("bad id: %v", err)
+	}
+}
+
+// Shards whose batch counts differ get equalized by splitting batches.
+func TestBatcherEqualizesShards(t *testing.T) {
+	// first half short lines, second half long lines: rank 1 needs many
+	// more batches than rank 0 does.
+	p := &Pairs{}
+	for i := 0; i < 200; i++ {
+		n := 3
+		if i >= 100 {
+			n = 30
+		}
+		p.Src = append(p.Src, make([]int32, n))
+		p.Tgt = append(p.Tgt, make([]int32, n))
+	}
+	var counts []int
+	seen := map[int]int{}
+	for r := 0; r < 2; r++ {
+		b, err := NewBatcher(p, BatchConfig{TokensPerBatch: 330, Rank: r, Size: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts = append(counts, b.StepsPerEpoch())
+		for k := 0; k < b.StepsPerEpoch(); k++ {
+			x, _ := b.Next()
+			for _, l := range x.Lines {
+				seen[l]++
+			}
+		}
+	}
+	// rank 1: 100 lines of 31 tokens, bucket bound 33, 10 rows per batch =
+	// 10 batches; rank 0 would need 3 (41 rows of bound 8) and splits to 10.
+	if counts[0] != 10 || counts[1] != 10 || len(seen) != 200 {
+		t.Errorf("steps %v, %d lines seen", counts, len(seen))
+	}
+	for l, c := range seen {
+		if c != 1 {
+			t.Errorf("line %d seen %d times", l, c)
+		}
+	}
+}
+
+func TestEvalBatches(t *testing.T) {
+	src := batchSource(100, 8)
+	bs, err := EvalBatches(src, 120, 411)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := 0
+	for _, b := range bs {
+		if b.Padded() > 120 {
+			t.Errorf("eval batch over budget: %d", b.Padded())
+		}
+		checkBatch(t, src, b)
+		for _, l := range b.Lines {
+			if l != next {
+				t.Fatalf("line %d out of order", l)
+			}
+			next++
+		}
+	}
+	if next != 100 {
+		t.Errorf("%d lines", next)
+	}
+}
+
+func unsafeBytes(u []uint64) []byte {
+	if len(u) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&u[0])), 8*len(u))
+}
