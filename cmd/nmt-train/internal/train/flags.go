@@ -1,0 +1,161 @@
+package train
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Options is everything `nmt-train train` can be told.
+type Options struct {
+	Data           string // directory written by `nmt-train prepare`; "" = built-in corpus
+	SyntheticLines int
+	Preset         string
+	BatchTokens    int // per rank, source+target tokens including padding
+	MaxLength      int
+	LRPolicy       string
+	LearningRate   float64
+	Warmup         int
+	MaxSteps       int
+	LogEvery       int
+	EvalEvery      int
+	EvalSentences  int
+	Beam           int
+	CkptEvery      int
+	KeepCkpts      int
+	Seed           uint64
+	RunDir         string
+	Resume         bool
+	Compression    string
+	BucketCapMB    float64
+	FirstBucketMB  float64
+	CycleTime      time.Duration
+	Overlap        bool
+	PassesPerStep  int
+	Timeline       string
+	LinkGbps       float64
+	Threads        int
+	NoDropout      bool
+	BatchSplit     bool
+	Timeout        time.Duration
+	Quiet          bool
+}
+
+// Flags are the `train` command's flags. Names follow the lab
+// (OpenSeq2Seq's transformer-base config) where it has one.
+func Flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Usage: "YAML or JSON file with any of these options (the command line wins)"},
+		&cli.StringFlag{Name: "data", Usage: "directory written by `nmt-train prepare` (train.bin, valid.bin, vocab.txt); empty: the built-in synthetic corpus"},
+		&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "sentence pairs of the built-in corpus (when --data is empty)"},
+		&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
+		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "tokens (source + target, padding included) per batch per rank"},
+		&cli.IntFlag{Name: "max-length", Value: 56, Usage: "drop sentence pairs longer than this many tokens on either side"},
+		&cli.StringFlag{Name: "lr-policy", Value: "transformer", Usage: "transformer | inverse-sqrt | constant"},
+		&cli.Float64Flag{Name: "learning-rate", Value: 2.0, Usage: "lab's learning_rate (transformer_policy multiplies it by d_model^-0.5)"},
+		&cli.IntFlag{Name: "warmup-steps", Value: 8000, Usage: "learning-rate warm-up steps"},
+		&cli.IntFlag{Name: "max-steps", Value: 300000, Usage: "stop after this many optimizer steps"},
+		&cli.IntFlag{Name: "log-every", Value: 100, Usage: "print and record a log line every K steps"},
+		&cli.IntFlag{Name: "eval-every", Value: 1000, Usage: "evaluate (loss and BLEU) every E steps; 0: only at the end"},
+		&cli.IntFlag{Name: "eval-sentences", Value: 500, Usage: "validation sentences translated for BLEU (the eval loss uses all of them)"},
+		&cli.IntFlag{Name: "beam", Value: 1, Usage: "beam width for the BLEU translations (1: greedy)"},
+		&cli.IntFlag{Name: "checkpoint-every", Value: 1000, Usage: "write a checkpoint every C steps; 0: only at the end"},
+		&cli.IntFlag{Name: "keep-checkpoints", Value: 5, Usage: "keep the newest N checkpoints"},
+		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the weights, the data order and dropout"},
+		&cli.StringFlag{Name: "run-dir", Value: "runs/nmt", Usage: "where metrics, plots, checkpoints and the report go"},
+		&cli.BoolFlag{Name: "resume", Usage: "continue from the latest checkpoint in --run-dir"},
+		&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
+		&cli.Float64Flag{Name: "bucket-cap-mb", Value: 25, Usage: "fusion bucket size cap in MiB (fp32 bytes)"},
+		&cli.Float64Flag{Name: "first-bucket-mb", Value: 1, Usage: "size cap of the first (last layers') bucket, so communication starts early"},
+		&cli.DurationFlag{Name: "cycle-time", Usage: "flush a partly filled bucket after this long (0: off)"},
+		&cli.BoolFlag{Name: "overlap", Value: true, Usage: "allreduce buckets while backward runs (false: one allreduce after backward)"},
+		&cli.IntFlag{Name: "backward-passes-per-step", Value: 1, Usage: "gradient accumulation: batches per optimizer step"},
+		&cli.StringFlag{Name: "timeline", Usage: "write a Chrome trace (Perfetto, chrome://tracing) of every layer and bucket to this file"},
+		&cli.Float64Flag{Name: "link-gbps", Usage: "network link capacity for the bottleneck analysis (0: unknown)"},
+		&cli.IntFlag{Name: "threads", Usage: "compute threads per rank (0: cores / ranks on this host)"},
+		&cli.BoolFlag{Name: "no-dropout", Usage: "turn dropout off (for parity checks)"},
+		&cli.BoolFlag{Name: "batch-split", Usage: "every rank builds the same global batch of N x batch-tokens and takes its 1/N of the sentences (the parity test's mode)"},
+		&cli.DurationFlag{Name: "timeout", Value: 120 * time.Second, Usage: "a collective waiting longer than this on a peer is an error naming it"},
+		&cli.BoolFlag{Name: "quiet", Usage: "no progress bar"},
+	}
+}
+
+// OptionsFromCLI reads the flags (after the config file was applied).
+func OptionsFromCLI(c *cli.Context) (Options, error) {
+	o := Options{
+		Data: c.String("data"), SyntheticLines: c.Int("synthetic-lines"), Preset: c.String("preset"),
+		BatchTokens: c.Int("batch-tokens"), MaxLength: c.Int("max-length"),
+		LRPolicy: c.String("lr-policy"), LearningRate: c.Float64("learning-rate"), Warmup: c.Int("warmup-steps"),
+		MaxSteps: c.Int("max-steps"), LogEvery: c.Int("log-every"), EvalEvery: c.Int("eval-every"),
+		EvalSentences: c.Int("eval-sentences"), Beam: c.Int("beam"), CkptEvery: c.Int("checkpoint-every"),
+		KeepCkpts: c.Int("keep-checkpoints"), Seed: c.Uint64("seed"), RunDir: c.String("run-dir"),
+		Resume: c.Bool("resume"), Compression: c.String("compression"), BucketCapMB: c.Float64("bucket-cap-mb"),
+		FirstBucketMB: c.Float64("first-bucket-mb"), CycleTime: c.Duration("cycle-time"), Overlap: c.Bool("overlap"),
+		PassesPerStep: c.Int("backward-passes-per-step"), Timeline: c.String("timeline"), LinkGbps: c.Float64("link-gbps"),
+		Threads: c.Int("threads"), NoDropout: c.Bool("no-dropout"), BatchSplit: c.Bool("batch-split"),
+		Timeout: c.Duration("timeout"), Quiet: c.Bool("quiet"),
+	}
+	return o, o.Validate()
+}
+
+// Validate checks the options that need no files.
+func (o Options) Validate() error {
+	pos := func(name string, v int) error {
+		if v <= 0 {
+			return fmt.Errorf("--%s %d: must be positive", name, v)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		n string
+		v int
+	}{{"batch-tokens", o.BatchTokens}, {"max-length", o.MaxLength}, {"max-steps", o.MaxSteps}, {"log-every", o.LogEvery},
+		{"backward-passes-per-step", o.PassesPerStep}, {"beam", o.Beam}, {"keep-checkpoints", o.KeepCkpts}} {
+		if err := pos(c.n, c.v); err != nil {
+			return err
+		}
+	}
+	if o.Data == "" && o.SyntheticLines < 100 {
+		return fmt.Errorf("--synthetic-lines %d: want at least 100", o.SyntheticLines)
+	}
+	if o.EvalEvery < 0 || o.CkptEvery < 0 || o.EvalSentences < 0 || o.Threads < 0 || o.Warmup < 0 {
+		return fmt.Errorf("--eval-every, --checkpoint-every, --eval-sentences, --threads and --warmup-steps must not be negative")
+	}
+	if o.LearningRate <= 0 {
+		return fmt.Errorf("--learning-rate %g: must be positive", o.LearningRate)
+	}
+	switch o.Compression {
+	case "fp16", "bf16", "none":
+	default:
+		return fmt.Errorf("--compression %q: want fp16, bf16 or none", o.Compression)
+	}
+	if o.BucketCapMB <= 0 || o.FirstBucketMB <= 0 {
+		return fmt.Errorf("--bucket-cap-mb and --first-bucket-mb must be positive")
+	}
+	if o.BatchTokens < 2*o.MaxLength {
+		return fmt.Errorf("--batch-tokens %d is smaller than one sentence pair of --max-length %d (needs %d)", o.BatchTokens, o.MaxLength, 2*o.MaxLength)
+	}
+	if o.RunDir == "" {
+		return fmt.Errorf("--run-dir must not be empty")
+	}
+	if o.Timeout <= 0 {
+		return fmt.Errorf("--timeout must be positive")
+	}
+	return nil
+}
+
+func (o Options) threadsFor(localSize int) int {
+	if o.Threads > 0 {
+		return o.Threads
+	}
+	if localSize < 1 {
+		localSize = 1
+	}
+	t := runtime.NumCPU() / localSize
+	if t < 1 {
+		t = 1
+	}
+	return t
+}

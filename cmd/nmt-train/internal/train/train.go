@@ -1,0 +1,697 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/transformer"
+)
+
+// source hands out this rank's batches, one per backward pass.
+type source interface {
+	Next() (*transformer.Batch, error)
+	// Position is the data position to store in a checkpoint (the same on
+	// every rank: all ranks take the same number of batches).
+	Position() json.RawMessage
+	Restore(json.RawMessage) error
+	Epoch() int
+}
+
+// corpus is what the trainer needs from the data side.
+type corpus struct {
+	Name      string
+	VocabSize int
+	VocabHash string
+	VocabFile string // copied into the run directory for `translate`
+	Extra     []string
+	Decode    func(ids []int32) string   // detokenized text
+	Pieces    func(ids []int32) []string // vocabulary pieces
+	Train     source
+	Valid     [][2][]int32 // source ids, target ids ending with EOS
+	ValidRefs []string     // detokenized references
+	Stats     metrics.Dataset
+	Close     func()
+}
+
+// Trainer is one rank of a training job.
+type Trainer struct {
+	o      Options
+	id     rank.Identity
+	mesh   *rank.Mesh
+	comm   *collective.Communicator
+	m      *transformer.Model
+	opt    *transformer.Adam
+	lr     transformer.LRPolicy
+	red    reducer
+	data   *corpus
+	run    *metrics.Run
+	out    io.Writer
+	step   int
+	tl     *collective.Timeline
+	scaler lossScaler
+}
+
+// Run trains as the rank described by the environment.
+func Run(ctx context.Context, o Options, out io.Writer) error {
+	id, err := rank.FromEnv()
+	if err != nil {
+		return err
+	}
+	t := &Trainer{o: o, id: id, out: out}
+	defer t.close()
+	if err := t.setup(ctx); err != nil {
+		return err
+	}
+	return t.loop(ctx)
+}
+
+func (t *Trainer) close() {
+	if t.red != nil {
+		t.red.Close()
+	}
+	if t.tl != nil {
+		t.tl.Close()
+	}
+	if t.comm != nil {
+		t.comm.Close()
+	}
+	if t.mesh != nil {
+		t.mesh.Close()
+	}
+	if t.run != nil {
+		t.run.Close()
+	}
+	if t.data != nil && t.data.Close != nil {
+		t.data.Close()
+	}
+}
+
+func (t *Trainer) leader() bool { return t.id.Rank == 0 }
+
+func (t *Trainer) logf(format string, a ...any) {
+	if t.leader() {
+		fmt.Fprintf(t.out, format+"\n", a...)
+	}
+}
+
+func (t *Trainer) setup(ctx context.Context) error {
+	o := t.o
+	var err error
+	// Data first: a bad corpus should fail before the network is touched.
+	t.data, err = loadCorpus(o, t.id.Rank, t.id.Size)
+	if err != nil {
+		return err
+	}
+	cfg, err := transformer.Preset(o.Preset, t.data.VocabSize)
+	if err != nil {
+		return err
+	}
+	if o.NoDropout {
+		cfg = cfg.NoDropout()
+	}
+	be := cpu.New()
+	threads := o.threadsFor(t.id.LocalSize)
+	be.Threads = threads
+	cpu.SetThreads(threads)
+	t.m, err = transformer.New(cfg, be, o.Seed)
+	if err != nil {
+		return err
+	}
+	t.opt = transformer.NewLazyAdam(t.m)
+	t.lr, err = transformer.ParsePolicy(o.LRPolicy, o.LearningRate, cfg.DModel, o.Warmup)
+	if err != nil {
+		return err
+	}
+
+	t.mesh, err = rank.Connect(ctx, t.id, rank.Options{Timeout: o.Timeout})
+	if err != nil {
+		return err
+	}
+	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout})
+	if err != nil {
+		return err
+	}
+	if o.Timeline != "" {
+		t.tl, err = collective.CreateTimeline(timelinePart(o.Timeline, t.id.Rank), t.id.Rank)
+		if err != nil {
+			return err
+		}
+		t.m.Trace = t.tl.LayerHook()
+	}
+
+	// Resume: rank 0 reads the checkpoint; everything is broadcast.
+	var st *transformer.State
+	if t.leader() {
+		if err := os.MkdirAll(o.RunDir, 0o755); err != nil {
+			return err
+		}
+		if o.Resume {
+			ck, err := transformer.LatestCheckpoint(o.RunDir)
+			if err != nil {
+				return fmt.Errorf("--resume: %v", err)
+			}
+			st, err = transformer.LoadCheckpoint(ck, t.m, t.opt, t.data.VocabHash)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if err := t.broadcastState(ctx, st); err != nil {
+		return err
+	}
+	// Every rank draws its own dropout masks.
+	t.m.Seed = o.Seed*0x9E3779B97F4A7C15 + uint64(t.id.Rank) + 1
+
+	wire := map[string]collective.DType{"fp16": collective.Float16, "bf16": collective.BFloat16, "none": collective.Float32}[o.Compression]
+	if o.Overlap && t.id.Size > 1 {
+		t.red, err = newBucketReducer(ctx, t.comm, t.m, o, wire, t.tl)
+		if err != nil {
+			return err
+		}
+	} else {
+		t.red = newPlainReducer(ctx, t.comm, t.m, wire)
+	}
+
+	if t.leader() {
+		t.run, err = metrics.OpenRun(o.RunDir)
+		if err != nil {
+			return err
+		}
+		if err := t.writeRunInfo(cfg, threads); err != nil {
+			return err
+		}
+		if t.data.VocabFile != "" {
+			copyFile(t.data.VocabFile, filepath.Join(o.RunDir, "vocab.txt"))
+		}
+		for _, f := range t.data.Extra {
+			copyFile(f, filepath.Join(o.RunDir, filepath.Base(f)))
+		}
+	}
+	t.logf("nmt-train: %d rank(s) on %s; preset %s, %s parameters; %s; %d threads per rank; run dir %s",
+		t.id.Size, strings.Join(uniqStrings(t.mesh.HostNames()), ", "), o.Preset, commas(int64(t.m.NumParams())), t.data.Name, threads, o.RunDir)
+	if st != nil {
+		t.logf("nmt-train: resumed from step %d", t.step)
+	}
+	return nil
+}
+
+// trainerState is the part of state.json that belongs to the trainer.
+type trainerState struct {
+	Step        int             `json:"step"`
+	DropoutStep uint64          `json:"dropout_step"`
+	OptStep     int             `json:"optimizer_step"`
+	Data        json.RawMessage `json:"data"`
+	Scaler      lossScaler      `json:"loss_scaler"`
+}
+
+// broadcastState gives every rank rank 0's weights, optimizer moments and
+// position (fresh or resumed).
+func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) error {
+	var blob []byte
+	if t.leader() {
+		ts := trainerState{}
+		if st != nil {
+			ts.Step, ts.DropoutStep, ts.OptStep = st.Step, st.DropoutStep, st.OptimizerStep
+			ts.Data = st.Trainer["data"]
+			if raw, ok := st.Trainer["loss_scaler"]; ok {
+				json.Unmarshal(raw, &ts.Scaler)
+			}
+		}
+		blob, _ = json.Marshal(ts)
+	}
+	// Length first, then the bytes.
+	n := []float32{float32(len(blob))}
+	if err := t.comm.Broadcast(ctx, collective.Float32Bytes(n), 0); err != nil {
+		return fmt.Errorf("broadcast of the initial state: %w", err)
+	}
+	if !t.leader() {
+		blob = make([]byte, int(n[0]))
+	}
+	if err := t.comm.Broadcast(ctx, blob, 0); err != nil {
+		return fmt.Errorf("broadcast of the initial state: %w", err)
+	}
+	var ts trainerState
+	if err := json.Unmarshal(blob, &ts); err != nil {
+		return fmt.Errorf("broadcast of the initial state: %v", err)
+	}
+	for _, buf := range [][]float32{t.m.Weights.F32, t.opt.M.F32, t.opt.V.F32} {
+		if err := t.comm.Broadcast(ctx, collective.Float32Bytes(buf), 0); err != nil {
+			return fmt.Errorf("broadcast of the initial weights: %w", err)
+		}
+	}
+	t.step, t.m.DropoutStep, t.opt.T = ts.Step, ts.DropoutStep, ts.OptStep
+	t.scaler = ts.Scaler
+	if len(ts.Data) > 0 && string(ts.Data) != "null" {
+		if err := t.data.Train.Restore(ts.Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
+	ri := metrics.RunInfo{
+		Preset: t.o.Preset, Params: int64(t.m.NumParams()), DModel: cfg.DModel, WorldSize: t.id.Size,
+		Hosts: t.mesh.HostNames(), Device: "cpu", Threads: threads, BatchTokens: t.o.BatchTokens,
+		LRPolicy: t.o.LRPolicy, LearningRate: t.o.LearningRate, Warmup: t.o.Warmup, MaxSteps: t.o.MaxSteps,
+		LinkGbps: t.o.LinkGbps, Compression: t.o.Compression, Dataset: t.data.Stats,
+		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
+	}
+	if t.o.LinkGbps > 0 {
+		ri.LinkSource = "flag"
+	}
+	return metrics.WriteRunInfo(t.o.RunDir, ri)
+}
+
+// stepResult is one optimizer step as measured by this rank.
+type stepResult struct {
+	lossRaw, lossLab float64 // global, token-weighted
+	tokens           int     // global target tokens
+	batchTokens      int     // this rank's tokens incl. padding, both sides
+	dur, compute     time.Duration
+	comm             commStats
+	skipped          bool
+}
+
+func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
+	var r stepResult
+	t0 := time.Now()
+	m := t.m
+	be := m.Backend()
+	k := t.o.PassesPerStep
+	// Gradient accumulation keeps Grads = (sum over passes of n_j g_j) / cur,
+	// where g_j is pass j's mean gradient over its n_j target tokens and cur
+	// is the token count of the last pass that had any. The last pass's
+	// hook multiplies by cur/N (N: all ranks' tokens of the step), so the
+	// summed gradient is the gradient of the global mean loss, whatever the
+	// token counts of the ranks.
+	var raw, lab, cur, total float64
+	for pass := 0; pass < k; pass++ {
+		last := pass == k-1
+		b, err := t.data.Train.Next()
+		if err != nil {
+			return r, err
+		}
+		r.batchTokens += b.B * max(b.S, b.T)
+		var n float64
+		if b.B > 0 {
+			loss, err := m.Forward(b, true)
+			if err != nil {
+				return r, err
+			}
+			n = float64(loss.Tokens)
+			total += n
+			raw += loss.Raw * n
+			lab += loss.Lab * n
+		}
+		var scale float32 = 1
+		if last {
+			glob, err := t.allreduceSums(ctx, []float64{total, raw, lab})
+			if err != nil {
+				return r, err
+			}
+			N := glob[0]
+			r.tokens = int(N)
+			r.lossRaw, r.lossLab = glob[1]/N, glob[2]/N
+			if n > 0 {
+				scale = float32(n / N)
+			} else {
+				scale = float32(cur / N)
+			}
+		}
+		var hook func(int)
+		if last {
+			red := t.red
+			hook = func(p int) {
+				if scale != 1 {
+					be.Scale(m.Grad(p), scale)
+				}
+				red.Ready(p)
+			}
+		}
+		if n == 0 {
+			// This rank has no sentence in this pass (a split batch with fewer
+			// rows than ranks): nothing to add.
+			if last {
+				if cur == 0 {
+					be.Zero(m.Grads)
+					scale = 1
+				}
+				for p := len(m.Params) - 1; p >= 0; p-- {
+					hook(p)
+				}
+				t.red.BackwardDone()
+			}
+			continue
+		}
+		m.AccumulateGrads = cur > 0
+		if cur > 0 {
+			be.Scale(m.Grads, float32(cur/n))
+		}
+		cur = n
+		if err := m.Backward(hook); err != nil {
+			return r, err
+		}
+		if last {
+			t.red.BackwardDone()
+		}
+	}
+	m.AccumulateGrads = false
+	cs, err := t.red.Wait()
+	if err != nil {
+		return r, err
+	}
+	r.comm = cs
+	if cs.Overflow {
+		r.skipped = true
+		t.scaler.overflow()
+	} else {
+		t.scaler.clean()
+		end := t.tl.Begin("optimizer", "step")
+		if err := t.opt.Step(m, t.lr.LR(t.step), nil); err != nil {
+			return r, err
+		}
+		end()
+	}
+	r.dur = time.Since(t0)
+	r.compute = r.dur - cs.Exposed
+	return r, nil
+}
+
+// allreduceSums sums a few numbers over ranks (float32 on the wire: token
+// counts are exact below 2^24 per step).
+func (t *Trainer) allreduceSums(ctx context.Context, v []float64) ([]float64, error) {
+	f := make([]float32, len(v))
+	for i := range v {
+		f[i] = float32(v[i])
+	}
+	b := collective.Float32Bytes(f)
+	end := t.tl.Begin("collective", "token count")
+	err := t.comm.Allreduce(ctx, b, b, collective.Float32, collective.Sum, collective.WithAlgorithm(collective.Ring))
+	end()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(v))
+	for i := range f {
+		out[i] = float64(f[i])
+	}
+	return out, nil
+}
+
+func (t *Trainer) loop(ctx context.Context) error {
+	o := t.o
+	var (
+		win        window
+		lastStats  = sumStats(t.mesh.Stats())
+		lastLog    = time.Now()
+		cpuLast    = cpuSeconds()
+		smoothRaw  = math.NaN()
+		startStep  = t.step
+		trainStart = time.Now()
+		bar        = newProgress(t.out, t.leader() && !o.Quiet)
+	)
+	for t.step < o.MaxSteps {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("interrupted at step %d: %v", t.step, err)
+		}
+		r, err := t.trainStep(ctx)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", t.step, err)
+		}
+		if math.IsNaN(r.lossRaw) || math.IsInf(r.lossRaw, 0) {
+			return fmt.Errorf("step %d: the loss is %v (diverged; try a smaller --learning-rate or more --warmup-steps)", t.step, r.lossRaw)
+		}
+		lr := t.lr.LR(t.step)
+		t.step++
+		win.add(r)
+		if math.IsNaN(smoothRaw) {
+			smoothRaw = r.lossRaw
+		} else {
+			smoothRaw = 0.98*smoothRaw + 0.02*r.lossRaw
+		}
+		bar.update(t.step, o.MaxSteps, startStep, trainStart, r.lossLab)
+		if t.step%o.LogEvery == 0 || t.step == o.MaxSteps {
+			now := time.Now()
+			st := sumStats(t.mesh.Stats())
+			secs := now.Sub(lastLog).Seconds()
+			outMB := float64(st.BytesSent-lastStats.BytesSent) / secs / 1e6
+			inMB := float64(st.BytesRecv-lastStats.BytesRecv) / secs / 1e6
+			cpuNow := cpuSeconds()
+			cpuPct := 100 * (cpuNow - cpuLast) / secs / float64(max(1, runtime.NumCPU()/max(1, t.id.LocalSize)))
+			lastStats, lastLog, cpuLast = st, now, cpuNow
+			a := win.avg()
+			win = window{}
+			vals := map[string]float64{
+				"loss": a.lossLab, "loss_raw": a.lossRaw, "loss_raw_smoothed": smoothRaw, "lr": lr,
+				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec * float64(t.id.Size),
+				"net_out_MBps": outMB, "net_in_MBps": inMB, "comm_exposed_ms": a.exposed * 1e3,
+				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
+				"cpu_util_pct": cpuPct, "skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
+			}
+			bar.clear()
+			t.logf("step %s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)",
+				commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, commas(int64(a.tokensPerSec*float64(t.id.Size))), outMB, inMB, a.exposed*1e3, a.hiddenPct)
+			if t.run != nil {
+				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
+					return err
+				}
+			}
+		}
+		evalNow := (o.EvalEvery > 0 && t.step%o.EvalEvery == 0) || t.step == o.MaxSteps
+		if evalNow {
+			bar.clear()
+			if err := t.evaluate(ctx); err != nil {
+				return fmt.Errorf("eval at step %d: %w", t.step, err)
+			}
+		}
+		if (o.CkptEvery > 0 && t.step%o.CkptEvery == 0) || t.step == o.MaxSteps {
+			if err := t.checkpoint(); err != nil {
+				return err
+			}
+		}
+	}
+	bar.clear()
+	if err := t.comm.Barrier(ctx); err != nil {
+		return err
+	}
+	if t.tl != nil {
+		t.tl.Close()
+		t.tl = nil
+		// Every rank's part is complete; rank 0 merges those it can see.
+		if err := t.comm.Barrier(ctx); err != nil {
+			return err
+		}
+	}
+	if t.leader() {
+		if o.Timeline != "" {
+			if err := t.mergeTimeline(); err != nil {
+				return err
+			}
+		}
+		t.run.Close()
+		t.run = nil
+		rep, err := metrics.WriteReport(o.RunDir)
+		if err != nil {
+			return fmt.Errorf("report: %v", err)
+		}
+		t.logf("nmt-train: done, %d steps in %s. Report: %s; plots: %s/*.png; TensorBoard: tensorboard --logdir %s; checkpoints: %s/ckpt-*",
+			t.step, time.Since(trainStart).Round(time.Second), rep, o.RunDir, o.RunDir, o.RunDir)
+	}
+	return nil
+}
+
+func timelinePart(path string, r int) string { return fmt.Sprintf("%s.rank%d", path, r) }
+
+// mergeTimeline joins the ranks' parts into one trace. Ranks on other hosts
+// wrote their part on their own host; those parts are named, not merged.
+func (t *Trainer) mergeTimeline() error {
+	var parts, missing []string
+	for r := 0; r < t.id.Size; r++ {
+		p := timelinePart(t.o.Timeline, r)
+		if _, err := os.Stat(p); err == nil {
+			parts = append(parts, p)
+		} else {
+			missing = append(missing, p)
+		}
+	}
+	if err := collective.MergeTimelineFiles(t.o.Timeline, parts...); err != nil {
+		return fmt.Errorf("timeline: %v", err)
+	}
+	for _, p := range parts {
+		os.Remove(p)
+	}
+	t.logf("nmt-train: timeline of %d rank(s) written to %s (open it in https://ui.perfetto.dev or chrome://tracing)", len(parts), t.o.Timeline)
+	if len(missing) > 0 {
+		t.logf("nmt-train: the other ranks' timelines are on their hosts: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func (t *Trainer) checkpoint() error {
+	// Every rank is at the same data position; rank 0 writes.
+	if !t.leader() {
+		return nil
+	}
+	ts := map[string]json.RawMessage{"data": t.data.Train.Position()}
+	sc, _ := json.Marshal(t.scaler)
+	ts["loss_scaler"] = sc
+	end := t.tl.Begin("checkpoint", "save")
+	path, err := transformer.SaveCheckpoint(t.o.RunDir, t.step, t.m, t.opt, t.data.VocabHash, ts)
+	end()
+	if err != nil {
+		return fmt.Errorf("checkpoint at step %d: %v", t.step, err)
+	}
+	t.logf("nmt-train: checkpoint %s", path)
+	return pruneCheckpoints(t.o.RunDir, t.o.KeepCkpts)
+}
+
+func pruneCheckpoints(dir string, keep int) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var steps []int
+	for _, e := range ents {
+		var s int
+		if e.IsDir() && strings.HasPrefix(e.Name(), "ckpt-") {
+			if _, err := fmt.Sscanf(e.Name(), "ckpt-%d", &s); err == nil && transformer.CheckpointDir(s) == e.Name() {
+				steps = append(steps, s)
+			}
+		}
+	}
+	sort.Ints(steps)
+	for len(steps) > keep {
+		if err := os.RemoveAll(filepath.Join(dir, transformer.CheckpointDir(steps[0]))); err != nil {
+			return err
+		}
+		steps = steps[1:]
+	}
+	return nil
+}
+
+// window averages the steps between two log lines.
+type window struct {
+	n                          int
+	raw, lab, dur, comm, expo  float64
+	compute, tokens, batchToks float64
+	skipped                    int
+}
+
+type windowAvg struct {
+	lossRaw, lossLab, dur, comm, exposed, compute, tokensPerSec, hiddenPct float64
+	skipped                                                                int
+}
+
+func (w *window) add(r stepResult) {
+	w.n++
+	w.raw += r.lossRaw
+	w.lab += r.lossLab
+	w.dur += r.dur.Seconds()
+	w.comm += r.comm.Comm.Seconds()
+	w.expo += r.comm.Exposed.Seconds()
+	w.compute += r.compute.Seconds()
+	w.batchToks += float64(r.batchTokens)
+	if r.skipped {
+		w.skipped++
+	}
+}
+
+func (w *window) avg() windowAvg {
+	n := float64(max(w.n, 1))
+	a := windowAvg{lossRaw: w.raw / n, lossLab: w.lab / n, dur: w.dur / n, comm: w.comm / n, exposed: w.expo / n,
+		compute: w.compute / n, skipped: w.skipped}
+	if w.dur > 0 {
+		a.tokensPerSec = w.batchToks / w.dur
+	}
+	if w.comm > 0 {
+		a.hiddenPct = 100 * (1 - w.expo/w.comm)
+		if a.hiddenPct < 0 {
+			a.hiddenPct = 0
+		}
+	} else {
+		a.hiddenPct = 100
+	}
+	return a
+}
+
+func sumStats(s []rank.PeerStats) rank.PeerStats {
+	var t rank.PeerStats
+	for _, p := range s {
+		t.BytesSent += p.BytesSent
+		t.BytesRecv += p.BytesRecv
+	}
+	return t
+}
+
+// cpuSeconds is this process's user+system CPU time.
+func cpuSeconds() float64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		s = s[i+1:]
+	}
+	f := strings.Fields(s)
+	if len(f) < 13 {
+		return 0
+	}
+	var u, sy float64
+	fmt.Sscan(f[11], &u)
+	fmt.Sscan(f[12], &sy)
+	return (u + sy) / 100 // USER_HZ is 100 on Linux
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o644)
+}
+
+func uniqStrings(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func commas(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	if neg {
+		s = s[1:]
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}

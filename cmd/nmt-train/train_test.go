@@ -1,0 +1,318 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/metrics"
+)
+
+var trainBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nmttest")
+	if err != nil {
+		panic(err)
+	}
+	trainBin = filepath.Join(dir, "nmt-train")
+	out, err := exec.Command("go", "build", "-o", trainBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building nmt-train: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, port, _ := net.SplitHostPort(c.LocalAddr().String())
+	return port
+}
+
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k := strings.SplitN(kv, "=", 2)[0]
+		if strings.HasPrefix(k, "GORUN_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") ||
+			k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "MASTER_ADDR" || k == "MASTER_PORT" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// job is n nmt-train processes started the way torchrun would start them
+// (rank 0 serves the rendezvous), so these tests need no launcher.
+type job struct {
+	cmds []*exec.Cmd
+	outs []*bytes.Buffer
+}
+
+func startJob(t *testing.T, n int, args ...string) *job {
+	t.Helper()
+	port := freePort(t)
+	j := &job{}
+	for r := 0; r < n; r++ {
+		cmd := exec.Command(trainBin, args...)
+		cmd.Env = append(cleanEnv(), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n), fmt.Sprintf("LOCAL_RANK=%d", r),
+			fmt.Sprintf("LOCAL_WORLD_SIZE=%d", n), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port, "GORUN_SECRET="+strings.Repeat("a7", 32))
+		var b bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &b, &b
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		j.cmds = append(j.cmds, cmd)
+		j.outs = append(j.outs, &b)
+	}
+	t.Cleanup(func() {
+		for _, c := range j.cmds {
+			c.Process.Kill()
+		}
+	})
+	return j
+}
+
+func (j *job) wait() []error {
+	errs := make([]error, len(j.cmds))
+	var wg sync.WaitGroup
+	for i, c := range j.cmds {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = c.Wait() }()
+	}
+	wg.Wait()
+	return errs
+}
+
+func runJob(t *testing.T, n int, args ...string) string {
+	t.Helper()
+	j := startJob(t, n, args...)
+	errs := j.wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, j.outs[r])
+		}
+	}
+	return j.outs[0].String()
+}
+
+// trainLosses reads the train loss of every logged step of a run.
+func trainLosses(t *testing.T, dir string) map[int64]float64 {
+	t.Helper()
+	recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]float64{}
+	for _, r := range recs {
+		if r.Kind == "train" {
+			out[r.Step] = r.Values["loss_raw"]
+		}
+	}
+	return out
+}
+
+var tinyArgs = []string{"train", "--preset", "tiny", "--synthetic-lines", "2000", "--max-length", "24",
+	"--learning-rate", "1", "--warmup-steps", "10", "--log-every", "1", "--eval-sentences", "0", "--quiet", "--threads", "1"}
+
+// The distributed gradient is the true gradient: 1 rank with a global
+// batch of B tokens, and 2 and 4 ranks that split the same batches, give
+// the same loss curve (dropout off, fp32 on the wire).
+func TestParity(t *testing.T) {
+	const steps = 20
+	const global = 2048
+	var ref map[int64]float64
+	for _, n := range []int{1, 2, 4} {
+		dir := t.TempDir()
+		args := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-split", "--compression", "none",
+			"--batch-tokens", fmt.Sprint(global/n), "--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0",
+			"--eval-every", "0", "--run-dir", dir)
+		runJob(t, n, args...)
+		got := trainLosses(t, dir)
+		if len(got) != steps {
+			t.Fatalf("np %d: %d logged steps, want %d", n, len(got), steps)
+		}
+		if n == 1 {
+			ref = got
+			if !(ref[steps] < ref[1]) {
+				t.Fatalf("np 1: loss did not go down: step 1 %.4f, step %d %.4f", ref[1], steps, ref[steps])
+			}
+			continue
+		}
+		for s, want := range ref {
+			if d := math.Abs(got[s] - want); d > 1e-4*math.Max(1, math.Abs(want)) {
+				t.Errorf("np %d step %d: loss %.6f, 1 rank %.6f", n, s, got[s], want)
+			}
+		}
+	}
+}
+
+// A job killed with SIGKILL after a checkpoint resumes and reaches the same
+// loss as an uninterrupted run.
+func TestKillAndResume(t *testing.T) {
+	const steps = 40
+	args := func(dir string) []string {
+		return append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--max-steps", fmt.Sprint(steps),
+			"--checkpoint-every", "5", "--eval-every", "0", "--run-dir", dir)
+	}
+	full := t.TempDir()
+	runJob(t, 2, args(full)...)
+	want := trainLosses(t, full)[steps]
+
+	cut := t.TempDir()
+	j := startJob(t, 2, args(cut)...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(cut, "latest")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint after 60 s:\n%s", j.outs[0])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, c := range j.cmds {
+		c.Process.Signal(syscall.SIGKILL)
+	}
+	j.wait()
+	if _, err := os.Stat(filepath.Join(cut, fmt.Sprintf("ckpt-%d", steps))); err == nil {
+		t.Fatalf("the run finished before it was killed; the test proves nothing")
+	}
+	latest, _ := os.ReadFile(filepath.Join(cut, "latest"))
+	out := runJob(t, 2, append(args(cut), "--resume")...)
+	if !strings.Contains(out, "resumed from step") {
+		t.Fatalf("no resume line:\n%s", out)
+	}
+	got := trainLosses(t, cut)[steps]
+	if math.Abs(got-want) > 1e-6*math.Max(1, want) {
+		t.Fatalf("killed at %s and resumed: loss at step %d is %.7f, uninterrupted %.7f", strings.TrimSpace(string(latest)), steps, got, want)
+	}
+}
+
+// A run's outputs: event files that parse with the tags, metrics.jsonl,
+// plots, the report, and a translation from the checkpoint.
+func TestRunOutputs(t *testing.T) {
+	dir := t.TempDir()
+	runJob(t, 2, append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--max-steps", "12",
+		"--eval-every", "6", "--eval-sentences", "16", "--checkpoint-every", "6", "--run-dir", dir,
+		"--timeline", filepath.Join(dir, "timeline.json"))...)
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(f)
+	lines := 0
+	for sc.Scan() {
+		var v map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("metrics.jsonl line %d: %v", lines+1, err)
+		}
+		lines++
+	}
+	f.Close()
+	if lines < 12 {
+		t.Fatalf("metrics.jsonl has %d lines", lines)
+	}
+	evs, _ := filepath.Glob(filepath.Join(dir, "events.out.tfevents.*"))
+	if len(evs) != 1 {
+		t.Fatalf("event files: %v", evs)
+	}
+	events, err := metrics.ReadEvents(evs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := map[string]bool{}
+	for _, e := range events {
+		for k := range e.Scalars {
+			tags[k] = true
+		}
+	}
+	for _, tag := range []string{"train/loss", "eval/loss", "eval/bleu", "train/lr", "train/step_time_s", "train/tokens_per_s", "train/net_out_MBps", "train/net_in_MBps"} {
+		if !tags[tag] {
+			t.Errorf("event file lacks %s (has %v)", tag, tags)
+		}
+	}
+	rep, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"checkpoint", "learning rate", "bottleneck"} {
+		if !strings.Contains(strings.ToLower(string(rep)), want) {
+			t.Errorf("report.md does not mention %q", want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ckpt-12", "model.safetensors")); err != nil {
+		t.Error(err)
+	}
+	var tl struct {
+		TraceEvents []map[string]any `json:"traceEvents"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "timeline.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &tl); err != nil || len(tl.TraceEvents) == 0 {
+		t.Fatalf("timeline.json: %v, %d events", err, len(tl.TraceEvents))
+	}
+	// translate from the checkpoint
+	cmd := exec.Command(trainBin, "translate", "--run-dir", dir)
+	cmd.Stdin = strings.NewReader(syntheticSample(t, dir) + "\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		t.Fatalf("translate: %v\n%s", err, out)
+	}
+}
+
+// Bad input: one line, non-zero exit, no panic.
+func TestBadInput(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfg, []byte("preset: tiny\nlearning_rat: 2\n"), 0o644)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "--data", "/nonexistent/dir"}, "/nonexistent/dir"},
+		{[]string{"train", "--config", cfg}, cfg + ":2: unknown key"},
+		{[]string{"train", "--compression", "fp8"}, "--compression"},
+		{[]string{"train", "--preset", "huge", "--synthetic-lines", "200"}, "huge"},
+		{[]string{"translate", "--run-dir", "/nonexistent/run"}, "/nonexistent/run"},
+	}
+	for _, c := range cases {
+		cmd := exec.Command(trainBin, c.args...)
+		cmd.Env = cleanEnv()
+		out, err := cmd.CombinedOutput()
+		s := strings.TrimSpace(string(out))
+		if err == nil {
+			t.Errorf("%v: exit 0\n%s", c.args, s)
+			continue
+		}
+		if !strings.Contains(s, c.want) || strings.Contains(s, "goroutine ") || strings.Count(s, "\n") > 0 {
+			t.Errorf("%v: want one line mentioning %q, got:\n%s", c.args, c.want, s)
+		}
+	}
+}
+
+// syntheticSample is a source sentence of the built-in corpus.
+func syntheticSample(t *testing.T, dir string) string {
+	src, _ := data.Synthetic(99, 1)
+	return src[0]
+}

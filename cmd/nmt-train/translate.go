@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
+	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/transformer"
+)
+
+func translateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "translate",
+		Usage: "translate sentences from stdin with a checkpoint (one per line, output detokenized)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "run-dir", Value: "runs/nmt", Usage: "run directory (its vocab.txt, bpe.codes and latest checkpoint)"},
+			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory (default: the run's latest)"},
+			&cli.IntFlag{Name: "beam", Value: 4, Usage: "beam width (1: greedy); the lab uses 4"},
+			&cli.Float64Flag{Name: "alpha", Value: 0.6, Usage: "length penalty exponent"},
+			&cli.StringFlag{Name: "input", Value: "auto", Usage: "auto | text (apply the run's BPE) | pieces (the lab's tokenized lines) | words (one piece per word)"},
+			&cli.BoolFlag{Name: "pieces", Usage: "print vocabulary pieces instead of detokenized text"},
+			&cli.IntFlag{Name: "batch", Value: 32, Usage: "sentences per decoding batch"},
+		},
+		Action: func(c *cli.Context) error {
+			dir := c.String("run-dir")
+			v, err := data.LoadVocab(filepath.Join(dir, train.VocabFile))
+			if err != nil {
+				return fmt.Errorf("translate: %v", err)
+			}
+			var bpe *data.BPE
+			if _, err := os.Stat(filepath.Join(dir, train.BPEFile)); err == nil {
+				if bpe, err = data.LoadBPE(filepath.Join(dir, train.BPEFile)); err != nil {
+					return err
+				}
+			}
+			ck := c.String("checkpoint")
+			if ck == "" {
+				if ck, err = transformer.LatestCheckpoint(dir); err != nil {
+					return err
+				}
+			}
+			st, err := transformer.ReadState(ck)
+			if err != nil {
+				return err
+			}
+			m, err := transformer.New(st.Config, cpu.New(), st.Seed)
+			if err != nil {
+				return err
+			}
+			if _, err := transformer.LoadCheckpoint(ck, m, transformer.NewLazyAdam(m), v.Hash()); err != nil {
+				return err
+			}
+			split, err := splitter(c.String("input"), bpe)
+			if err != nil {
+				return err
+			}
+			opt := transformer.DecodeOptions{Beam: c.Int("beam"), Alpha: c.Float64("alpha"), MaxExtra: 50}
+			w := bufio.NewWriter(os.Stdout)
+			defer w.Flush()
+			var batch [][]int32
+			flush := func() error {
+				if len(batch) == 0 {
+					return nil
+				}
+				out, err := m.Translate(batch, opt)
+				if err != nil {
+					return err
+				}
+				for _, ids := range out {
+					p := v.Decode(ids)
+					if c.Bool("pieces") {
+						fmt.Fprintln(w, strings.Join(p, " "))
+					} else {
+						fmt.Fprintln(w, data.Detokenize(p))
+					}
+				}
+				batch = batch[:0]
+				return w.Flush()
+			}
+			sc := bufio.NewScanner(os.Stdin)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for line := 1; sc.Scan(); line++ {
+				ids := v.Encode(split(sc.Text()))
+				if len(ids) == 0 {
+					return fmt.Errorf("stdin:%d: empty line", line)
+				}
+				batch = append(batch, append(ids, data.EOS))
+				if len(batch) == c.Int("batch") {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+			if err := sc.Err(); err != nil {
+				return fmt.Errorf("stdin: %v", err)
+			}
+			return flush()
+		},
+	}
+}
+
+func splitter(mode string, bpe *data.BPE) (func(string) []string, error) {
+	switch mode {
+	case "auto":
+		if bpe != nil {
+			return bpe.Apply, nil
+		}
+		return func(line string) []string {
+			if strings.HasPrefix(strings.TrimSpace(line), data.WordBoundary) {
+				return data.SplitPieces(line)
+			}
+			return data.WordPieces(line)
+		}, nil
+	case "text":
+		if bpe == nil {
+			return nil, fmt.Errorf("--input text: the run has no %s (it was trained on tokenized data: use --input pieces)", train.BPEFile)
+		}
+		return bpe.Apply, nil
+	case "pieces":
+		return data.SplitPieces, nil
+	case "words":
+		return data.WordPieces, nil
+	}
+	return nil, fmt.Errorf("--input %q: want auto, text, pieces or words", mode)
+}
