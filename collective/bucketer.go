@@ -1,0 +1,999 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Compression is how a Bucketer's gradients travel: float32 as they are, or
+// rounded to float16 / bfloat16 on the wire (half the bytes).
+type Compression uint8
+
+const (
+	CompressNone Compression = iota
+	CompressFP16
+	CompressBF16
+)
+
+// ParseCompression accepts none, fp16 (float16, half) and bf16 (bfloat16).
+func ParseCompression(s string) (Compression, error) {
+	switch strings.ToLower(s) {
+	case "none", "", "fp32", "float32":
+		return CompressNone, nil
+	case "fp16", "float16", "half":
+		return CompressFP16, nil
+	case "bf16", "bfloat16":
+		return CompressBF16, nil
+	}
+	return 0, fmt.Errorf("unknown compression %q (want none, fp16 or bf16)", s)
+}
+
+func (c Compression) String() string {
+	switch c {
+	case CompressNone:
+		return "none"
+	case CompressFP16:
+		return "fp16"
+	case CompressBF16:
+		return "bf16"
+	}
+	return fmt.Sprintf("compression(%d)", uint8(c))
+}
+
+func (c Compression) wire() DType {
+	switch c {
+	case CompressFP16:
+		return Float16
+	case CompressBF16:
+		return BFloat16
+	}
+	return Float32
+}
+
+// ParamInfo describes one parameter's gradient: a name for messages and
+// its length in float32 elements.
+type ParamInfo struct {
+	Name string
+	Len  int
+}
+
+// Defaults of BucketConfig.
+const (
+	DefaultBucketCap      = 25 << 20 // bytes of float32 gradients (PyTorch DDP's bucket_cap_mb)
+	DefaultFirstBucketCap = 1 << 20  // a small first bucket starts communication early
+	DefaultReadyTimeout   = 5 * time.Minute
+)
+
+// BucketConfig tunes a Bucketer. The zero value means the defaults: 25 MiB
+// buckets after a 1 MiB first one, float32 on the wire, sum (no average),
+// one backward pass per step.
+type BucketConfig struct {
+	// CapBytes bounds a bucket's float32 gradient bytes (default 25 MiB).
+	// A parameter larger than the cap gets a bucket of its own.
+	CapBytes int
+	// FirstCapBytes bounds the first bucket (default 1 MiB).
+	FirstCapBytes int
+	// Compression: the wire format (none, fp16, bf16).
+	Compression Compression
+	// CycleTime, if positive, rebuilds the buckets once, after the first
+	// step, from rank 0's measured readiness times: a bucket is also closed
+	// when the next gradient became ready more than CycleTime after the
+	// bucket's first one (Horovod's HOROVOD_CYCLE_TIME, made deterministic:
+	// rank 0 broadcasts the new layout, so every rank switches to the same
+	// buckets at the same step).
+	CycleTime time.Duration
+	// BackwardPassesPerStep k: gradients are accumulated by the caller over
+	// k backward passes and only the k-th communicates (default 1).
+	BackwardPassesPerStep int
+	// Average divides the sums by the world size (otherwise: sums, times
+	// the scale set by SetScale).
+	Average bool
+	// Timeout bounds how long Wait and WaitBucket wait for gradients that
+	// were never marked ready (default 5 minutes); the error names them.
+	// Peers that stop answering are the communicator's business (its
+	// Timeout and the transport's).
+	Timeout time.Duration
+	// Timeline, if not nil, records each bucket's pack, allreduce and
+	// unpack.
+	Timeline *Timeline
+}
+
+// Bucket is one fused message: the gradients of parameters Lo..Hi
+// (inclusive, indices into the parameter list). Readiness runs from Hi down
+// to Lo, so a bucket is complete when Lo's gradient (usually the last of
+// its run) is ready.
+type Bucket struct {
+	Index  int
+	Lo, Hi int
+	Elems  int // float32 elements
+	Offset int // of parameter Lo in the flat gradient buffer (AttachFlat)
+}
+
+// Bytes is the bucket's size in float32 bytes.
+func (b Bucket) Bytes() int { return 4 * b.Elems }
+
+// BucketStats is what happened to one bucket in one step.
+type BucketStats struct {
+	Index, Params, Bytes int
+	// Ready: its last gradient was marked. Launch: its turn came (the
+	// buckets before it were launched). Start: the allreduce began (the
+	// previous one finished). Reduced: the allreduce finished. End: the
+	// result was unpacked into the gradients.
+	Ready, Launch, Start, Reduced, End time.Time
+	Overflow                           bool
+}
+
+// StepStats summarises one step.
+type StepStats struct {
+	// Reduced is false for the backward passes of a step that only
+	// accumulate (BackwardPassesPerStep > 1): nothing was communicated and
+	// the optimizer should not run.
+	Reduced bool
+	Buckets []BucketStats
+	// BytesSent and BytesRecv: the transport's counters (all peers)
+	// between the first launch and the last bucket's end.
+	BytesSent, BytesRecv uint64
+	// CommTime is the time during which at least one bucket was being
+	// packed, reduced or unpacked.
+	CommTime time.Duration
+	// Exposed is the time from BackwardDone to the last bucket's end.
+	Exposed time.Duration
+	// Hidden is 1 - Exposed/CommTime, clamped to [0, 1]: the part of the
+	// communication that overlapped the backward pass.
+	Hidden float64
+	// BackwardDone is when BackwardDone (or Wait) was called.
+	BackwardDone time.Time
+	// Overflow: an inf or NaN in the reduced (and scaled) gradients.
+	Overflow bool
+}
+
+// Bucketer fuses gradients into buckets and all-reduces each one as soon
+// as its gradients are ready, while the backward pass goes on (Horovod's
+// tensor fusion, PyTorch DDP's Reducer).
+//
+// Per step: MarkReady(i) for every parameter (any order, any goroutine),
+// BackwardDone() when the backward pass returns, then WaitBucket/WaitParam
+// (optional, per bucket, for an optimizer that updates bucket by bucket)
+// and Wait (required: it ends the step and returns its stats).
+//
+// The buckets are a pure function of the parameter list and the config
+// (until a CycleTime rebuild, which rank 0 broadcasts), so they are the
+// same on every rank; the first step checks that with a fingerprint. They
+// are launched in index order on every rank whatever the order of
+// MarkReady calls: a bucket that is complete waits for the ones before it.
+//
+// After an error the Bucketer (and the Communicator under it) is out of
+// step with its peers: the error is returned by every later call.
+type Bucketer struct {
+	c       *Communicator
+	params  []ParamInfo
+	offsets []int
+	cfg     BucketConfig
+	wire    DType
+	desc    []byte // fingerprint material
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu      sync.Mutex
+	buckets []Bucket
+	of      []int // parameter -> bucket
+	flat    []float32
+	grads   [][]float32 // Attach mode
+	bufs    [][]float32 // per bucket: a view of flat, or a pack buffer
+	scale   float32
+	pass    int
+	steps   int
+	st      *stepState
+	checked bool
+	rebuilt bool
+	broken  error
+}
+
+// NewBucketer lays out buckets for params, given in the model's parameter
+// order: gradients become ready in the reverse of that order (the last
+// parameter's first), and buckets are filled in readiness order, the first
+// bucket holding the last parameters. c is the communicator the buckets
+// are reduced on; it may carry other calls between steps.
+func NewBucketer(c *Communicator, params []ParamInfo, cfg BucketConfig) (*Bucketer, error) {
+	if cfg.CapBytes == 0 {
+		cfg.CapBytes = DefaultBucketCap
+	}
+	if cfg.FirstCapBytes == 0 {
+		cfg.FirstCapBytes = DefaultFirstBucketCap
+	}
+	if cfg.BackwardPassesPerStep == 0 {
+		cfg.BackwardPassesPerStep = 1
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultReadyTimeout
+	}
+	switch {
+	case cfg.CapBytes < 0 || cfg.FirstCapBytes < 0:
+		return nil, fmt.Errorf("bucketer: negative bucket cap (%d, first %d)", cfg.CapBytes, cfg.FirstCapBytes)
+	case cfg.BackwardPassesPerStep < 0:
+		return nil, fmt.Errorf("bucketer: %d backward passes per step", cfg.BackwardPassesPerStep)
+	case cfg.Compression > CompressBF16:
+		return nil, fmt.Errorf("bucketer: unknown %v", cfg.Compression)
+	case cfg.Timeout < 0 || cfg.CycleTime < 0:
+		return nil, errors.New("bucketer: negative timeout or cycle time")
+	}
+	b := &Bucketer{c: c, params: append([]ParamInfo(nil), params...), cfg: cfg, wire: cfg.Compression.wire(), scale: 1}
+	off := 0
+	for i, p := range params {
+		if p.Len < 0 {
+			return nil, fmt.Errorf("bucketer: parameter %d %q has length %d", i, p.Name, p.Len)
+		}
+		b.offsets = append(b.offsets, off)
+		off += p.Len
+	}
+	b.setLayout(layout(params, b.offsets, cfg.CapBytes, cfg.FirstCapBytes, nil, nil, 0))
+	d, err := json.Marshal(describe(b))
+	if err != nil {
+		return nil, err
+	}
+	b.desc = d
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	return b, nil
+}
+
+// layout forms buckets in readiness order (last parameter first). A bucket
+// is closed before a parameter that would take it over its cap; before
+// every parameter i with cut[i] set (when cut is given); and before a
+// parameter that became ready more than cycle after the bucket's first one
+// (when ready times are given).
+func layout(params []ParamInfo, offsets []int, capBytes, firstCap int, cut []bool, ready []time.Time, cycle time.Duration) []Bucket {
+	var out []Bucket
+	hi := len(params) - 1
+	bytes := 0
+	for i := len(params) - 1; i >= 0; i-- {
+		limit := capBytes
+		if len(out) == 0 {
+			limit = firstCap
+		}
+		pb := 4 * params[i].Len
+		if i < hi && (bytes+pb > limit || cut != nil && cut[i] || ready != nil && ready[i].Sub(ready[hi]) > cycle) {
+			out = append(out, Bucket{Lo: i + 1, Hi: hi})
+			hi, bytes = i, 0
+		}
+		bytes += pb
+	}
+	if hi >= 0 {
+		out = append(out, Bucket{Lo: 0, Hi: hi})
+	}
+	for k := range out {
+		bk := &out[k]
+		bk.Index = k
+		bk.Offset = offsets[bk.Lo]
+		bk.Elems = offsets[bk.Hi] + params[bk.Hi].Len - bk.Offset
+	}
+	return out
+}
+
+func (b *Bucketer) setLayout(bs []Bucket) {
+	b.buckets = bs
+	b.of = make([]int, len(b.params))
+	for _, bk := range bs {
+		for i := bk.Lo; i <= bk.Hi; i++ {
+			b.of[i] = bk.Index
+		}
+	}
+	b.bufs = nil
+	if b.flat != nil || b.grads != nil {
+		b.makeBufs()
+	}
+}
+
+type description struct {
+	Compression string
+	Average     bool
+	Passes      int
+	CapBytes    int
+	FirstCap    int
+	CycleTime   int64
+	Names       []string
+	Lens        []int
+}
+
+func describe(b *Bucketer) description {
+	d := description{Compression: b.cfg.Compression.String(), Average: b.cfg.Average, Passes: b.cfg.BackwardPassesPerStep,
+		CapBytes: b.cfg.CapBytes, FirstCap: b.cfg.FirstCapBytes, CycleTime: int64(b.cfg.CycleTime)}
+	for _, p := range b.params {
+		d.Names = append(d.Names, p.Name)
+		d.Lens = append(d.Lens, p.Len)
+	}
+	return d
+}
+
+// Buckets returns the current layout.
+func (b *Bucketer) Buckets() []Bucket {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Bucket(nil), b.buckets...)
+}
+
+// BucketOf returns the index of the bucket holding parameter i.
+func (b *Bucketer) BucketOf(i int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.of[i]
+}
+
+// AttachFlat hands the Bucketer the flat gradient buffer: parameter i's
+// gradient is flat[o_i : o_i+Len_i] with o_i the sum of the lengths before
+// it (the transformer's Grads buffer). Buckets are views of it: nothing is
+// copied, and the reduced gradients are written back in place.
+func (b *Bucketer) AttachFlat(flat []float32) error {
+	n := 0
+	if len(b.params) > 0 {
+		n = b.offsets[len(b.params)-1] + b.params[len(b.params)-1].Len
+	}
+	if len(flat) != n {
+		return fmt.Errorf("bucketer: flat gradient buffer has %d elements, the parameters %d", len(flat), n)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.st != nil {
+		return errors.New("bucketer: Attach during a step")
+	}
+	b.flat, b.grads = flat, nil
+	b.makeBufs()
+	return nil
+}
+
+// Attach hands the Bucketer one gradient slice per parameter. Each bucket
+// is packed into a buffer of its own before its allreduce and unpacked
+// after it (AttachFlat avoids both copies).
+func (b *Bucketer) Attach(grads [][]float32) error {
+	if len(grads) != len(b.params) {
+		return fmt.Errorf("bucketer: %d gradient slices for %d parameters", len(grads), len(b.params))
+	}
+	for i, g := range grads {
+		if len(g) != b.params[i].Len {
+			return fmt.Errorf("bucketer: gradient of parameter %d %q has %d elements, want %d", i, b.params[i].Name, len(g), b.params[i].Len)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.st != nil {
+		return errors.New("bucketer: Attach during a step")
+	}
+	b.flat, b.grads = nil, append([][]float32(nil), grads...)
+	b.makeBufs()
+	return nil
+}
+
+func (b *Bucketer) makeBufs() {
+	b.bufs = make([][]float32, len(b.buckets))
+	for k, bk := range b.buckets {
+		if b.flat != nil {
+			b.bufs[k] = b.flat[bk.Offset : bk.Offset+bk.Elems : bk.Offset+bk.Elems]
+		} else {
+			b.bufs[k] = make([]float32, bk.Elems)
+		}
+	}
+}
+
+// SetScale sets a factor applied to the reduced gradients when they are
+// unpacked, from the next step that starts (its first MarkReady) on: for
+// example 1/(loss scale * passes per step). With Average the factor is
+// scale/world size.
+func (b *Bucketer) SetScale(f float32) {
+	b.mu.Lock()
+	b.scale = f
+	b.mu.Unlock()
+}
+
+// Communicating reports whether the current backward pass is the one that
+// communicates (the last of BackwardPassesPerStep).
+func (b *Bucketer) Communicating() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pass == b.cfg.BackwardPassesPerStep-1
+}
+
+// stepState is one communicating step.
+type stepState struct {
+	n       int // world size
+	scale   float32
+	marked  []bool
+	left    []int
+	ready   []chan struct{}
+	done    []chan struct{}
+	errs    []error
+	stats   []BucketStats
+	abort   chan struct{}
+	abortE  error
+	once    sync.Once
+	bwdDone time.Time
+	readyAt []time.Time // per parameter (for the cycle-time rebuild)
+	sent0   uint64
+	recv0   uint64
+}
+
+func (s *stepState) fail(err error) {
+	s.once.Do(func() {
+		s.abortE = err
+		close(s.abort)
+	})
+}
+
+// step returns the current step, starting one if needed. b.mu is held.
+func (b *Bucketer) step() (*stepState, error) {
+	if b.broken != nil {
+		return nil, b.broken
+	}
+	if b.st != nil {
+		return b.st, nil
+	}
+	if b.bufs == nil && len(b.params) > 0 {
+		return nil, errors.New("bucketer: no gradients attached (call AttachFlat or Attach)")
+	}
+	nb := len(b.buckets)
+	s := &stepState{n: b.c.Size(), scale: b.scale, marked: make([]bool, len(b.params)), left: make([]int, nb),
+		ready: make([]chan struct{}, nb), done: make([]chan struct{}, nb), errs: make([]error, nb),
+		stats: make([]BucketStats, nb), abort: make(chan struct{})}
+	if b.cfg.CycleTime > 0 && !b.rebuilt {
+		s.readyAt = make([]time.Time, len(b.params))
+	}
+	for k, bk := range b.buckets {
+		s.left[k] = bk.Hi - bk.Lo + 1
+		s.ready[k] = make(chan struct{})
+		s.done[k] = make(chan struct{})
+		s.stats[k] = BucketStats{Index: k, Params: bk.Hi - bk.Lo + 1, Bytes: bk.Bytes()}
+	}
+	b.st = s
+	bufs := b.bufs
+	buckets := b.buckets
+	grads := b.grads
+	check := !b.checked
+	b.checked = true
+	go b.launch(s, buckets, bufs, grads, check)
+	return s, nil
+}
+
+// MarkReady records that parameter i's gradient is final for this pass.
+// It may be called from any goroutine. In the passes that only accumulate
+// it does nothing.
+func (b *Bucketer) MarkReady(i int) {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pass < b.cfg.BackwardPassesPerStep-1 {
+		return
+	}
+	s, err := b.step()
+	if err != nil {
+		return
+	}
+	if i < 0 || i >= len(b.params) {
+		s.fail(fmt.Errorf("bucketer: MarkReady(%d): no such parameter (have %d)", i, len(b.params)))
+		return
+	}
+	if s.marked[i] {
+		s.fail(fmt.Errorf("bucketer: parameter %d %q marked ready twice in one step", i, b.params[i].Name))
+		return
+	}
+	s.marked[i] = true
+	if s.readyAt != nil {
+		s.readyAt[i] = now
+	}
+	k := b.of[i]
+	s.left[k]--
+	if s.left[k] == 0 {
+		s.stats[k].Ready = now
+		close(s.ready[k])
+	}
+}
+
+// BackwardDone records the end of the backward pass: communication after
+// it is exposed.
+func (b *Bucketer) BackwardDone() {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pass < b.cfg.BackwardPassesPerStep-1 {
+		return
+	}
+	if s, err := b.step(); err == nil && s.bwdDone.IsZero() {
+		s.bwdDone = now
+	}
+}
+
+type launched struct {
+	k int
+	h *Handle
+}
+
+// launch starts the buckets' allreduces in index order as they become
+// ready; a finisher goroutine unpacks them in the same order.
+func (b *Bucketer) launch(s *stepState, buckets []Bucket, bufs [][]float32, grads [][]float32, check bool) {
+	fin := make(chan launched, len(buckets))
+	go b.finish(s, buckets, bufs, grads, fin)
+	defer close(fin)
+	var opts []CallOption
+	if b.wire != Float32 {
+		opts = append(opts, WithWire(b.wire))
+	}
+	for k, bk := range buckets {
+		select {
+		case <-s.ready[k]:
+		case <-s.abort:
+			for j := k; j < len(buckets); j++ {
+				s.errs[j] = s.abortE
+				close(s.done[j])
+			}
+			return
+		}
+		st := &s.stats[k]
+		st.Launch = time.Now()
+		if k == 0 {
+			if check {
+				if err := b.verify(); err != nil {
+					s.fail(err)
+					for j := range buckets {
+						s.errs[j] = err
+						close(s.done[j])
+					}
+					return
+				}
+			}
+			s.sent0, s.recv0 = b.traffic()
+		}
+		buf := bufs[k]
+		if grads != nil {
+			o := 0
+			for i := bk.Lo; i <= bk.Hi; i++ {
+				o += copy(buf[o:], grads[i])
+			}
+			b.cfg.Timeline.Span("fusion", fmt.Sprintf("pack b%d", k), st.Launch, time.Now())
+		}
+		h := b.c.AllreduceAsync(b.ctx, nil, Float32Bytes(buf), Float32, Sum, opts...)
+		st.Start = time.Now() // corrected by finish to when the call could run
+		fin <- launched{k, h}
+	}
+}
+
+func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grads [][]float32, fin chan launched) {
+	var prev time.Time
+	for l := range fin {
+		k, bk := l.k, buckets[l.k]
+		st := &s.stats[k]
+		err := l.h.Wait()
+		st.Reduced = time.Now()
+		if st.Start.Before(prev) {
+			st.Start = prev // the communicator runs calls one at a time
+		}
+		prev = st.Reduced
+		if err == nil {
+			buf := bufs[k]
+			st.Overflow = scaleAndCheck(buf, s.scale, b.cfg.Average, s.n)
+			if grads != nil {
+				o := 0
+				for i := bk.Lo; i <= bk.Hi; i++ {
+					o += copy(grads[i], buf[o:])
+				}
+			}
+		}
+		st.End = time.Now()
+		if tl := b.cfg.Timeline; tl != nil {
+			args := map[string]any{"bytes": bk.Bytes(), "wire": b.wire.String(), "params": bk.Hi - bk.Lo + 1,
+				"first": b.params[bk.Hi].Name, "last": b.params[bk.Lo].Name}
+			tl.SpanArgs("allreduce", fmt.Sprintf("allreduce b%d", k), st.Start, st.Reduced, args)
+			tl.Span("fusion", fmt.Sprintf("unpack b%d", k), st.Reduced, st.End)
+		}
+		s.errs[k] = err
+		if err != nil {
+			s.fail(err)
+		}
+		close(s.done[k])
+	}
+}
+
+// scaleAndCheck applies the step's factor to x and reports whether x holds
+// an inf or a NaN. Average without a factor divides (as the Average
+// reduction does, so the results match it bit for bit).
+func scaleAndCheck(x []float32, scale float32, average bool, n int) bool {
+	var a0, a1, a2, a3 float32 // x*0 is 0 for finite x and NaN otherwise
+	switch {
+	case average && scale == 1 && n > 1:
+		d := float32(n)
+		i := 0
+		for ; i+4 <= len(x); i += 4 {
+			v := x[i : i+4 : i+4]
+			v[0] /= d
+			v[1] /= d
+			v[2] /= d
+			v[3] /= d
+			a0 += v[0] * 0
+			a1 += v[1] * 0
+			a2 += v[2] * 0
+			a3 += v[3] * 0
+		}
+		for ; i < len(x); i++ {
+			x[i] /= d
+			a0 += x[i] * 0
+		}
+	case average || scale != 1:
+		f := scale
+		if average {
+			f = scale / float32(n)
+		}
+		i := 0
+		for ; i+4 <= len(x); i += 4 {
+			v := x[i : i+4 : i+4]
+			v[0] *= f
+			v[1] *= f
+			v[2] *= f
+			v[3] *= f
+			a0 += v[0] * 0
+			a1 += v[1] * 0
+			a2 += v[2] * 0
+			a3 += v[3] * 0
+		}
+		for ; i < len(x); i++ {
+			x[i] *= f
+			a0 += x[i] * 0
+		}
+	default:
+		i := 0
+		for ; i+4 <= len(x); i += 4 {
+			v := x[i : i+4 : i+4]
+			a0 += v[0] * 0
+			a1 += v[1] * 0
+			a2 += v[2] * 0
+			a3 += v[3] * 0
+		}
+		for ; i < len(x); i++ {
+			a0 += x[i] * 0
+		}
+	}
+	s := a0 + a1 + a2 + a3
+	return s != s
+}
+
+func (b *Bucketer) traffic() (sent, recv uint64) {
+	for _, p := range b.c.Transport().Stats() {
+		sent += p.BytesSent
+		recv += p.BytesRecv
+	}
+	return
+}
+
+// unready names the parameters of buckets 0..k not marked yet.
+func (b *Bucketer) unready(s *stepState, k int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var names []string
+	total := 0
+	for j := 0; j <= k && j < len(b.buckets); j++ {
+		bk := b.buckets[j]
+		for i := bk.Hi; i >= bk.Lo; i-- {
+			if !s.marked[i] {
+				total++
+				if len(names) < 4 {
+					names = append(names, fmt.Sprintf("%d %q (%d elements, bucket %d)", i, b.params[i].Name, b.params[i].Len, j))
+				}
+			}
+		}
+	}
+	msg := strings.Join(names, ", ")
+	if total > len(names) {
+		msg += fmt.Sprintf(" and %d more", total-len(names))
+	}
+	return msg
+}
+
+// waitBucket waits for bucket k of step s: its readiness (and that of the
+// buckets before it) within the timeout, then its allreduce.
+func (b *Bucketer) waitBucket(s *stepState, k int) error {
+	timer := time.NewTimer(b.cfg.Timeout)
+	defer timer.Stop()
+	for j := 0; j <= k; j++ {
+		select {
+		case <-s.ready[j]:
+		case <-s.done[j]:
+		case <-s.abort:
+			return s.abortE
+		case <-timer.C:
+			err := fmt.Errorf("bucketer: rank %d: gradient not marked ready within %v: parameter %s", b.c.Rank(), b.cfg.Timeout, b.unready(s, j))
+			s.fail(err)
+			return err
+		}
+	}
+	select {
+	case <-s.done[k]:
+		return s.errs[k]
+	case <-s.abort:
+		return s.abortE
+	}
+}
+
+// WaitBucket waits until bucket k's gradients are reduced and unpacked.
+// In passes that only accumulate it returns at once.
+func (b *Bucketer) WaitBucket(k int) error {
+	b.mu.Lock()
+	if b.pass < b.cfg.BackwardPassesPerStep-1 {
+		b.mu.Unlock()
+		return nil
+	}
+	if k < 0 || k >= len(b.buckets) {
+		b.mu.Unlock()
+		return fmt.Errorf("bucketer: no bucket %d (have %d)", k, len(b.buckets))
+	}
+	s, err := b.step()
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := b.waitBucket(s, k); err != nil {
+		b.mu.Lock()
+		if b.broken == nil {
+			b.broken = err
+		}
+		b.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// WaitParam waits for the bucket holding parameter i (an optimizer's
+// per-parameter wait callback).
+func (b *Bucketer) WaitParam(i int) error {
+	if i < 0 || i >= len(b.params) {
+		return fmt.Errorf("bucketer: no parameter %d (have %d)", i, len(b.params))
+	}
+	return b.WaitBucket(b.BucketOf(i))
+}
+
+// Wait ends the backward pass: in a pass that only accumulates it returns
+// StepStats{Reduced: false} at once; otherwise it waits for every bucket
+// (an implicit BackwardDone if none was called) and returns the step's
+// stats. Gradients never marked ready make it fail after the Timeout with
+// an error naming them.
+func (b *Bucketer) Wait() (StepStats, error) {
+	now := time.Now()
+	b.mu.Lock()
+	if b.broken != nil {
+		b.mu.Unlock()
+		return StepStats{}, b.broken
+	}
+	if b.pass < b.cfg.BackwardPassesPerStep-1 {
+		b.pass++
+		b.mu.Unlock()
+		return StepStats{}, nil
+	}
+	s, err := b.step()
+	if err != nil {
+		b.mu.Unlock()
+		return StepStats{}, err
+	}
+	if s.bwdDone.IsZero() {
+		s.bwdDone = now
+	}
+	b.mu.Unlock()
+
+	if len(s.done) > 0 {
+		err = b.waitBucket(s, len(s.done)-1)
+		if err == nil {
+			for k := range s.done { // all done: errors of earlier buckets
+				if err = s.errs[k]; err != nil {
+					break
+				}
+			}
+		}
+	}
+	st := StepStats{Reduced: err == nil, BackwardDone: s.bwdDone}
+	if err == nil {
+		st.Buckets = s.stats
+		sent, recv := b.traffic()
+		st.BytesSent, st.BytesRecv = sent-s.sent0, recv-s.recv0
+		var last, covered time.Time
+		for _, bs := range s.stats {
+			st.Overflow = st.Overflow || bs.Overflow
+			lo := bs.Launch
+			if lo.Before(covered) {
+				lo = covered
+			}
+			if bs.End.After(lo) {
+				st.CommTime += bs.End.Sub(lo)
+			}
+			if bs.End.After(covered) {
+				covered = bs.End
+			}
+			if bs.End.After(last) {
+				last = bs.End
+			}
+		}
+		if last.After(s.bwdDone) {
+			st.Exposed = last.Sub(s.bwdDone)
+		}
+		if st.CommTime > 0 {
+			st.Hidden = min(1, max(0, 1-float64(st.Exposed)/float64(st.CommTime)))
+		}
+	}
+	b.mu.Lock()
+	b.st = nil
+	b.pass = 0
+	if err != nil && b.broken == nil {
+		b.broken = err
+	}
+	b.steps++
+	rebuild := err == nil && b.cfg.CycleTime > 0 && !b.rebuilt
+	b.mu.Unlock()
+	if rebuild {
+		if err := b.rebuild(s); err != nil {
+			b.mu.Lock()
+			b.broken = err
+			b.mu.Unlock()
+			return st, err
+		}
+	}
+	return st, err
+}
+
+// rebuild re-lays out the buckets from rank 0's readiness times of the
+// step just finished (see BucketConfig.CycleTime) and broadcasts the cuts.
+func (b *Bucketer) rebuild(s *stepState) error {
+	cut := make([]byte, len(b.params)) // 1: a bucket starts (in readiness order) at this parameter
+	if b.c.Rank() == 0 {
+		for _, bk := range layout(b.params, b.offsets, b.cfg.CapBytes, b.cfg.FirstCapBytes, nil, s.readyAt, b.cfg.CycleTime) {
+			if bk.Index > 0 {
+				cut[bk.Hi] = 1
+			}
+		}
+	}
+	if err := b.c.Broadcast(b.ctx, cut, 0); err != nil {
+		return fmt.Errorf("bucketer: broadcasting the rebuilt layout: %w", err)
+	}
+	cuts := make([]bool, len(cut))
+	for i, c := range cut {
+		cuts[i] = c != 0
+	}
+	b.mu.Lock()
+	b.setLayout(layout(b.params, b.offsets, b.cfg.CapBytes, b.cfg.FirstCapBytes, cuts, nil, 0))
+	b.rebuilt = true
+	b.mu.Unlock()
+	return nil
+}
+
+// verify exchanges a fingerprint of the layout with every rank; on a
+// mismatch it exchanges the layouts themselves and names the first
+// difference between rank 0 and the first rank that differs from it.
+func (b *Bucketer) verify() error {
+	n := b.c.Size()
+	if n == 1 {
+		return nil
+	}
+	h := sha256.Sum256(b.desc)
+	all := make([]byte, n*len(h))
+	if err := b.c.Allgather(b.ctx, h[:], all); err != nil {
+		return fmt.Errorf("bucketer: exchanging layout fingerprints: %w", err)
+	}
+	odd := -1
+	for r := 1; r < n; r++ {
+		if !bytes.Equal(all[r*len(h):(r+1)*len(h)], all[:len(h)]) {
+			odd = r
+			break
+		}
+	}
+	if odd < 0 {
+		return nil
+	}
+	// Every rank sees the same hashes, so every rank takes this branch.
+	var ln [8]byte
+	binary.LittleEndian.PutUint64(ln[:], uint64(len(b.desc)))
+	lens := make([]byte, 8*n)
+	if err := b.c.Allgather(b.ctx, ln[:], lens); err != nil {
+		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d (exchanging them failed: %v)", odd, err)
+	}
+	mx := 0
+	for r := 0; r < n; r++ {
+		mx = max(mx, int(binary.LittleEndian.Uint64(lens[8*r:])))
+	}
+	mine := make([]byte, mx)
+	copy(mine, b.desc)
+	descs := make([]byte, n*mx)
+	if err := b.c.Allgather(b.ctx, mine, descs); err != nil {
+		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d (exchanging them failed: %v)", odd, err)
+	}
+	get := func(r int) (description, error) {
+		var d description
+		l := int(binary.LittleEndian.Uint64(lens[8*r:]))
+		err := json.Unmarshal(descs[r*mx:r*mx+l], &d)
+		return d, err
+	}
+	d0, err0 := get(0)
+	d1, err1 := get(odd)
+	if err0 != nil || err1 != nil {
+		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d", odd)
+	}
+	return fmt.Errorf("bucketer: rank %d: gradient layouts differ between ranks: %s", b.c.Rank(), diffDesc(d0, d1, odd))
+}
+
+func diffDesc(a, b description, rb int) string {
+	pname := func(d description, i int) string {
+		if i >= len(d.Names) {
+			return "missing"
+		}
+		return fmt.Sprintf("%q (%d elements)", d.Names[i], d.Lens[i])
+	}
+	for i := 0; i < max(len(a.Names), len(b.Names)); i++ {
+		if i >= len(a.Names) || i >= len(b.Names) || a.Names[i] != b.Names[i] || a.Lens[i] != b.Lens[i] {
+			return fmt.Sprintf("parameter %d is %s on rank 0 but %s on rank %d (rank 0 has %d parameters, rank %d has %d)",
+				i, pname(a, i), pname(b, i), rb, len(a.Names), rb, len(b.Names))
+		}
+	}
+	field := func(what string, x, y any) string {
+		return fmt.Sprintf("%s is %v on rank 0 but %v on rank %d", what, x, y, rb)
+	}
+	switch {
+	case a.Compression != b.Compression:
+		return field("compression", a.Compression, b.Compression)
+	case a.Average != b.Average:
+		return field("average", a.Average, b.Average)
+	case a.Passes != b.Passes:
+		return field("backward passes per step", a.Passes, b.Passes)
+	case a.CapBytes != b.CapBytes:
+		return field("bucket cap (bytes)", a.CapBytes, b.CapBytes)
+	case a.FirstCap != b.FirstCap:
+		return field("first bucket cap (bytes)", a.FirstCap, b.FirstCap)
+	case a.CycleTime != b.CycleTime:
+		return field("cycle time", time.Duration(a.CycleTime), time.Duration(b.CycleTime))
+	}
+	return "the bucket settings differ"
+}
+
+// Close aborts a step in progress. It does not close the communicator.
+func (b *Bucketer) Close() error {
+	b.mu.Lock()
+	if b.st != nil {
+		b.st.fail(errors.New("bucketer: closed"))
+	}
+	if b.broken == nil {
+		b.broken = errors.New("bucketer: closed")
+	}
+	b.mu.Unlock()
+	b.cancel()
+	return nil
+}
+
+// LossScaler is OpenSeq2Seq's Backoff loss scaler for mixed-precision
+// training: multiply the loss by Scale before backward, unscale the
+// gradients (Bucketer.SetScale(1/Scale)), and call Update with the step's
+// overflow flag; when it returns true, skip the optimizer step.
+type LossScaler struct {
+	Scale    float32 // current scale (starts at 2^14)
+	Min, Max float32 // bounds (1 and 2^24)
+	Factor   float32 // backoff / growth factor (2)
+	Window   int     // clean steps before growing (2000)
+	clean    int
+}
+
+// NewLossScaler returns OpenSeq2Seq's defaults: scale 2^14, x0.5 on an
+// overflow, x2 after 2000 steps without one, within [1, 2^24].
+func NewLossScaler() *LossScaler {
+	return &LossScaler{Scale: 1 << 14, Min: 1, Max: 1 << 24, Factor: 2, Window: 2000}
+}
+
+// Update records one step and reports whether it must be skipped.
+func (l *LossScaler) Update(overflow bool) (skip bool) {
+	if overflow {
+		l.Scale = max(l.Scale/l.Factor, l.Min)
+		l.clean = 0
+		return true
+	}
+	l.clean++
+	if l.clean >= l.Window {
+		l.Scale = min(l.Scale*l.Factor, l.Max)
+		l.clean = 0
+	}
+	return false
+}
