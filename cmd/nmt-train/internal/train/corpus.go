@@ -161,6 +161,6 @@ func (s *batchSource) Next() (*transformer.Batch, error) {
 	return out, nil // may have B == 0: the trainer contributes a zero gradient
 }
 
-func (s *batchSource) Position() json.RawMessage     { return s.b.Position() }
+func (s *batchSource) Position() json.RawMessage       { return s.b.Position() }
 func (s *batchSource) Restore(j json.RawMessage) error { return s.b.Restore(j) }
 func (s *batchSource) Epoch() int                      { return s.b.Epoch() }
