@@ -20,6 +20,14 @@ import (
 // with umlauts), so the mapping is learnable: a small Transformer learns it
 // to a high BLEU in minutes.
 
+// The built-in corpus's fixed seeds and validation size (a dataset, not a
+// run's --seed): `prepare --synthetic` and the trainer's default use them.
+const (
+	SyntheticTrainSeed  = 1
+	SyntheticValidSeed  = 2
+	SyntheticValidLines = 500
+)
+
 type synthConcept struct {
 	src, srcPl string // source forms (singular, plural)
 	tgt, tgtPl string // target forms (nouns: singular/plural; verbs: singular/plural subject)
