@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/gorun/gorun/collective"
@@ -60,7 +61,42 @@ func (p *plainReducer) Wait() (commStats, error) {
 	return st, err
 }
 
-// newBucketReducer: temporary until the Bucketer lands (overlap off).
+// bucketReducer is the overlapped path: the Bucketer all-reduces fused
+// fp16 buckets while backward still runs.
+type bucketReducer struct {
+	b *collective.Bucketer
+}
+
 func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, wire collective.DType, tl *collective.Timeline) (reducer, error) {
-	return newPlainReducer(ctx, comm, m, wire), nil
+	params := make([]collective.ParamInfo, len(m.Params))
+	off := 0
+	for i, p := range m.Params {
+		if p.Offset != off {
+			return nil, fmt.Errorf("internal: parameter %s at offset %d, want %d (gradients not contiguous)", p.Name, p.Offset, off)
+		}
+		params[i] = collective.ParamInfo{Name: p.Name, Len: p.Len}
+		off += p.Len
+	}
+	comp := map[collective.DType]collective.Compression{collective.Float32: collective.CompressNone,
+		collective.Float16: collective.CompressFP16, collective.BFloat16: collective.CompressBF16}[wire]
+	b, err := collective.NewBucketer(comm, params, collective.BucketConfig{
+		CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20)),
+		Compression: comp, CycleTime: o.CycleTime, BackwardPassesPerStep: 1, Timeout: o.Timeout, Timeline: tl,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := b.AttachFlat(m.Grads.F32); err != nil {
+		return nil, err
+	}
+	return &bucketReducer{b: b}, nil
+}
+
+func (r *bucketReducer) Ready(p int)   { r.b.MarkReady(p) }
+func (r *bucketReducer) BackwardDone() { r.b.BackwardDone() }
+func (r *bucketReducer) Close()        { r.b.Close() }
+
+func (r *bucketReducer) Wait() (commStats, error) {
+	st, err := r.b.Wait()
+	return commStats{Comm: st.CommTime, Exposed: st.Exposed, Overflow: st.Overflow, Buckets: len(st.Buckets)}, err
 }
