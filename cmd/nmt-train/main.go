@@ -24,7 +24,9 @@ func main() {
 		Usage: "distributed training of a Transformer translation model (run it under gorun)",
 		Commands: []*cli.Command{
 			trainCommand(),
+			prepareCommand(),
 			translateCommand(),
+			bleuCommand(),
 			reportCommand(),
 		},
 		// One line on stderr for every error; no usage dump after it.
