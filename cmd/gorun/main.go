@@ -1,0 +1,195 @@
+// Command gorun starts a program as the ranks of a job, like mpirun or
+// horovodrun: one process per slot on local and ssh-reachable hosts, each
+// with its rank in the environment and the job secret that authenticates
+// its mesh.
+//
+//	gorun -np 4 ./prog args
+//	gorun -np 8 -hostfile hosts --map-by node ./prog
+//	gorun -H node1:4,node2:4 -x NCCL_DEBUG=INFO ./prog
+//
+// The launcher itself is package mpirun; this file only turns flags into
+// an mpirun.Config. See docs/launcher.md.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/gorun/gorun/mpirun"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	os.Exit(run(os.Args, os.Stdin, os.Stdout, os.Stderr))
+}
+
+// usageError marks a flag problem found by the CLI (exit status 2).
+type usageError struct{ error }
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	status := 0
+	app := &cli.App{
+		Name:                      "gorun",
+		Usage:                     "start a program as the ranks of a job (mpirun / horovodrun style)",
+		UsageText:                 "gorun [flags] PROGRAM [ARGS...]\n\nFlags take one or two dashes (-np 4 = --np 4); everything from PROGRAM on belongs to the program.",
+		HideHelpCommand:           true,
+		DisableSliceFlagSeparator: true,
+		Writer:                    stdout,
+		ErrWriter:                 stderr,
+		Flags:                     flags(),
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usageError{fmt.Errorf("%v (see gorun --help)", err)}
+		},
+		ExitErrHandler: func(*cli.Context, error) {},
+		Action: func(c *cli.Context) error {
+			if c.Bool(mpirun.AgentFlag) {
+				return runAgent(c, stdin, &status)
+			}
+			cfg, err := config(c)
+			if err != nil {
+				return usageError{err}
+			}
+			cfg.Stdin, cfg.Stdout, cfg.Stderr = stdin, stdout, stderr
+			if cfg.StdinRank < 0 {
+				cfg.Stdin = nil
+			}
+			if !cfg.DryRun {
+				cfg.Signals = make(chan os.Signal, 4)
+				signal.Notify(cfg.Signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+				defer signal.Stop(cfg.Signals)
+			}
+			code, err := mpirun.Run(cfg)
+			status = code
+			if err != nil {
+				fmt.Fprintln(stderr, "gorun: "+err.Error())
+			}
+			return nil
+		},
+	}
+	if err := app.Run(args); err != nil {
+		fmt.Fprintln(stderr, "gorun: "+err.Error())
+		var ue usageError
+		if errors.As(err, &ue) {
+			return mpirun.ExitUsage
+		}
+		return 1
+	}
+	return status
+}
+
+func flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "np", Aliases: []string{"n"}, Usage: "number of ranks (default: every slot of the hosts; without hosts, the CPU count)"},
+		&cli.StringFlag{Name: "hostfile", Aliases: []string{"machinefile"}, Usage: "hosts, one a line: `FILE` in OpenMPI (host slots=N max_slots=M) or Horovod (host:N) syntax"},
+		&cli.StringSliceFlag{Name: "H", Aliases: []string{"host"}, Usage: "hosts as `host1:2,host2:2` (a host without :N has 1 slot)"},
+		&cli.BoolFlag{Name: "oversubscribe", Usage: "allow more ranks than slots (never more than max_slots)"},
+		&cli.StringFlag{Name: "map-by", Value: mpirun.MapBySlot, Usage: "slot: fill a host's slots before the next; node: round-robin over hosts"},
+		&cli.StringSliceFlag{Name: "x", Usage: "export `NAME[=VALUE]` to every rank (repeatable; NAME alone takes gorun's value)"},
+		&cli.StringFlag{Name: "wdir", Usage: "working `DIR` of every rank (default: gorun's, the same path on remote hosts)"},
+		&cli.IntFlag{Name: "ssh-port", Aliases: []string{"p"}, Usage: "ssh port of the remote hosts"},
+		&cli.StringFlag{Name: "ssh-identity", Aliases: []string{"i"}, Usage: "ssh identity `FILE` (ssh -i)"},
+		&cli.StringFlag{Name: "ssh-args", Usage: "extra ssh arguments, split like a shell does (e.g. \"-F ./ssh_config -o StrictHostKeyChecking=no\")"},
+		&cli.StringFlag{Name: "launch-agent", Usage: "use `CMD` instead of ssh, invoked as CMD host remote-command (OpenMPI's plm_rsh_agent)"},
+		&cli.StringFlag{Name: "remote-gorun", Usage: "`PATH` of gorun on remote hosts, run as the remote agent (default: this gorun's path)"},
+		&cli.StringFlag{Name: "iface", Usage: "`ADDR` or interface name to serve the rendezvous on (also GORUN_IFACE for the ranks)"},
+		&cli.StringFlag{Name: "rendezvous-addr", Usage: "`IP[:PORT]` to serve the rendezvous on (default: loopback for local jobs, else the source address of the route to the first remote host)"},
+		&cli.BoolFlag{Name: "tag-output", Usage: "tag lines as mpirun does: [1,RANK]<stdout>: (default tag: [RANK] )"},
+		&cli.StringFlag{Name: "tag", Value: mpirun.TagRank, Usage: "output tag `STYLE`: rank ([3] line), mpi ([1,3]<stdout>:line) or none"},
+		&cli.StringFlag{Name: "output-dir", Aliases: []string{"output-filename"}, Usage: "also write each rank's output to `DIR`/rank.N/stdout and stderr"},
+		&cli.StringFlag{Name: "stdin", Value: "0", Usage: "`RANK` that receives gorun's stdin, or none"},
+		&cli.DurationFlag{Name: "grace", Value: mpirun.DefaultGrace, Usage: "time between SIGTERM and SIGKILL when stopping ranks"},
+		&cli.DurationFlag{Name: "timeout", Usage: "stop the job after this `DURATION` (exit status 124)"},
+		&cli.BoolFlag{Name: "dry-run", Usage: "print the placement and each rank's command (secret redacted), start nothing"},
+		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the commands and lifecycle events on stderr"},
+		// The remote agent (started by gorun through ssh; not for people).
+		&cli.BoolFlag{Name: mpirun.AgentFlag, Hidden: true},
+		&cli.BoolFlag{Name: "agent-stdin", Hidden: true},
+	}
+}
+
+func config(c *cli.Context) (mpirun.Config, error) {
+	var cfg mpirun.Config
+	if c.NArg() == 0 {
+		return cfg, fmt.Errorf("no program to run (usage: gorun [flags] PROGRAM [ARGS...])")
+	}
+	cfg.Program = c.Args().First()
+	cfg.Args = c.Args().Tail()
+	cfg.NP = c.Int("np")
+	if c.IsSet("np") && cfg.NP < 1 {
+		return cfg, fmt.Errorf("-np %d: need at least 1 rank", cfg.NP)
+	}
+	hf, hl := c.String("hostfile"), c.StringSlice("H")
+	if hf != "" && len(hl) > 0 {
+		return cfg, fmt.Errorf("give hosts with -hostfile or with -H, not both")
+	}
+	if hf != "" {
+		hosts, err := mpirun.ReadHostfile(hf)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Hosts = hosts
+	}
+	if len(hl) > 0 {
+		hosts, err := mpirun.ParseHostList(strings.Join(hl, ","))
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Hosts = hosts
+	}
+	cfg.Oversubscribe = c.Bool("oversubscribe")
+	cfg.MapBy = c.String("map-by")
+	cfg.Export = c.StringSlice("x")
+	cfg.Dir = c.String("wdir")
+	cfg.SSHPort = c.Int("ssh-port")
+	cfg.SSHIdentity = c.String("ssh-identity")
+	cfg.SSHArgs = c.String("ssh-args")
+	cfg.LaunchAgent = c.String("launch-agent")
+	cfg.RemoteGorun = c.String("remote-gorun")
+	cfg.Iface = c.String("iface")
+	cfg.RendezvousAddr = c.String("rendezvous-addr")
+	cfg.Tag = c.String("tag")
+	if c.Bool("tag-output") {
+		cfg.Tag = mpirun.TagMPI
+	}
+	cfg.OutputDir = c.String("output-dir")
+	switch s := c.String("stdin"); s {
+	case "none", "":
+		cfg.StdinRank = -1
+	default:
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("--stdin %q: want a rank or none", s)
+		}
+		cfg.StdinRank = n
+	}
+	cfg.Grace = c.Duration("grace")
+	if cfg.Grace <= 0 {
+		return cfg, fmt.Errorf("--grace %s: want a positive duration", cfg.Grace)
+	}
+	cfg.Timeout = c.Duration("timeout")
+	if cfg.Timeout < 0 {
+		return cfg, fmt.Errorf("--timeout %s is negative", cfg.Timeout)
+	}
+	cfg.DryRun = c.Bool("dry-run")
+	cfg.Verbose = c.Bool("verbose")
+	return cfg, nil
+}
+
+func runAgent(c *cli.Context, stdin io.Reader, status *int) error {
+	if c.NArg() == 0 {
+		return usageError{fmt.Errorf("--%s needs a program", mpirun.AgentFlag)}
+	}
+	*status = mpirun.RunAgent(mpirun.AgentConfig{
+		Grace: c.Duration("grace"),
+		Stdin: c.Bool("agent-stdin"),
+		Prog:  c.Args().First(),
+		Args:  c.Args().Tail(),
+	}, stdin, os.Stderr)
+	return nil
+}

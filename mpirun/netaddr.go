@@ -1,0 +1,112 @@
+package mpirun
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+)
+
+// IsLocalHost reports whether name is this machine: "localhost", this
+// machine's host name (full or short), or one of the addresses of its
+// interfaces (127.0.0.1 and ::1 included). Other loopback addresses such as
+// 127.0.0.2 are not assigned to an interface and count as remote, which
+// tests use to exercise the remote path on one machine. No DNS is asked.
+func IsLocalHost(name string) bool {
+	n := strings.ToLower(strings.TrimSuffix(name, "."))
+	if n == "localhost" || n == "localhost.localdomain" || n == "ip6-localhost" {
+		return true
+	}
+	if hn, err := os.Hostname(); err == nil && hn != "" {
+		hn = strings.ToLower(hn)
+		short, _, _ := strings.Cut(hn, ".")
+		if n == hn || n == short {
+			return true
+		}
+	}
+	a, err := netip.ParseAddr(n)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap().WithZone("")
+	if a == netip.MustParseAddr("127.0.0.1") || a == netip.IPv6Loopback() {
+		return true
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, ia := range addrs {
+		if ipn, ok := ia.(*net.IPNet); ok {
+			if b, ok := netip.AddrFromSlice(ipn.IP); ok && b.Unmap() == a {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ifaceIP resolves --iface: an IP address, or an interface name (its first
+// IPv4 address, else its first address).
+func ifaceIP(iface string) (ip string, isName bool, err error) {
+	if a, err := netip.ParseAddr(iface); err == nil {
+		return a.String(), false, nil
+	}
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return "", true, fmt.Errorf("--iface %q is neither an IP address nor a network interface of this machine", iface)
+	}
+	addrs, _ := ifc.Addrs()
+	var first string
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ipn.IP.To4() != nil {
+				return ipn.IP.String(), true, nil
+			}
+			if first == "" && !ipn.IP.IsLinkLocalUnicast() {
+				first = ipn.IP.String()
+			}
+		}
+	}
+	if first == "" {
+		return "", true, fmt.Errorf("--iface %s has no usable address", iface)
+	}
+	return first, true, nil
+}
+
+// routeSource is the local address the kernel would use to reach host
+// (no packet is sent).
+func routeSource(host string) (string, error) {
+	c, err := net.Dial("udp", net.JoinHostPort(host, "9"))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
+
+// rendezvousIP picks the address gorun serves the rendezvous on: loopback
+// when every rank is local, else the source address of the route to the
+// first remote host that resolves, else the first non-loopback address of
+// an interface that is up.
+func rendezvousIP(remote []string) string {
+	if len(remote) == 0 {
+		return "127.0.0.1"
+	}
+	for _, h := range remote {
+		if ip, err := routeSource(h); err == nil {
+			return ip
+		}
+	}
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
