@@ -316,3 +316,29 @@ func syntheticSample(t *testing.T, dir string) string {
 	src, _ := data.Synthetic(99, 1)
 	return src[0]
 }
+
+// Training from a prepared directory; resuming with another vocabulary is
+// refused with one line.
+func TestPreparedDataAndVocabMismatch(t *testing.T) {
+	tmp := t.TempDir()
+	syn, lab, run := filepath.Join(tmp, "syn"), filepath.Join(tmp, "lab"), filepath.Join(tmp, "run")
+	for _, args := range [][]string{
+		{"prepare", "--synthetic", "--synthetic-lines", "1500", "--out", syn},
+		{"prepare", "--src", "../../data/testdata/sample.en.tok", "--tgt", "../../data/testdata/sample.de.tok",
+			"--vocab", "../../data/testdata/m_common.vocab", "--valid-src", "../../data/testdata/sample.en.tok",
+			"--valid-tgt", "../../data/testdata/sample.de.tok", "--out", lab},
+	} {
+		if out, err := exec.Command(trainBin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	runJob(t, 2, append(append([]string{}, tinyArgs...), "--data", syn, "--batch-tokens", "1024", "--max-steps", "4",
+		"--checkpoint-every", "4", "--run-dir", run)...)
+	cmd := exec.Command(trainBin, append(append([]string{}, tinyArgs...), "--data", lab, "--max-steps", "8", "--resume", "--run-dir", run)...)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	s := strings.TrimSpace(string(out))
+	if err == nil || !strings.Contains(s, "vocabulary") || strings.Count(s, "\n") > 1 {
+		t.Fatalf("resume with another vocabulary: err %v, output:\n%s", err, s)
+	}
+}

@@ -113,14 +113,14 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 	c.Pieces = func(ids []int32) []string { return v.Decode(ids) }
 	for i := 0; i < valid.Len(); i++ {
 		s, t := valid.Pair(i)
-		if len(s) > o.MaxLength || len(t) > o.MaxLength {
+		if len(s)+1 > o.MaxLength || len(t)+1 > o.MaxLength { // EOS counts, as in prepare
 			continue // as the lab: evaluate on what the model was trained for
 		}
 		c.Valid = append(c.Valid, [2][]int32{append(append([]int32{}, s...), data.EOS), append(append([]int32{}, t...), data.EOS)})
 		c.ValidRefs = append(c.ValidRefs, validRefsF(i))
 	}
 	bs := &batchSource{rank: r, size: n}
-	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, MaxLen: o.MaxLength + 1, Seed: int64(o.Seed), Rank: r, Size: n, VocabSize: v.Size()}
+	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, MaxLen: o.MaxLength, Seed: int64(o.Seed), Rank: r, Size: n, VocabSize: v.Size()}
 	if o.BatchSplit {
 		cfg.TokensPerBatch, cfg.Rank, cfg.Size = o.BatchTokens*n, 0, 1
 		bs.split = true

@@ -51,8 +51,8 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "data", Usage: "directory written by `nmt-train prepare` (train.bin, valid.bin, vocab.txt); empty: the built-in synthetic corpus"},
 		&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "sentence pairs of the built-in corpus (when --data is empty)"},
 		&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
-		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "tokens (source + target, padding included) per batch per rank"},
-		&cli.IntFlag{Name: "max-length", Value: 56, Usage: "drop sentence pairs longer than this many tokens on either side"},
+		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank: rows x the longer side's padded length (tensor2tensor's count)"},
+		&cli.IntFlag{Name: "max-length", Value: 56, Usage: "skip sentence pairs with a side longer than this many tokens (EOS included)"},
 		&cli.StringFlag{Name: "lr-policy", Value: "transformer", Usage: "transformer | inverse-sqrt | constant"},
 		&cli.Float64Flag{Name: "learning-rate", Value: 2.0, Usage: "lab's learning_rate (transformer_policy multiplies it by d_model^-0.5)"},
 		&cli.IntFlag{Name: "warmup-steps", Value: 8000, Usage: "learning-rate warm-up steps"},
@@ -134,8 +134,8 @@ func (o Options) Validate() error {
 	if o.BucketCapMB <= 0 || o.FirstBucketMB <= 0 {
 		return fmt.Errorf("--bucket-cap-mb and --first-bucket-mb must be positive")
 	}
-	if o.BatchTokens < 2*o.MaxLength {
-		return fmt.Errorf("--batch-tokens %d is smaller than one sentence pair of --max-length %d (needs %d)", o.BatchTokens, o.MaxLength, 2*o.MaxLength)
+	if o.BatchTokens < o.MaxLength {
+		return fmt.Errorf("--batch-tokens %d is smaller than one sentence pair of --max-length %d", o.BatchTokens, o.MaxLength)
 	}
 	if o.RunDir == "" {
 		return fmt.Errorf("--run-dir must not be empty")

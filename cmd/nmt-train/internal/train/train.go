@@ -163,6 +163,9 @@ func (t *Trainer) setup(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("--resume: %v", err)
 			}
+			if prev, err := transformer.ReadState(ck); err == nil && prev.VocabHash != t.data.VocabHash {
+				return fmt.Errorf("--resume: %s was trained with another vocabulary (hash %.12s) than %s's (hash %.12s, %d pieces): resume with the data it was trained on", ck, prev.VocabHash, t.data.Name, t.data.VocabHash, t.data.VocabSize)
+			}
 			st, err = transformer.LoadCheckpoint(ck, t.m, t.opt, t.data.VocabHash)
 			if err != nil {
 				return err
