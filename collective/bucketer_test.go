@@ -1,0 +1,740 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// onRanks runs f on every rank of ts concurrently, each with its own
+// Communicator, and returns the errors by rank.
+func onRanks(ts []rank.Transport, f func(r int, c *Communicator) error) []error {
+	errs := make([]error, len(ts))
+	var wg sync.WaitGroup
+	for r, t := range ts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := New(t, Config{Timeout: 20 * time.Second})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer c.Close()
+			errs[r] = f(r, c)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func noErrs(t *testing.T, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// exactVal is rank r's gradient element i of parameter p: a multiple of
+// 1/16 in [-2, 2], so sums over a few ranks are exact in float32 in any
+// order, and a bucketed result must equal a plain one bit for bit.
+func exactVal(r, p, i int) float32 { return float32((r*37+p*11+i*5)%61-30) / 16 }
+
+// oddParams: odd sizes, an empty one, and one (5000 floats = 20000 bytes)
+// larger than the 4 KiB cap used below.
+func oddParams() []ParamInfo {
+	lens := []int{1, 7, 300, 1023, 5000, 3, 0, 129, 64, 2}
+	ps := make([]ParamInfo, len(lens))
+	for i, n := range lens {
+		ps[i] = ParamInfo{Name: fmt.Sprintf("layer_%d/w", i), Len: n}
+	}
+	return ps
+}
+
+func totalLen(ps []ParamInfo) int {
+	n := 0
+	for _, p := range ps {
+		n += p.Len
+	}
+	return n
+}
+
+// fill writes rank r's values into flat (parameters laid out in order).
+func fill(flat []float32, ps []ParamInfo, r int, val func(r, p, i int) float32) {
+	o := 0
+	for p, pi := range ps {
+		for i := 0; i < pi.Len; i++ {
+			flat[o+i] = val(r, p, i)
+		}
+		o += pi.Len
+	}
+}
+
+func views(flat []float32, ps []ParamInfo) [][]float32 {
+	out := make([][]float32, len(ps))
+	o := 0
+	for p, pi := range ps {
+		out[p] = flat[o : o+pi.Len : o+pi.Len]
+		o += pi.Len
+	}
+	return out
+}
+
+func TestBucketLayout(t *testing.T) {
+	ps := oddParams()
+	b, err := NewBucketer(nil, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := b.Buckets()
+	// Buckets cover the parameters once, in readiness (reverse) order.
+	next := len(ps) - 1
+	off := totalLen(ps)
+	for k, bk := range bs {
+		if bk.Index != k || bk.Hi != next || bk.Lo > bk.Hi {
+			t.Fatalf("bucket %d = %+v, want it to start at parameter %d", k, bk, next)
+		}
+		bytes := 0
+		for i := bk.Lo; i <= bk.Hi; i++ {
+			bytes += 4 * ps[i].Len
+			if b.BucketOf(i) != k {
+				t.Fatalf("BucketOf(%d) = %d, want %d", i, b.BucketOf(i), k)
+			}
+		}
+		if bytes != bk.Bytes() || bk.Offset+bk.Elems != off {
+			t.Fatalf("bucket %+v: %d bytes, ends at %d; want %d bytes, end %d", bk, bk.Bytes(), bk.Offset+bk.Elems, bytes, off)
+		}
+		limit := 4096
+		if k == 0 {
+			limit = 512
+		}
+		if bytes > limit && bk.Lo != bk.Hi {
+			t.Fatalf("bucket %d has %d bytes over its cap %d with %d parameters", k, bytes, limit, bk.Hi-bk.Lo+1)
+		}
+		// A bucket is closed only when the next parameter would not fit.
+		if k+1 < len(bs) && bytes+4*ps[bk.Lo-1].Len <= limit {
+			t.Fatalf("bucket %d (%d bytes) closed before parameter %d (%d bytes) that fits its cap %d", k, bytes, bk.Lo-1, 4*ps[bk.Lo-1].Len, limit)
+		}
+		next = bk.Lo - 1
+		off = bk.Offset
+	}
+	if next != -1 || off != 0 {
+		t.Fatalf("buckets end at parameter %d, offset %d", next+1, off)
+	}
+	// The 5000-float parameter is alone in its bucket.
+	if bk := bs[b.BucketOf(4)]; bk.Lo != 4 || bk.Hi != 4 {
+		t.Fatalf("parameter larger than the cap shares bucket %+v", bk)
+	}
+	// Pure function of the list.
+	b2, _ := NewBucketer(nil, oddParams(), BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
+	if fmt.Sprint(b2.Buckets()) != fmt.Sprint(bs) {
+		t.Fatalf("layout not reproducible: %v vs %v", b2.Buckets(), bs)
+	}
+	// Defaults: one bucket for a small model, 25 MiB caps.
+	b3, _ := NewBucketer(nil, oddParams(), BucketConfig{})
+	if len(b3.Buckets()) != 1 {
+		t.Fatalf("default caps give %d buckets for %d bytes", len(b3.Buckets()), 4*totalLen(ps))
+	}
+	if _, err := NewBucketer(nil, []ParamInfo{{"x", -1}}, BucketConfig{}); err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Fatalf("negative length: %v", err)
+	}
+}
+
+type reduceCase struct {
+	np     int
+	comp   Compression
+	avg    bool
+	scale  float32
+	attach bool // per-parameter slices instead of the flat buffer
+}
+
+func TestBucketerMatchesPlainAllreduce(t *testing.T) {
+	var cases []reduceCase
+	for np := 1; np <= 4; np++ {
+		cases = append(cases, reduceCase{np: np}, reduceCase{np: np, avg: true}, reduceCase{np: np, comp: CompressFP16, avg: true})
+	}
+	cases = append(cases, reduceCase{np: 3, scale: 0.125}, reduceCase{np: 3, attach: true, avg: true},
+		reduceCase{np: 2, comp: CompressBF16}, reduceCase{np: 4, comp: CompressFP16, scale: 0.5, attach: true})
+	for _, tc := range cases {
+		name := fmt.Sprintf("np%d/%v/avg=%v/scale=%v/attach=%v", tc.np, tc.comp, tc.avg, tc.scale, tc.attach)
+		t.Run(name, func(t *testing.T) { checkReduce(t, tc) })
+	}
+}
+
+func checkReduce(t *testing.T, tc reduceCase) {
+	ps := oddParams()
+	n := totalLen(ps)
+	ts := rank.NewLocalGroup(tc.np, 2)
+	defer rank.CloseAll(ts)
+	results := make([][]float32, tc.np)
+	refs := make([][]float32, tc.np)
+	nbs := make([]int, tc.np)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: tc.comp, Average: tc.avg, Timeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		nbs[r] = len(b.Buckets())
+		flat := make([]float32, n)
+		if tc.attach {
+			err = b.Attach(views(flat, ps))
+		} else {
+			err = b.AttachFlat(flat)
+		}
+		if err != nil {
+			return err
+		}
+		if tc.scale != 0 {
+			b.SetScale(tc.scale)
+		}
+		// Two steps: the second must not see the first's state.
+		for step := 0; step < 2; step++ {
+			fill(flat, ps, r+step, exactVal)
+			for i := len(ps) - 1; i >= 0; i-- {
+				b.MarkReady(i)
+			}
+			b.BackwardDone()
+			st, err := b.Wait()
+			if err != nil {
+				return err
+			}
+			if !st.Reduced || len(st.Buckets) != len(b.Buckets()) || st.Overflow {
+				return fmt.Errorf("step %d stats %+v", step, st)
+			}
+		}
+		results[r] = flat
+		// Reference: one plain allreduce per parameter.
+		ref := make([]float32, n)
+		fill(ref, ps, r+1, exactVal)
+		op := Sum
+		if tc.avg {
+			op = Average
+		}
+		for _, v := range views(ref, ps) {
+			if err := c.Allreduce(context.Background(), nil, Float32Bytes(v), Float32, op); err != nil {
+				return err
+			}
+			if tc.scale != 0 {
+				for i := range v {
+					v[i] *= tc.scale
+				}
+			}
+		}
+		refs[r] = ref
+		return nil
+	})
+	noErrs(t, errs)
+	if nbs[0] < 4 {
+		t.Fatalf("only %d buckets: the test needs several", nbs[0])
+	}
+	for r := 1; r < tc.np; r++ {
+		for i := range results[0] {
+			if math.Float32bits(results[r][i]) != math.Float32bits(results[0][i]) {
+				t.Fatalf("rank %d element %d = %v, rank 0 has %v (results must be identical on every rank)", r, i, results[r][i], results[0][i])
+			}
+		}
+	}
+	got, ref := results[0], refs[0]
+	for p, v := range views(got, ps) {
+		o := 0
+		for q := 0; q < p; q++ {
+			o += ps[q].Len
+		}
+		for i, x := range v {
+			want := ref[o+i]
+			if tc.comp == CompressNone {
+				if math.Float32bits(x) != math.Float32bits(want) {
+					t.Fatalf("parameter %d element %d = %v, plain allreduce gives %v", p, i, x, want)
+				}
+				continue
+			}
+			// Rounded to 16 bits once per hop: at most np roundings of partial
+			// sums bounded by the sum of magnitudes.
+			abs := 0.0
+			for r := 0; r < tc.np; r++ {
+				abs += math.Abs(float64(exactVal(r+1, p, i)))
+			}
+			f := 1.0
+			if tc.avg {
+				f /= float64(tc.np)
+			}
+			if tc.scale != 0 {
+				f *= float64(tc.scale)
+			}
+			eps := math.Ldexp(1, -11)
+			if tc.comp == CompressBF16 {
+				eps = math.Ldexp(1, -8)
+			}
+			if d := math.Abs(float64(x) - float64(want)); d > float64(tc.np)*eps*abs*f+1e-7 {
+				t.Fatalf("parameter %d element %d = %v, exact %v: error %g above the %v bound", p, i, x, want, d, tc.comp)
+			}
+		}
+	}
+}
+
+// Ranks mark parameters in different orders, from several goroutines; the
+// buckets still launch in index order and the sums are right.
+func TestBucketerMarkOrders(t *testing.T) {
+	const np = 3
+	ps := oddParams()
+	n := totalLen(ps)
+	ts := rank.NewLocalGroup(np, 2)
+	defer rank.CloseAll(ts)
+	results := make([][]float32, np)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
+		if err != nil {
+			return err
+		}
+		flat := make([]float32, n)
+		if err := b.AttachFlat(flat); err != nil {
+			return err
+		}
+		fill(flat, ps, r, exactVal)
+		order := rand.New(rand.NewPCG(uint64(r), 7)).Perm(len(ps))
+		if r == 0 {
+			for i := range order { // forward order: the last bucket is ready first
+				order[i] = i
+			}
+		}
+		var wg sync.WaitGroup
+		for g := 0; g < 3; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := g; j < len(order); j += 3 {
+					time.Sleep(time.Millisecond)
+					b.MarkReady(order[j])
+				}
+			}()
+		}
+		wg.Wait()
+		// An optimizer waiting bucket by bucket, in readiness order.
+		for i := len(ps) - 1; i >= 0; i-- {
+			if err := b.WaitParam(i); err != nil {
+				return err
+			}
+		}
+		st, err := b.Wait()
+		if err != nil {
+			return err
+		}
+		for k := 1; k < len(st.Buckets); k++ {
+			if st.Buckets[k].Launch.Before(st.Buckets[k-1].Launch) || st.Buckets[k].Start.Before(st.Buckets[k-1].Reduced) {
+				return fmt.Errorf("bucket %d launched or started before bucket %d: %+v", k, k-1, st.Buckets)
+			}
+		}
+		results[r] = flat
+		return nil
+	})
+	noErrs(t, errs)
+	for r := 0; r < np; r++ {
+		o := 0
+		for p, pi := range ps {
+			for i := 0; i < pi.Len; i++ {
+				want := exactVal(0, p, i) + exactVal(1, p, i) + exactVal(2, p, i)
+				if results[r][o+i] != want {
+					t.Fatalf("rank %d parameter %d element %d = %v, want %v", r, p, i, results[r][o+i], want)
+				}
+			}
+			o += pi.Len
+		}
+	}
+}
+
+func TestBucketerUnmarkedParameterTimesOut(t *testing.T) {
+	ps := oddParams()
+	ts := rank.NewLocalGroup(2, 1)
+	defer rank.CloseAll(ts)
+	start := time.Now()
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Timeout: 300 * time.Millisecond})
+		if err != nil {
+			return err
+		}
+		if err := b.AttachFlat(make([]float32, totalLen(ps))); err != nil {
+			return err
+		}
+		for i := len(ps) - 1; i >= 0; i-- {
+			if r == 1 && i == 3 {
+				continue // rank 1 forgets layer_3/w
+			}
+			b.MarkReady(i)
+		}
+		_, err = b.Wait()
+		if r == 1 {
+			ts[1].Close() // what a failing rank's exit does: its peers see it go
+		}
+		if err == nil {
+			return errors.New("Wait succeeded")
+		}
+		if r == 1 && !strings.Contains(err.Error(), `"layer_3/w"`) {
+			return fmt.Errorf("error does not name the parameter: %v", err)
+		}
+		if _, err2 := b.Wait(); err2 == nil {
+			return errors.New("a Wait after a failed step succeeded")
+		}
+		t.Logf("rank %d: %v", r, err)
+		return nil
+	})
+	noErrs(t, errs)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("failing took %v", d)
+	}
+}
+
+func TestBucketerFingerprintMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo
+		want string
+	}{
+		{"name", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
+			if r == 2 {
+				ps[1] = ParamInfo{"layer_1/x", 8}
+			}
+			return ps
+		}, `parameter 1 is "layer_1/w" (7 elements) on rank 0 but "layer_1/x" (8 elements) on rank 2`},
+		{"missing", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
+			if r == 1 {
+				ps = ps[:len(ps)-1]
+			}
+			return ps
+		}, `parameter 9 is "layer_9/w" (2 elements) on rank 0 but missing on rank 1`},
+		{"compression", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
+			if r == 1 {
+				cfg.Compression = CompressFP16
+			}
+			return ps
+		}, "compression is none on rank 0 but fp16 on rank 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := rank.NewLocalGroup(3, 1)
+			defer rank.CloseAll(ts)
+			errs := onRanks(ts, func(r int, c *Communicator) error {
+				cfg := BucketConfig{CapBytes: 4096, FirstCapBytes: 512}
+				ps := tc.edit(r, oddParams(), &cfg)
+				b, err := NewBucketer(c, ps, cfg)
+				if err != nil {
+					return err
+				}
+				if err := b.AttachFlat(make([]float32, totalLen(ps))); err != nil {
+					return err
+				}
+				for i := len(ps) - 1; i >= 0; i-- {
+					b.MarkReady(i)
+				}
+				_, err = b.Wait()
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					return fmt.Errorf("got %v, want an error with %q", err, tc.want)
+				}
+				return nil
+			})
+			noErrs(t, errs)
+		})
+	}
+}
+
+func TestBucketerBackwardPassesPerStep(t *testing.T) {
+	const np, k = 2, 3
+	ps := oddParams()
+	n := totalLen(ps)
+	ts := rank.NewLocalGroup(np, 1)
+	defer rank.CloseAll(ts)
+	results := make([][]float32, np)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, BackwardPassesPerStep: k})
+		if err != nil {
+			return err
+		}
+		flat := make([]float32, n)
+		if err := b.AttachFlat(flat); err != nil {
+			return err
+		}
+		b.SetScale(1.0 / k)
+		one := make([]float32, n)
+		for pass := 0; pass < k; pass++ {
+			if b.Communicating() != (pass == k-1) {
+				return fmt.Errorf("pass %d: Communicating() = %v", pass, b.Communicating())
+			}
+			fill(one, ps, r+pass, exactVal)
+			for i := range flat {
+				flat[i] += one[i] // the model accumulates
+			}
+			sent0 := ts[r].Stats()[1-r].BytesSent
+			for i := len(ps) - 1; i >= 0; i-- {
+				b.MarkReady(i)
+			}
+			b.BackwardDone()
+			st, err := b.Wait()
+			if err != nil {
+				return err
+			}
+			if st.Reduced != (pass == k-1) {
+				return fmt.Errorf("pass %d: Reduced = %v", pass, st.Reduced)
+			}
+			if sent := ts[r].Stats()[1-r].BytesSent - sent0; pass < k-1 && sent != 0 {
+				return fmt.Errorf("pass %d (accumulation only) sent %d bytes", pass, sent)
+			}
+			if pass == k-1 && st.BytesSent == 0 {
+				return fmt.Errorf("the communicating pass reports no bytes sent: %+v", st)
+			}
+		}
+		results[r] = flat
+		return nil
+	})
+	noErrs(t, errs)
+	o := 0
+	for p, pi := range ps {
+		for i := 0; i < pi.Len; i++ {
+			var want float32
+			for r := 0; r < np; r++ {
+				for pass := 0; pass < k; pass++ {
+					want += exactVal(r+pass, p, i)
+				}
+			}
+			want *= 1.0 / k
+			if got := results[0][o+i]; math.Abs(float64(got-want)) > 1e-6 {
+				t.Fatalf("parameter %d element %d = %v, want %v", p, i, got, want)
+			}
+		}
+		o += pi.Len
+	}
+}
+
+func TestBucketerOverflow(t *testing.T) {
+	ps := oddParams()
+	ts := rank.NewLocalGroup(2, 1)
+	defer rank.CloseAll(ts)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: CompressFP16, Average: true})
+		if err != nil {
+			return err
+		}
+		flat := make([]float32, totalLen(ps))
+		if err := b.AttachFlat(flat); err != nil {
+			return err
+		}
+		for step, bad := range []float32{float32(math.Inf(1)), float32(math.NaN()), 0, 70000} {
+			fill(flat, ps, r, exactVal)
+			if r == 1 && bad != 0 {
+				flat[1234] = bad // 70000 is finite in float32 but not in float16
+			}
+			for i := len(ps) - 1; i >= 0; i-- {
+				b.MarkReady(i)
+			}
+			st, err := b.Wait()
+			if err != nil {
+				return err
+			}
+			if st.Overflow != (bad != 0) {
+				return fmt.Errorf("step %d (bad value %v on rank 1): Overflow = %v", step, bad, st.Overflow)
+			}
+		}
+		return nil
+	})
+	noErrs(t, errs)
+
+	for _, x := range [][]float32{{1, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {}} {
+		if scaleAndCheck(x, 1, false, 1) {
+			t.Fatalf("finite %v reported as overflow", x)
+		}
+	}
+	big := make([]float32, 1001)
+	for i := range big {
+		big[i] = 3e38
+	}
+	if scaleAndCheck(append([]float32(nil), big...), 1, false, 1) || !scaleAndCheck(big, 2, false, 1) {
+		t.Fatal("scaling 3e38 by 2 must overflow, and not scaling it must not")
+	}
+}
+
+func TestLossScaler(t *testing.T) {
+	l := NewLossScaler()
+	if l.Scale != 16384 {
+		t.Fatalf("initial scale %v", l.Scale)
+	}
+	if !l.Update(true) || l.Scale != 8192 {
+		t.Fatalf("after an overflow: scale %v", l.Scale)
+	}
+	for i := 0; i < 1999; i++ {
+		if l.Update(false) {
+			t.Fatal("a clean step was skipped")
+		}
+	}
+	if l.Scale != 8192 {
+		t.Fatalf("grew before 2000 clean steps: %v", l.Scale)
+	}
+	l.Update(false)
+	if l.Scale != 16384 {
+		t.Fatalf("after 2000 clean steps: %v", l.Scale)
+	}
+	for i := 0; i < 40; i++ {
+		l.Update(true)
+	}
+	if l.Scale != 1 {
+		t.Fatalf("scale fell below its minimum: %v", l.Scale)
+	}
+}
+
+// A synthetic backward pass that takes a known time per layer: the first
+// buckets are reduced while later layers still compute.
+func TestBucketerOverlap(t *testing.T) {
+	const layers, per = 6, 64 << 10
+	var ps []ParamInfo
+	for l := 0; l < layers; l++ {
+		ps = append(ps, ParamInfo{fmt.Sprintf("layer_%d/w", l), per}, ParamInfo{fmt.Sprintf("layer_%d/b", l), 16})
+	}
+	ts := rank.NewLocalGroup(2, 2)
+	defer rank.CloseAll(ts)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4 * per, FirstCapBytes: 4 * per})
+		if err != nil {
+			return err
+		}
+		flat := make([]float32, totalLen(ps))
+		if err := b.AttachFlat(flat); err != nil {
+			return err
+		}
+		for step := 0; step < 2; step++ {
+			for l := layers - 1; l >= 0; l-- {
+				time.Sleep(15 * time.Millisecond) // this layer's backward
+				b.MarkReady(2*l + 1)
+				b.MarkReady(2 * l)
+			}
+			b.BackwardDone()
+			st, err := b.Wait()
+			if err != nil {
+				return err
+			}
+			t.Logf("rank %d step %d: %d buckets, comm %v, exposed %v, hidden %.0f%%", r, step, len(st.Buckets), st.CommTime, st.Exposed, 100*st.Hidden)
+			if len(st.Buckets) < layers {
+				return fmt.Errorf("%d buckets", len(st.Buckets))
+			}
+			if !st.Buckets[0].Launch.Before(st.BackwardDone) || st.Hidden <= 0 || st.Exposed >= st.CommTime {
+				return fmt.Errorf("no overlap: first launch %v after backward done, stats %+v",
+					st.Buckets[0].Launch.Sub(st.BackwardDone), st)
+			}
+		}
+		return nil
+	})
+	noErrs(t, errs)
+}
+
+// The cycle-time rebuild: after the first step, rank 0's readiness times
+// cut the buckets; every rank gets the same layout.
+func TestBucketerCycleTimeRebuild(t *testing.T) {
+	const layers = 4
+	var ps []ParamInfo
+	for l := 0; l < layers; l++ {
+		ps = append(ps, ParamInfo{fmt.Sprintf("l%d/w", l), 100}, ParamInfo{fmt.Sprintf("l%d/b", l), 10})
+	}
+	ts := rank.NewLocalGroup(2, 1)
+	defer rank.CloseAll(ts)
+	layouts := make([][]Bucket, 2)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		b, err := NewBucketer(c, ps, BucketConfig{CycleTime: 20 * time.Millisecond})
+		if err != nil {
+			return err
+		}
+		flat := make([]float32, totalLen(ps))
+		if err := b.AttachFlat(flat); err != nil {
+			return err
+		}
+		if len(b.Buckets()) != 1 {
+			return fmt.Errorf("%d buckets before the rebuild", len(b.Buckets()))
+		}
+		for step := 0; step < 2; step++ {
+			fill(flat, ps, r, exactVal)
+			for l := layers - 1; l >= 0; l-- {
+				if r == 0 {
+					time.Sleep(60 * time.Millisecond) // only rank 0's times count
+				}
+				b.MarkReady(2*l + 1)
+				b.MarkReady(2 * l)
+			}
+			if _, err := b.Wait(); err != nil {
+				return err
+			}
+			for i := range flat[:100] {
+				if want := exactVal(0, 0, i) + exactVal(1, 0, i); flat[i] != want {
+					return fmt.Errorf("step %d: element %d = %v, want %v", step, i, flat[i], want)
+				}
+			}
+		}
+		layouts[r] = b.Buckets()
+		return nil
+	})
+	noErrs(t, errs)
+	if len(layouts[0]) != layers || fmt.Sprint(layouts[0]) != fmt.Sprint(layouts[1]) {
+		t.Fatalf("rebuilt layouts: rank 0 %v, rank 1 %v; want one bucket per layer on both", layouts[0], layouts[1])
+	}
+}
+
+// Over real QUIC: fp16 halves the bytes on the wire.
+func TestBucketerQUIC(t *testing.T) {
+	const np = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, err := rank.LoopbackGroup(ctx, np, rank.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rank.CloseAll(ts)
+	var ps []ParamInfo
+	for i := 0; i < 12; i++ {
+		ps = append(ps, ParamInfo{fmt.Sprintf("p%d", i), 20000 + 7*i})
+	}
+	sent := make([][2]uint64, np)
+	errs := onRanks(ts, func(r int, c *Communicator) error {
+		for ci, comp := range []Compression{CompressNone, CompressFP16} {
+			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 200 << 10, FirstCapBytes: 64 << 10, Compression: comp})
+			if err != nil {
+				return err
+			}
+			flat := make([]float32, totalLen(ps))
+			if err := b.AttachFlat(flat); err != nil {
+				return err
+			}
+			fill(flat, ps, r, exactVal)
+			for i := len(ps) - 1; i >= 0; i-- {
+				b.MarkReady(i)
+			}
+			st, err := b.Wait()
+			if err != nil {
+				return err
+			}
+			sent[r][ci] = st.BytesSent
+			o := 0
+			for p, pi := range ps {
+				for i := 0; i < pi.Len; i++ {
+					want := exactVal(0, p, i) + exactVal(1, p, i) + exactVal(2, p, i)
+					if d := math.Abs(float64(flat[o+i] - want)); d > 3*6*math.Ldexp(1, -11) {
+						return fmt.Errorf("%v: parameter %d element %d = %v, want %v", comp, p, i, flat[o+i], want)
+					}
+				}
+				o += pi.Len
+			}
+		}
+		return nil
+	})
+	noErrs(t, errs)
+	for r := range sent {
+		ratio := float64(sent[r][1]) / float64(sent[r][0])
+		t.Logf("rank %d: %d bytes sent with fp32, %d with fp16 (%.3f)", r, sent[r][0], sent[r][1], ratio)
+		if ratio < 0.45 || ratio > 0.55 {
+			t.Fatalf("rank %d: fp16 sent %.3f of the fp32 bytes, want about half", r, ratio)
+		}
+	}
+}
