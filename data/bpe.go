@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -21,8 +21,8 @@ type BPE struct {
 	sym    map[string]int32 // symbol string -> id (base runes and merge results)
 	rank   map[uint64]int32 // pair of ids -> merge index
 	result []int32          // merge index -> id of the merged symbol
-	cache  sync.Map         // word -> []string
-	cached atomic.Int64
+	mu     sync.RWMutex
+	cache  map[string][]string // word -> pieces
 }
 
 // bpeCacheMax bounds the number of words Apply remembers.
@@ -205,6 +205,7 @@ func hasPair(s []int32, a, c int32) bool {
 // build derives the lookup tables from the merge list.
 func (b *BPE) build() {
 	b.sym = map[string]int32{}
+	b.cache = map[string][]string{}
 	b.rank = make(map[uint64]int32, len(b.merges))
 	b.result = make([]int32, len(b.merges))
 	get := func(s string) int32 {
@@ -227,14 +228,40 @@ func (b *BPE) build() {
 // NumMerges is the number of merges.
 func (b *BPE) NumMerges() int { return len(b.merges) }
 
-// Apply splits a line of raw text into pieces.
+// Apply splits a line of raw text into pieces: words are separated by
+// white space (as strings.Fields does), each word is "▁" + word, split by
+// the merges in the order they were learned.
 func (b *BPE) Apply(line string) []string {
-	var out []string
-	for _, w := range strings.Fields(line) {
-		out = append(out, b.applyWord(w)...)
+	out := make([]string, 0, len(line)/3+1)
+	start := -1
+	for i := 0; i < len(line); {
+		c := line[i]
+		var space bool
+		n := 1
+		if c < utf8.RuneSelf {
+			space = asciiSpace[c]
+		} else {
+			var r rune
+			r, n = utf8.DecodeRuneInString(line[i:])
+			space = unicode.IsSpace(r)
+		}
+		if space {
+			if start >= 0 {
+				out = append(out, b.applyWord(line[start:i])...)
+				start = -1
+			}
+		} else if start < 0 {
+			start = i
+		}
+		i += n
+	}
+	if start >= 0 {
+		out = append(out, b.applyWord(line[start:])...)
 	}
 	return out
 }
+
+var asciiSpace = [utf8.RuneSelf]bool{'\t': true, '\n': true, '\v': true, '\f': true, '\r': true, ' ': true}
 
 type bpeSym struct {
 	id         int32
@@ -242,8 +269,11 @@ type bpeSym struct {
 }
 
 func (b *BPE) applyWord(w string) []string {
-	if v, ok := b.cache.Load(w); ok {
-		return v.([]string)
+	b.mu.RLock()
+	v, ok := b.cache[w]
+	b.mu.RUnlock()
+	if ok {
+		return v
 	}
 	word := WordBoundary + w
 	syms := make([]bpeSym, 0, utf8.RuneCountInString(word))
@@ -281,11 +311,11 @@ func (b *BPE) applyWord(w string) []string {
 	for i, s := range syms {
 		pieces[i] = word[s.start:s.end]
 	}
-	if b.cached.Load() < bpeCacheMax {
-		if _, loaded := b.cache.LoadOrStore(w, pieces); !loaded {
-			b.cached.Add(1)
-		}
+	b.mu.Lock()
+	if len(b.cache) < bpeCacheMax {
+		b.cache[strings.Clone(w)] = pieces
 	}
+	b.mu.Unlock()
 	return pieces
 }
 
