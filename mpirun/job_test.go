@@ -1,0 +1,373 @@
+package mpirun
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of a job.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func sortedLines(s string) []string {
+	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(ls) == 1 && ls[0] == "" {
+		return nil
+	}
+	sort.Strings(ls)
+	return ls
+}
+
+// runSh runs sh -c script as the ranks of a job in this process.
+func runSh(t *testing.T, cfg Config, script string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e syncBuffer
+	cfg.Program, cfg.Args = "/bin/sh", []string{"-c", script}
+	cfg.Stdout, cfg.Stderr = &o, &e
+	code, err := Run(cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return code, o.String(), e.String()
+}
+
+func TestRunEnvAndTags(t *testing.T) {
+	t.Setenv("CUDA_VISIBLE_DEVICES", "")
+	os.Unsetenv("CUDA_VISIBLE_DEVICES")
+	t.Setenv("GORUN_TEST_INHERIT", "inherited")
+	code, out, errs := runSh(t, Config{NP: 3, Export: []string{"FOO=a b", "GORUN_TEST_INHERIT"}, StdinRank: -1},
+		`echo "$GORUN_RANK/$GORUN_SIZE local $GORUN_LOCAL_RANK/$GORUN_LOCAL_SIZE node $GORUN_NODE_RANK host $GORUN_HOST cuda $CUDA_VISIBLE_DEVICES foo $FOO inh $GORUN_TEST_INHERIT secret ${#GORUN_SECRET}"; echo "err $GORUN_RANK" >&2`)
+	if code != 0 {
+		t.Fatalf("status %d\n%s%s", code, out, errs)
+	}
+	want := []string{
+		"[0] 0/3 local 0/3 node 0 host localhost cuda 0 foo a b inh inherited secret 64",
+		"[1] 1/3 local 1/3 node 0 host localhost cuda 1 foo a b inh inherited secret 64",
+		"[2] 2/3 local 2/3 node 0 host localhost cuda 2 foo a b inh inherited secret 64",
+	}
+	if got := sortedLines(out); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("stdout:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if got := sortedLines(errs); strings.Join(got, ",") != "[0] err 0,[1] err 1,[2] err 2" {
+		t.Fatalf("stderr: %q", errs)
+	}
+	// The user's CUDA_VISIBLE_DEVICES wins, from the environment or -x;
+	// the mpirun tag style.
+	t.Setenv("CUDA_VISIBLE_DEVICES", "5")
+	_, out, errs = runSh(t, Config{NP: 2, Tag: TagMPI, StdinRank: -1}, `echo "cuda $CUDA_VISIBLE_DEVICES"; echo e >&2`)
+	if got := strings.Join(sortedLines(out), ","); got != "[1,0]<stdout>:cuda 5,[1,1]<stdout>:cuda 5" {
+		t.Fatalf("stdout %q", got)
+	}
+	if got := strings.Join(sortedLines(errs), ","); got != "[1,0]<stderr>:e,[1,1]<stderr>:e" {
+		t.Fatalf("stderr %q", got)
+	}
+	_, out, _ = runSh(t, Config{NP: 1, Tag: TagNone, Export: []string{"CUDA_VISIBLE_DEVICES=2,3"}, StdinRank: -1}, `echo "cuda $CUDA_VISIBLE_DEVICES"`)
+	if out != "cuda 2,3\n" {
+		t.Fatalf("stdout %q", out)
+	}
+}
+
+func TestRunStdinGoesToRankZero(t *testing.T) {
+	var o, e syncBuffer
+	code, err := Run(Config{NP: 2, Program: "/bin/sh", Args: []string{"-c", `n=$(wc -c); echo "rank $GORUN_RANK read $n bytes"`},
+		Stdin: strings.NewReader("hello\nworld\n"), Stdout: &o, Stderr: &e})
+	if err != nil || code != 0 {
+		t.Fatalf("%d %v %s", code, err, e.String())
+	}
+	if got := strings.Join(sortedLines(o.String()), ","); got != "[0] rank 0 read 12 bytes,[1] rank 1 read 0 bytes" {
+		t.Fatalf("stdout %q", got)
+	}
+}
+
+func TestRunFirstFailureStopsJob(t *testing.T) {
+	start := time.Now()
+	// Rank 1 fails; the others would sleep for a minute; rank 2 ignores
+	// SIGTERM and must be killed after the grace period.
+	code, out, errs := runSh(t, Config{NP: 3, Grace: 500 * time.Millisecond, StdinRank: -1}, `
+		case $GORUN_RANK in
+		1) sleep 0.3; echo failing; exit 3;;
+		2) trap "" TERM; echo ignoring; sleep 60;;
+		*) sleep 60;;
+		esac`)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("job took %s", d)
+	}
+	if code != 3 {
+		t.Fatalf("status %d, want 3\n%s%s", code, out, errs)
+	}
+	lines := sortedLines(errs)
+	if len(lines) != 1 || !regexp.MustCompile(`^gorun: rank 1 \(host localhost, pid \d+\) exited with status 3$`).MatchString(lines[0]) {
+		t.Fatalf("stderr %q, want one line naming rank 1", errs)
+	}
+
+	code, _, errs = runSh(t, Config{NP: 2, StdinRank: -1}, `if [ $GORUN_RANK = 1 ]; then kill -SEGV $$; fi; sleep 60`)
+	if code != 128+11 || !strings.Contains(errs, "rank 1 (host localhost, pid ") || !strings.Contains(errs, "killed by signal 11 (segmentation fault)") {
+		t.Fatalf("status %d, stderr %q", code, errs)
+	}
+	// A rank that exits 0 early is normal.
+	code, _, errs = runSh(t, Config{NP: 2, StdinRank: -1}, `if [ $GORUN_RANK = 1 ]; then sleep 0.5; fi`)
+	if code != 0 || errs != "" {
+		t.Fatalf("status %d, stderr %q", code, errs)
+	}
+}
+
+func TestRunSignalsAndTimeout(t *testing.T) {
+	sigs := make(chan os.Signal, 1)
+	var o, e syncBuffer
+	done := make(chan int)
+	go func() {
+		code, _ := Run(Config{NP: 2, Program: "/bin/sh", Args: []string{"-c", `trap 'echo "got INT"; exit 9' INT; echo ready; while :; do sleep 0.05; done`},
+			Stdout: &o, Stderr: &e, Signals: sigs, StdinRank: -1})
+		done <- code
+	}()
+	waitFor(t, func() bool { return strings.Count(o.String(), "ready") == 2 })
+	sigs <- syscall.SIGINT
+	select {
+	case code := <-done:
+		if code != 128+int(syscall.SIGINT) {
+			t.Fatalf("status %d", code)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("job did not stop after SIGINT")
+	}
+	if got := strings.Join(sortedLines(o.String()), ","); got != "[0] got INT,[0] ready,[1] got INT,[1] ready" {
+		t.Fatalf("stdout %q", got)
+	}
+
+	code, _, errs := runSh(t, Config{NP: 2, Timeout: 300 * time.Millisecond, StdinRank: -1}, `sleep 60`)
+	if code != ExitTimeout || !strings.Contains(errs, "gorun: job timed out after 300ms (--timeout); stopping 2 ranks") {
+		t.Fatalf("status %d, stderr %q", code, errs)
+	}
+}
+
+func TestRunOutputDir(t *testing.T) {
+	dir := t.TempDir()
+	code, out, _ := runSh(t, Config{NP: 2, OutputDir: dir, StdinRank: -1}, `echo "out $GORUN_RANK"; printf "err $GORUN_RANK" >&2`)
+	if code != 0 || !strings.Contains(out, "[1] out 1") {
+		t.Fatalf("status %d, out %q", code, out)
+	}
+	for r := 0; r < 2; r++ {
+		for stream, want := range map[string]string{"stdout": fmt.Sprintf("out %d\n", r), "stderr": fmt.Sprintf("err %d", r)} {
+			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank.%d", r), stream))
+			if err != nil || string(b) != want {
+				t.Errorf("rank.%d/%s = %q, %v; want %q", r, stream, b, err, want)
+			}
+		}
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	dir := t.TempDir()
+	noexec := filepath.Join(dir, "noexec")
+	os.WriteFile(noexec, []byte("#!/bin/sh\n"), 0o644)
+	cases := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{NP: 1}, "no program to run"},
+		{Config{NP: 1, Program: filepath.Join(dir, "missing")}, "missing: no such file"},
+		{Config{NP: 1, Program: noexec}, "noexec is not executable"},
+		{Config{NP: 1, Program: dir}, "is a directory"},
+		{Config{NP: 1, Program: "no-such-program-gorun"}, `program "no-such-program-gorun" not found in PATH`},
+		{Config{NP: 3, Hosts: []Host{{Name: "localhost", Slots: 2}}, Program: "/bin/true"}, "-np 3 is more than the 2 slots of localhost:2"},
+		{Config{NP: 1, Program: "/bin/true", Export: []string{"GORUN_RANK=3"}}, "gorun sets GORUN_RANK itself"},
+		{Config{NP: 1, Program: "/bin/true", Export: []string{"1BAD=3"}}, "not a valid environment variable name"},
+		{Config{NP: 1, Program: "/bin/true", Export: []string{"GORUN_SURELY_UNSET_VAR"}}, "is not set in gorun's environment"},
+		{Config{NP: 1, Program: "/bin/true", MapBy: "socket"}, `--map-by "socket"`},
+		{Config{NP: 1, Program: "/bin/true", Iface: "nosuchif0"}, `--iface "nosuchif0"`},
+		{Config{NP: 1, Program: "/bin/true", RendezvousAddr: "0.0.0.0:1"}, "want an IP address the ranks can reach"},
+		{Config{NP: 1, Program: "/bin/true", Hosts: []Host{{Name: "h1.invalid", Slots: 1}}, LaunchAgent: "'unterminated"}, "--launch-agent"},
+		{Config{NP: 1, Program: "/bin/true", StdinRank: 4}, "--stdin 4"},
+	}
+	for _, c := range cases {
+		var o, e syncBuffer
+		c.cfg.Stdout, c.cfg.Stderr = &o, &e
+		code, err := Run(c.cfg)
+		if err == nil || code != ExitUsage || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%+v: status %d, error %v; want status %d and %q", c.cfg, code, err, ExitUsage, c.want)
+		}
+		if o.String() != "" || e.String() != "" {
+			t.Errorf("%+v: output %q %q", c.cfg, o.String(), e.String())
+		}
+	}
+}
+
+func TestDryRunRemote(t *testing.T) {
+	var o syncBuffer
+	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "node7.invalid", Slots: 2}},
+		Program: "./prog", Args: []string{"--it's", "x y"}, Export: []string{"A=1"}, SSHPort: 2222, SSHArgs: "-F 'my cfg'",
+		RemoteGorun: "/opt/gorun", Dir: "/tmp", DryRun: true, Stdout: &o, StdinRank: -1})
+	if err == nil || !strings.Contains(err.Error(), "program ./prog: no such file") {
+		t.Fatalf("a local rank with a missing program: %d %v", code, err)
+	}
+	// All ranks remote: the program is not checked here.
+	code, err = Run(Config{Hosts: []Host{{Name: "node7.invalid", Slots: 2}}, MapBy: MapByNode,
+		Program: "./prog", Args: []string{"--it's", "x y"}, Export: []string{"A=1"}, SSHPort: 2222, SSHArgs: "-F 'my cfg'",
+		RemoteGorun: "/opt/gorun", Dir: "/tmp", DryRun: true, Stdout: &o, StdinRank: -1})
+	if err != nil || code != 0 {
+		t.Fatalf("%d %v", code, err)
+	}
+	out := o.String()
+	for _, want := range []string{
+		"gorun: dry run: 2 ranks on 1 host, job ",
+		"RANK  HOST           LOCAL RANK  LOCAL SIZE  NODE RANK  START\n0     node7.invalid  0           2           0          ssh\n1     node7.invalid  1           2           0          ssh\n",
+		`[1] ssh -F 'my cfg' -o BatchMode=yes -o ConnectTimeout=10 -p 2222 node7.invalid 'cd /tmp && exec env A=1 GORUN_RANK=1 GORUN_SIZE=2 GORUN_LOCAL_RANK=1 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=0`,
+		`/opt/gorun --internal-remote-agent --grace 5s -- /tmp/prog '\''--it'\''\'\'''\''s'\'' '\''x y'\'''   # job secret on stdin`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "GORUN_SECRET") {
+		t.Errorf("secret variable in a remote command:\n%s", out)
+	}
+}
+
+// The remote command survives two rounds of shell parsing (ssh runs it
+// with the remote user's shell): check it with a real sh.
+func TestShellQuote(t *testing.T) {
+	words := []string{"plain", "", "a b", "it's", `"dq"`, "$HOME", "`x`", "a\\b", "new\nline", "*", "--x=1", "ü"}
+	for _, w := range words {
+		got, err := splitWords(shellQuote(w))
+		if err != nil || len(got) != 1 || got[0] != w {
+			t.Errorf("splitWords(shellQuote(%q)) = %q, %v", w, got, err)
+		}
+	}
+	out, err := exec.Command("/bin/sh", "-c", "printf '%s|' "+shellJoin(words)).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != strings.Join(words, "|")+"|" {
+		t.Fatalf("sh saw %q", out)
+	}
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{`-F "my file" -o 'A=b c'  x\ y`, []string{"-F", "my file", "-o", "A=b c", "x y"}},
+		{`"a\"b"`, []string{`a"b`}},
+		{"", nil},
+	} {
+		got, err := splitWords(c.in)
+		if err != nil || strings.Join(got, "|") != strings.Join(c.want, "|") {
+			t.Errorf("splitWords(%q) = %q, %v", c.in, got, err)
+		}
+	}
+	for _, bad := range []string{`'x`, `"x`, `x\`} {
+		if _, err := splitWords(bad); err == nil {
+			t.Errorf("splitWords(%q) accepted", bad)
+		}
+	}
+}
+
+func TestIsLocalHost(t *testing.T) {
+	hn, _ := os.Hostname()
+	for _, h := range []string{"localhost", "127.0.0.1", "::1", hn, strings.ToUpper(hn)} {
+		if !IsLocalHost(h) {
+			t.Errorf("%q is not local", h)
+		}
+	}
+	for _, h := range []string{"127.0.0.2", "192.0.2.1", "node1.invalid", "10.255.255.254"} {
+		if IsLocalHost(h) {
+			t.Errorf("%q is local", h)
+		}
+	}
+}
+
+// Ranks writing long lines at once never mix inside a line; a line longer
+// than LineCap is cut into tagged pieces; a last line without newline gets
+// one; control lines are swallowed.
+func TestTaggerLines(t *testing.T) {
+	var out syncBuffer
+	s := &sink{w: &out}
+	var wg sync.WaitGroup
+	const lines = 300
+	for r := 0; r < 3; r++ {
+		pr, pw := io.Pipe()
+		tg := &tagger{out: s, prefix: tagPrefix(TagRank, r, "stdout"), control: func(l []byte) bool { return bytes.HasPrefix(l, []byte(agentMark)) }}
+		wg.Add(1)
+		go func() { defer wg.Done(); tg.pump(pr) }()
+		go func(r int) {
+			rng := rand.New(rand.NewSource(int64(r)))
+			var all []byte
+			for i := 0; i < lines; i++ {
+				all = append(all, bytes.Repeat([]byte{byte('a' + r)}, 1+rng.Intn(3000))...)
+				all = append(all, '\n')
+				if i == 10 {
+					all = append(all, agentMark+"signal 9\n"...)
+				}
+			}
+			all = append(all, bytes.Repeat([]byte{'Z'}, LineCap+100)...) // no newline
+			for len(all) > 0 {
+				n := min(len(all), 1+rng.Intn(5000))
+				pw.Write(all[:n])
+				all = all[n:]
+			}
+			pw.Close()
+		}(r)
+	}
+	wg.Wait()
+	re := regexp.MustCompile(`^\[(\d)\] (a+|b+|c+|Z+)$`)
+	count := map[string]int{}
+	zs := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		m := re.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("mixed or untagged line: %.80q", l)
+		}
+		if m[2][0] == 'Z' {
+			zs[m[1]] += len(m[2])
+			continue
+		}
+		if int(m[2][0]-'a') != int(m[1][0]-'0') {
+			t.Fatalf("rank %s wrote %c", m[1], m[2][0])
+		}
+		count[m[1]]++
+	}
+	for r := 0; r < 3; r++ {
+		k := fmt.Sprint(r)
+		if count[k] != lines || zs[k] != LineCap+100 {
+			t.Errorf("rank %d: %d lines, %d Z bytes", r, count[k], zs[k])
+		}
+	}
+	if !strings.HasSuffix(out.String(), "\n") || strings.Contains(out.String(), "signal 9") {
+		t.Error("partial last line not ended, or control line leaked")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
