@@ -93,8 +93,8 @@ type BucketConfig struct {
 	// BackwardPassesPerStep k: gradients are accumulated by the caller over
 	// k backward passes and only the k-th communicates (default 1).
 	BackwardPassesPerStep int
-	// Average divides the sums by the world size (otherwise: sums, times
-	// the scale set by SetScale).
+	// Average divides the sums by the world size (the Average reduction);
+	// the scale set by SetScale applies on top.
 	Average bool
 	// Timeout bounds how long Wait and WaitBucket wait for gradients that
 	// were never marked ready (default 5 minutes); the error names them.
@@ -383,8 +383,8 @@ func (b *Bucketer) makeBufs() {
 
 // SetScale sets a factor applied to the reduced gradients when they are
 // unpacked, from the next step that starts (its first MarkReady) on: for
-// example 1/(loss scale * passes per step). With Average the factor is
-// scale/world size.
+// example 1/(loss scale * passes per step). With Average it multiplies the
+// average.
 func (b *Bucketer) SetScale(f float32) {
 	b.mu.Lock()
 	b.scale = f
@@ -401,7 +401,6 @@ func (b *Bucketer) Communicating() bool {
 
 // stepState is one communicating step.
 type stepState struct {
-	n       int // world size
 	scale   float32
 	marked  []bool
 	left    []int
@@ -437,7 +436,7 @@ func (b *Bucketer) step() (*stepState, error) {
 		return nil, errors.New("bucketer: no gradients attached (call AttachFlat or Attach)")
 	}
 	nb := len(b.buckets)
-	s := &stepState{n: b.c.Size(), scale: b.scale, marked: make([]bool, len(b.params)), left: make([]int, nb),
+	s := &stepState{scale: b.scale, marked: make([]bool, len(b.params)), left: make([]int, nb),
 		ready: make([]chan struct{}, nb), done: make([]chan struct{}, nb), errs: make([]error, nb),
 		stats: make([]BucketStats, nb), abort: make(chan struct{})}
 	if b.cfg.CycleTime > 0 && !b.rebuilt {
@@ -518,6 +517,10 @@ func (b *Bucketer) launch(s *stepState, buckets []Bucket, bufs [][]float32, grad
 	fin := make(chan launched, len(buckets))
 	go b.finish(s, buckets, bufs, grads, fin)
 	defer close(fin)
+	op := Sum
+	if b.cfg.Average {
+		op = Average // each rank divides only the part it owns
+	}
 	var opts []CallOption
 	if b.wire != Float32 {
 		opts = append(opts, WithWire(b.wire))
@@ -555,7 +558,7 @@ func (b *Bucketer) launch(s *stepState, buckets []Bucket, bufs [][]float32, grad
 			}
 			b.cfg.Timeline.Span("fusion", fmt.Sprintf("pack b%d", k), st.Launch, time.Now())
 		}
-		h := b.c.AllreduceAsync(b.ctx, nil, Float32Bytes(buf), Float32, Sum, opts...)
+		h := b.c.AllreduceAsync(b.ctx, nil, Float32Bytes(buf), Float32, op, opts...)
 		st.Start = time.Now() // corrected by finish to when the call could run
 		fin <- launched{k, h}
 	}
@@ -574,7 +577,7 @@ func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grad
 		prev = st.Reduced
 		if err == nil {
 			buf := bufs[k]
-			st.Overflow = scaleAndCheck(buf, s.scale, b.cfg.Average, s.n)
+			st.Overflow = scaleAndCheck(buf, s.scale)
 			if grads != nil {
 				o := 0
 				for i := bk.Lo; i <= bk.Hi; i++ {
@@ -597,53 +600,30 @@ func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grad
 	}
 }
 
-// scaleAndCheck applies the step's factor to x and reports whether x holds
-// an inf or a NaN. Average without a factor divides (as the Average
-// reduction does, so the results match it bit for bit).
-func scaleAndCheck(x []float32, scale float32, average bool, n int) bool {
-	var a0, a1, a2, a3 float32 // x*0 is 0 for finite x and NaN otherwise
-	switch {
-	case average && scale == 1 && n > 1:
-		d := float32(n)
-		i := 0
+// scaleAndCheck multiplies x by scale (unless it is 1) and reports whether
+// x holds an inf or a NaN: x*0 is 0 for a finite x and NaN otherwise, so
+// the sum of x[i]*0 is NaN exactly when one x[i] is not finite (one pass,
+// no branches, four independent sums).
+func scaleAndCheck(x []float32, scale float32) bool {
+	var a0, a1, a2, a3 float32
+	i := 0
+	if scale != 1 {
 		for ; i+4 <= len(x); i += 4 {
 			v := x[i : i+4 : i+4]
-			v[0] /= d
-			v[1] /= d
-			v[2] /= d
-			v[3] /= d
+			v[0] *= scale
+			v[1] *= scale
+			v[2] *= scale
+			v[3] *= scale
 			a0 += v[0] * 0
 			a1 += v[1] * 0
 			a2 += v[2] * 0
 			a3 += v[3] * 0
 		}
 		for ; i < len(x); i++ {
-			x[i] /= d
+			x[i] *= scale
 			a0 += x[i] * 0
 		}
-	case average || scale != 1:
-		f := scale
-		if average {
-			f = scale / float32(n)
-		}
-		i := 0
-		for ; i+4 <= len(x); i += 4 {
-			v := x[i : i+4 : i+4]
-			v[0] *= f
-			v[1] *= f
-			v[2] *= f
-			v[3] *= f
-			a0 += v[0] * 0
-			a1 += v[1] * 0
-			a2 += v[2] * 0
-			a3 += v[3] * 0
-		}
-		for ; i < len(x); i++ {
-			x[i] *= f
-			a0 += x[i] * 0
-		}
-	default:
-		i := 0
+	} else {
 		for ; i+4 <= len(x); i += 4 {
 			v := x[i : i+4 : i+4]
 			a0 += v[0] * 0
