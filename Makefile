@@ -4,9 +4,9 @@ export CGO_ENABLED ?= 0
 BIN       := bin
 # Packages with goroutines run their tests under the race detector (it needs cgo).
 RACE_PKGS := $(foreach d,rank mpirun collective half data,$(if $(wildcard $(d)/*.go),./$(d)/...))
-NP        ?= 4
+NP        ?= 2
 
-.PHONY: all build test vet fmt-check bench demo clean hosts-up hosts-down
+.PHONY: all build test vet fmt-check bench demo ring-demo clean hosts-up hosts-down
 
 all: build
 
@@ -31,8 +31,14 @@ test: fmt-check vet build
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./bench/...
 
+# The main job on the built-in corpus: 2 local ranks, tiny preset, ~3 minutes on 2 cores.
 demo: build
-	$(BIN)/gorun -np $(NP) $(BIN)/ring
+	rm -rf runs/demo
+	$(BIN)/gorun -np $(NP) $(BIN)/nmt-train train --config configs/demo.yaml
+
+# The launcher's own example: a token around a ring of 4 ranks, then a barrier.
+ring-demo: build
+	$(BIN)/gorun -np 4 $(BIN)/ring
 
 # Test hosts in network namespaces (root): HOSTS=2 LINK="rate 1gbit loss 0%" make hosts-up
 hosts-up:
