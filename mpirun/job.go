@@ -645,7 +645,9 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 		argv[i] = fill(a)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = cfg.Dir
+	if !sp.remote {
+		cmd.Dir = cfg.Dir // remote ranks cd there on their host
+	}
 	cmd.SysProcAttr = procAttr()
 	base := cleanEnviron()
 	if sp.remote {
