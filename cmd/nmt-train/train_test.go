@@ -20,7 +20,7 @@ import (
 	"github.com/gorun/gorun/metrics"
 )
 
-var trainBin string
+var trainBin, gorunBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "nmttest")
@@ -31,6 +31,11 @@ func TestMain(m *testing.M) {
 	out, err := exec.Command("go", "build", "-o", trainBin, ".").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building nmt-train: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	gorunBin = filepath.Join(dir, "gorun")
+	if out, err := exec.Command("go", "build", "-o", gorunBin, "../gorun").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building gorun: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -340,5 +345,23 @@ func TestPreparedDataAndVocabMismatch(t *testing.T) {
 	s := strings.TrimSpace(string(out))
 	if err == nil || !strings.Contains(s, "vocabulary") || strings.Count(s, "\n") > 1 {
 		t.Fatalf("resume with another vocabulary: err %v, output:\n%s", err, s)
+	}
+}
+
+// The main job as the README runs it: gorun starts the ranks.
+func TestUnderGorun(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(gorunBin, append([]string{"-np", "2", trainBin}, append(append([]string{}, tinyArgs...),
+		"--batch-tokens", "1024", "--max-steps", "6", "--log-every", "3", "--eval-sentences", "8", "--run-dir", dir)...)...)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	s := string(out)
+	for _, want := range []string{"[0] nmt-train: 2 rank(s)", "[0] step 6 |", "[0] eval at step 6", "[0] nmt-train: done"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q:\n%s", want, s)
+		}
 	}
 }
