@@ -62,6 +62,10 @@ type Trainer struct {
 	step   int
 	tl     *collective.Timeline
 	scaler lossScaler
+
+	linkSource   string
+	computeTotal float64
+	computeSteps int
 }
 
 // Run trains as the rank described by the environment.
@@ -139,6 +143,17 @@ func (t *Trainer) setup(ctx context.Context) error {
 	t.mesh, err = rank.Connect(ctx, t.id, rank.Options{Timeout: o.Timeout})
 	if err != nil {
 		return err
+	}
+	t.linkSource = "flag"
+	if o.LinkGbps == 0 && t.id.Size > 1 {
+		gbps, peer, err := probeLink(ctx, t.mesh)
+		if err != nil {
+			return fmt.Errorf("link probe: %w", err)
+		}
+		if gbps > 0 {
+			t.o.LinkGbps, t.linkSource = gbps, "probe"
+			t.logf("nmt-train: link probe rank 0 -> rank %d (%s): %.2f Gbit/s point to point", peer, t.mesh.HostNames()[peer], gbps)
+		}
 	}
 	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout})
 	if err != nil {
@@ -274,7 +289,7 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
 	}
 	if t.o.LinkGbps > 0 {
-		ri.LinkSource = "flag"
+		ri.LinkSource = t.linkSource
 	}
 	return metrics.WriteRunInfo(t.o.RunDir, ri)
 }
@@ -441,6 +456,8 @@ func (t *Trainer) loop(ctx context.Context) error {
 		lr := t.lr.LR(t.step)
 		t.step++
 		win.add(r)
+		t.computeTotal += r.compute.Seconds()
+		t.computeSteps++
 		if math.IsNaN(smoothRaw) {
 			smoothRaw = r.lossRaw
 		} else {
@@ -507,6 +524,14 @@ func (t *Trainer) loop(ctx context.Context) error {
 		}
 		t.run.Close()
 		t.run = nil
+		if t.computeSteps > 0 && t.id.Size > 1 {
+			link := t.o.LinkGbps
+			note := ""
+			if link == 0 {
+				link, note = 1, " (link unknown: the lab's 1 Gbit/s assumed; set --link-gbps)"
+			}
+			t.logf("%s%s", metrics.AnalyzeBottleneck(int64(t.m.NumParams()), t.id.Size, link, t.computeTotal/float64(t.computeSteps)), note)
+		}
 		rep, err := metrics.WriteReport(o.RunDir)
 		if err != nil {
 			return fmt.Errorf("report: %v", err)
