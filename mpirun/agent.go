@@ -72,7 +72,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stderr io.Writer) int {
 
 	cmd := exec.Command(cfg.Prog, cfg.Args...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.SysProcAttr = procAttr()
+	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
 	var stdinW io.WriteCloser
 	if cfg.Stdin {
 		r, w, err := os.Pipe()

@@ -648,7 +648,11 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 	if !sp.remote {
 		cmd.Dir = cfg.Dir // remote ranks cd there on their host
 	}
-	cmd.SysProcAttr = procAttr()
+	if sp.remote {
+		cmd.SysProcAttr = procAttr(syscall.SIGTERM)
+	} else {
+		cmd.SysProcAttr = procAttr(syscall.SIGKILL)
+	}
 	base := cleanEnviron()
 	if sp.remote {
 		cmd.Env = base // ssh's own environment; the rank's is in the remote command

@@ -412,17 +412,24 @@ func checkSecretHidden(t *testing.T, secret string) {
 
 // checkGone asserts that none of the pids, nor anything in their process
 // groups, is alive.
-func checkGone(t *testing.T, pids []int) {
+func checkGone(t *testing.T, pids []int) { t.Helper(); checkGoneGroups(t, pids, pids) }
+
+// checkGoneGroups asserts that none of the pids, nor anything in the
+// process groups, is alive.
+func checkGoneGroups(t *testing.T, pids, groups []int) {
 	t.Helper()
-	set := map[int]bool{}
+	set, gset := map[int]bool{}, map[int]bool{}
 	for _, p := range pids {
 		set[p] = true
+	}
+	for _, g := range groups {
+		gset[g] = true
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		var alive []string
 		for _, p := range readProcs() {
-			if set[p.pid] || set[p.pgrp] {
+			if set[p.pid] || gset[p.pgrp] {
 				alive = append(alive, fmt.Sprintf("%d(%q)", p.pid, bytes.ReplaceAll(p.cmdline, []byte{0}, []byte{' '})))
 			}
 		}
@@ -468,8 +475,9 @@ func TestKillOneRank(t *testing.T) {
 }
 
 func TestSignalReachesRanks(t *testing.T) {
+	// Rank 0 here, ranks 1 and 2 "remote" through the launch agent.
 	script := `trap 'echo "rank $GORUN_RANK got TERM"; exit 0' TERM; echo ready; while :; do sleep 0.1; done`
-	j := startJob(t, "-np", "3", "/bin/sh", "-c", script)
+	j := startJob(t, "-H", "localhost:1,127.0.0.2:2", "--launch-agent", agentSh, "/bin/sh", "-c", script)
 	j.waitOutput(t, "ready", 3)
 	id := jobIDOf(t, j.cmd.Process.Pid, 3)
 	ranks, _ := jobProcs(id)
@@ -489,6 +497,40 @@ func TestSignalReachesRanks(t *testing.T) {
 		pids = append(pids, p.pid)
 	}
 	checkGone(t, pids)
+}
+
+// gorun killed with SIGKILL leaves no rank behind: local ranks die by the
+// parent-death signal; remote ones, and what they started, are stopped by
+// the remote agent (here through the launch agent's parent-death SIGTERM;
+// over ssh, when its stdin closes). A local rank's own children can only
+// be cleaned up by a gorun that is alive (see docs/launcher.md).
+func TestGorunKilled(t *testing.T) {
+	script := `sleep 60 & echo ready; wait`
+	j := startJob(t, "-H", "localhost:2,127.0.0.2:2", "--launch-agent", agentSh, "/bin/sh", "-c", script)
+	j.waitOutput(t, "ready", 4)
+	id := jobIDOf(t, j.cmd.Process.Pid, 4)
+	ranks, _ := jobProcs(id)
+	if len(ranks) != 4 {
+		t.Fatalf("found %d ranks", len(ranks))
+	}
+	t.Cleanup(func() {
+		for _, p := range ranks {
+			syscall.Kill(-p.pid, syscall.SIGKILL)
+		}
+	})
+	j.cmd.Process.Kill()
+	j.wait(t, 5*time.Second)
+	var pids, groups []int
+	for _, p := range ranks {
+		pids = append(pids, p.pid)
+		if p.env["GORUN_HOST"] == "127.0.0.2" {
+			groups = append(groups, p.pid)
+		}
+	}
+	if len(groups) != 2 {
+		t.Fatalf("ranks: %+v", ranks)
+	}
+	checkGoneGroups(t, pids, groups)
 }
 
 // A "remote" host through --launch-agent: 127.0.0.2 is a loopback address
