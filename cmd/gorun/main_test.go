@@ -580,7 +580,7 @@ func TestLaunchAgent(t *testing.T) {
 func TestLaunchAgentEnvStdinFailure(t *testing.T) {
 	r := gorun(t, "from stdin\n", "-H", "localhost:1,127.0.0.2:2", "--launch-agent", agentSh, "--stdin", "2", "-x", "FOO=bar",
 		"/bin/sh", "-c", `echo "$GORUN_RANK $GORUN_HOST $FOO $CUDA_VISIBLE_DEVICES $GORUN_LOCAL_RANK $(cat)"`)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
 	sort.Strings(lines)
 	if r.code != 0 || strings.Join(lines, ",") != "[0] 0 localhost bar 0 0 ,[1] 1 127.0.0.2 bar 0 0 ,[2] 2 127.0.0.2 bar 1 1 from stdin" {
 		t.Errorf("status %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
