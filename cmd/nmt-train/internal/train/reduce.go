@@ -47,6 +47,9 @@ func (p *plainReducer) BackwardDone() { p.start = time.Now() }
 func (p *plainReducer) Close()        {}
 
 func (p *plainReducer) Wait() (commStats, error) {
+	if p.comm.Size() == 1 {
+		return commStats{}, nil // nothing to exchange
+	}
 	g := collective.Float32Bytes(p.m.Grads.F32)
 	var opts []collective.CallOption
 	if p.wire != collective.Float32 {

@@ -477,14 +477,14 @@ func (t *Trainer) loop(ctx context.Context) error {
 			win = window{}
 			vals := map[string]float64{
 				"loss": a.lossLab, "loss_raw": a.lossRaw, "loss_raw_smoothed": smoothRaw, "lr": lr,
-				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec * float64(t.id.Size),
+				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec,
 				"net_out_MBps": outMB, "net_in_MBps": inMB, "comm_exposed_ms": a.exposed * 1e3,
 				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
 				"cpu_util_pct": cpuPct, "skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
 			}
 			bar.clear()
 			t.logf("step %s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)",
-				commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, commas(int64(a.tokensPerSec*float64(t.id.Size))), outMB, inMB, a.exposed*1e3, a.hiddenPct)
+				commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, commas(int64(a.tokensPerSec)), outMB, inMB, a.exposed*1e3, a.hiddenPct)
 			if t.run != nil {
 				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
 					return err
@@ -615,7 +615,7 @@ func pruneCheckpoints(dir string, keep int) error {
 type window struct {
 	n                          int
 	raw, lab, dur, comm, expo  float64
-	compute, tokens, batchToks float64
+	compute, tokens, batchToks float64 // batchToks: target tokens of all ranks
 	skipped                    int
 }
 
@@ -632,7 +632,7 @@ func (w *window) add(r stepResult) {
 	w.comm += r.comm.Comm.Seconds()
 	w.expo += r.comm.Exposed.Seconds()
 	w.compute += r.compute.Seconds()
-	w.batchToks += float64(r.batchTokens)
+	w.batchToks += float64(r.tokens)
 	if r.skipped {
 		w.skipped++
 	}
