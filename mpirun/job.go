@@ -40,6 +40,7 @@ type Config struct {
 	SSHArgs     string // extra ssh arguments, split like a shell does
 	LaunchAgent string // replaces ssh: invoked as LaunchAgent host remote-command
 	RemoteGorun string // gorun on remote hosts (default: this executable's path)
+	Reaper      string // gorun binary to run as the job's reaper ("" = none; see RunReaper)
 
 	Iface          string // address or interface name for the rendezvous (and GORUN_IFACE)
 	RendezvousAddr string // host[:port] to serve the rendezvous on; overrides Iface for it
@@ -257,7 +258,11 @@ func prepare(cfg Config) (*plan, error) {
 		p.rdvIP = ip
 		ifaceEnv, ifaceLocalOnly = cfg.Iface, !isName
 	default:
-		p.rdvIP = rendezvousIP(remoteHosts)
+		var sshWords []string
+		if cfg.LaunchAgent == "" {
+			sshWords = launcher
+		}
+		p.rdvIP = rendezvousIP(remoteHosts, sshWords)
 	}
 	if cfg.Iface != "" && ifaceEnv == "" {
 		if _, isName, err := ifaceIP(cfg.Iface); err == nil {
@@ -496,12 +501,13 @@ func (p *plan) launcherName() string {
 
 // proc is one started rank.
 type proc struct {
-	spec  rankSpec
-	cmd   *exec.Cmd
-	pid   int
-	ctl   *control // remote: the agent's control channel
-	files []*os.File
-	pumps sync.WaitGroup
+	spec   rankSpec
+	cmd    *exec.Cmd
+	pid    int
+	ctl    *control // remote: the agent's control channel
+	reaper *reaper
+	files  []*os.File
+	pumps  sync.WaitGroup
 
 	mu       sync.Mutex // agent reports, written by the stderr pump
 	started  bool
@@ -543,10 +549,21 @@ func (p *plan) run() (int, error) {
 		}
 	}
 
+	var rp *reaper
+	if cfg.Reaper != "" {
+		if rp, err = startReaper(cfg.Reaper, cfg.Grace); err != nil {
+			return ExitSetup, fmt.Errorf("cannot start the reaper %s: %v", cfg.Reaper, err)
+		}
+		defer rp.done()
+	}
 	results := make(chan outcome, len(p.specs))
 	var procs []*proc
 	for _, sp := range p.specs {
 		pr, err := p.start(sp, port, stdout, stderr)
+		if err == nil {
+			pr.reaper = rp
+			rp.send("g", pr.pid)
+		}
 		if err != nil {
 			// Stop what already runs, then report.
 			for _, q := range procs {
@@ -805,6 +822,7 @@ func (pr *proc) wait(results chan<- outcome) {
 	err := pr.cmd.Wait()
 	// Whatever the rank left in its process group goes with it.
 	_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
+	pr.reaper.send("x", pr.pid) // its group id may be reused now
 	if pr.ctl != nil {
 		pr.ctl.close()
 	}

@@ -1,11 +1,16 @@
 package mpirun
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
+	"time"
 )
 
 // IsLocalHost reports whether name is this machine: "localhost", this
@@ -85,16 +90,28 @@ func routeSource(host string) (string, error) {
 
 // rendezvousIP picks the address gorun serves the rendezvous on: loopback
 // when every rank is local, else the source address of the route to the
-// first remote host that resolves, else the first non-loopback address of
-// an interface that is up.
-func rendezvousIP(remote []string) string {
+// first remote host that resolves (through ssh -G when ssh is the
+// launcher, so that ssh_config aliases work), else the source address of
+// the default route, else the first non-loopback address of an interface
+// that is up.
+func rendezvousIP(remote []string, sshWords []string) string {
 	if len(remote) == 0 {
 		return "127.0.0.1"
 	}
 	for _, h := range remote {
+		if len(sshWords) > 0 {
+			if real := sshHostName(sshWords, h); real != "" && real != h {
+				if ip, err := routeSource(real); err == nil {
+					return ip
+				}
+			}
+		}
 		if ip, err := routeSource(h); err == nil {
 			return ip
 		}
+	}
+	if ip, err := routeSource("192.0.2.1"); err == nil { // TEST-NET-1: only the route is looked up
+		return ip
 	}
 	ifs, _ := net.Interfaces()
 	for _, ifc := range ifs {
@@ -109,4 +126,23 @@ func rendezvousIP(remote []string) string {
 		}
 	}
 	return "127.0.0.1"
+}
+
+// sshHostName asks ssh which address it would connect to for host
+// ("ssh -G" prints the configuration without connecting).
+func sshHostName(sshWords []string, host string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	args := append(append([]string(nil), sshWords[1:]...), "-G", host)
+	out, err := exec.CommandContext(ctx, sshWords[0], args...).Output()
+	if err != nil {
+		return ""
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), " "); ok && k == "hostname" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }

@@ -51,6 +51,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			if c.Bool(mpirun.AgentFlag) {
 				return runAgent(c, stdin, &status)
 			}
+			if c.Bool(mpirun.ReaperFlag) {
+				status = mpirun.RunReaper(c.Duration("grace"), stdin)
+				return nil
+			}
 			cfg, err := config(c)
 			if err != nil {
 				return usageError{err}
@@ -58,6 +62,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			cfg.Stdin, cfg.Stdout, cfg.Stderr = stdin, stdout, stderr
 			if cfg.StdinRank < 0 {
 				cfg.Stdin = nil
+			}
+			if self, err := os.Executable(); err == nil {
+				cfg.Reaper = self
 			}
 			if !cfg.DryRun {
 				cfg.Signals = make(chan os.Signal, 4)
@@ -110,6 +117,7 @@ func flags() []cli.Flag {
 		// The remote agent (started by gorun through ssh; not for people).
 		&cli.BoolFlag{Name: mpirun.AgentFlag, Hidden: true},
 		&cli.BoolFlag{Name: "agent-stdin", Hidden: true},
+		&cli.BoolFlag{Name: mpirun.ReaperFlag, Hidden: true},
 	}
 }
 
