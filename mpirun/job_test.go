@@ -371,3 +371,14 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestRunIfaceAndRendezvousAddr(t *testing.T) {
+	_, out, errs := runSh(t, Config{NP: 1, Iface: "lo", Tag: TagNone, StdinRank: -1}, `echo "$GORUN_IFACE $GORUN_RENDEZVOUS"`)
+	if !regexp.MustCompile(`^lo 127\.0\.0\.1:\d+\n$`).MatchString(out) {
+		t.Errorf("--iface lo: %q %q", out, errs)
+	}
+	_, out, errs = runSh(t, Config{NP: 1, RendezvousAddr: "127.0.0.1", Tag: TagNone, StdinRank: -1}, `echo "${GORUN_IFACE:-unset} $GORUN_RENDEZVOUS"`)
+	if !regexp.MustCompile(`^unset 127\.0\.0\.1:[1-9]\d*\n$`).MatchString(out) {
+		t.Errorf("--rendezvous-addr: %q %q", out, errs)
+	}
+}
