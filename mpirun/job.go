@@ -156,6 +156,7 @@ func prepare(cfg Config) (*plan, error) {
 		}
 		hosts = []Host{{Name: "localhost", Slots: n, Where: "default"}}
 	}
+	hosts = mergeLocalHosts(hosts)
 	np := cfg.NP
 	if np == 0 {
 		for _, h := range hosts {
@@ -322,6 +323,31 @@ func prepare(cfg Config) (*plan, error) {
 	}
 	p.cfg.Dir = dir
 	return p, nil
+}
+
+// mergeLocalHosts folds every name of this machine (localhost, 127.0.0.1,
+// its host name...) into the first one listed, so that local ranks, and
+// CUDA_VISIBLE_DEVICES, count over the whole machine.
+func mergeLocalHosts(hosts []Host) []Host {
+	out := make([]Host, 0, len(hosts))
+	first := -1
+	for _, h := range hosts {
+		if IsLocalHost(h.Name) {
+			if first >= 0 {
+				f := &out[first]
+				f.Slots = min(f.Slots+h.Slots, maxCount)
+				if f.MaxSlots == 0 || h.MaxSlots == 0 {
+					f.MaxSlots = 0
+				} else {
+					f.MaxSlots = min(f.MaxSlots+h.MaxSlots, maxCount)
+				}
+				continue
+			}
+			first = len(out)
+		}
+		out = append(out, h)
+	}
+	return out
 }
 
 // rdvPortPlaceholder stands for the rendezvous port in commands built
@@ -702,6 +728,8 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
+		outR.Close()
+		outW.Close()
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
@@ -713,6 +741,7 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 	if sp.remote {
 		ctlR, ctlW, err := os.Pipe()
 		if err != nil {
+			closeAll(outR, outW, errR, errW)
 			return nil, err
 		}
 		cmd.Stdin = ctlR
@@ -723,6 +752,7 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 	} else if wantStdin {
 		sr, sw, err := os.Pipe()
 		if err != nil {
+			closeAll(outR, outW, errR, errW)
 			return nil, err
 		}
 		cmd.Stdin, stdinW = sr, sw
@@ -732,8 +762,10 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 	outW.Close()
 	errW.Close()
 	if err != nil {
-		outR.Close()
-		errR.Close()
+		closeAll(outR, errR)
+		if stdinW != nil {
+			stdinW.Close()
+		}
 		if pr.ctl != nil {
 			pr.ctl.close()
 		}
@@ -757,6 +789,12 @@ func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, err
 		}
 	}
 	return pr, nil
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
 }
 
 // cleanEnviron is gorun's environment without the rank contract of an

@@ -382,3 +382,13 @@ func TestRunIfaceAndRendezvousAddr(t *testing.T) {
 		t.Errorf("--rendezvous-addr: %q %q", out, errs)
 	}
 }
+
+// Two names of this machine are one host: local ranks count over both.
+func TestRunLocalAliases(t *testing.T) {
+	hn, _ := os.Hostname()
+	_, out, errs := runSh(t, Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.1", Slots: 1}, {Name: hn, Slots: 1}}, Tag: TagNone, StdinRank: -1},
+		`echo "$GORUN_RANK $GORUN_LOCAL_RANK/$GORUN_LOCAL_SIZE $GORUN_NODE_RANK $GORUN_HOST"`)
+	if got := strings.Join(sortedLines(out), ","); got != "0 0/3 0 localhost,1 1/3 0 localhost,2 2/3 0 localhost" {
+		t.Errorf("got %q %q", got, errs)
+	}
+}
