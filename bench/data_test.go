@@ -116,6 +116,21 @@ func BenchmarkBPELearn(b *testing.B) {
 	b.ReportMetric(float64(len(learn)*b.N)/b.Elapsed().Seconds(), "lines/s")
 }
 
+// BenchmarkBPELearn1M learns 32,000 merges on 1,000,000 lines (the
+// issue's "learning on 1 M lines in minutes").
+//
+//	go test -bench BPELearn1M -benchtime 1x ./bench/
+func BenchmarkBPELearn1M(b *testing.B) {
+	learn := benchText(3, 1000000)
+	b.ResetTimer()
+	var m int
+	for i := 0; i < b.N; i++ {
+		m = data.LearnBPE(learn, 32000).NumMerges()
+	}
+	b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/learn")
+	b.ReportMetric(float64(m), "merges")
+}
+
 // BenchmarkBatcher cuts a memory-mapped corpus of 1,000,000 pairs (lengths
 // 1-60, skewed short like WMT) into batches of 4,096 padded tokens on rank
 // 0 of 4; reports lines/s and µs per batch of Next (epochs roll over inside

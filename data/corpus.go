@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"unsafe"
 
@@ -59,71 +60,149 @@ func WriteCorpus(path string, src, tgt [][]int32, vocabHash string, vocabSize in
 	if len(src) != len(tgt) {
 		return fmt.Errorf("%s: %d source and %d target lines", path, len(src), len(tgt))
 	}
+	w, err := NewCorpusWriter(path, vocabHash, vocabSize)
+	if err != nil {
+		return err
+	}
+	for i := range src {
+		if err := w.Add(src[i], tgt[i]); err != nil {
+			w.Abort()
+			return err
+		}
+	}
+	return w.Close(dropped)
+}
+
+// CorpusWriter writes a binary corpus one pair at a time, keeping only the
+// offsets in memory (16 bytes a pair): the ids go to two temporary files
+// that Close appends after the header and offsets. The corpus appears at
+// its path only when Close succeeds.
+type CorpusWriter struct {
+	path      string
+	hash      []byte
+	vocabSize int
+	off       [2][]uint64
+	tmp       [2]*os.File
+	buf       [2]*bufio.Writer
+	n         int
+	scratch   []byte
+}
+
+// NewCorpusWriter starts a corpus at path.
+func NewCorpusWriter(path, vocabHash string, vocabSize int) (*CorpusWriter, error) {
 	hash, err := hex.DecodeString(vocabHash)
 	if err != nil || len(hash) != 32 {
-		return fmt.Errorf("%s: vocabulary hash %q is not 64 hex digits", path, vocabHash)
+		return nil, fmt.Errorf("%s: vocabulary hash %q is not 64 hex digits", path, vocabHash)
 	}
-	var ns, nt uint64
-	for i := range src {
-		ns += uint64(len(src[i]))
-		nt += uint64(len(tgt[i]))
+	w := &CorpusWriter{path: path, hash: hash, vocabSize: vocabSize}
+	for i, side := range []string{"src", "tgt"} {
+		f, err := os.Create(path + "." + side + ".tmp")
+		if err != nil {
+			w.Abort()
+			return nil, err
+		}
+		w.tmp[i] = f
+		w.buf[i] = bufio.NewWriterSize(f, 1<<20)
+		w.off[i] = []uint64{0}
 	}
+	return w, nil
+}
+
+// Add appends a pair; an id outside the vocabulary is an error.
+func (w *CorpusWriter) Add(src, tgt []int32) error {
+	w.n++
+	for i, side := range [2][]int32{src, tgt} {
+		w.scratch = w.scratch[:0]
+		for _, id := range side {
+			if id < 0 || int(id) >= w.vocabSize {
+				return fmt.Errorf("%s: pair %d has id %d outside the vocabulary of %d", w.path, w.n, id, w.vocabSize)
+			}
+			w.scratch = binary.LittleEndian.AppendUint32(w.scratch, uint32(id))
+		}
+		if _, err := w.buf[i].Write(w.scratch); err != nil {
+			return fmt.Errorf("%s: %v", w.path, err)
+		}
+		w.off[i] = append(w.off[i], w.off[i][len(w.off[i])-1]+uint64(len(side)))
+	}
+	return nil
+}
+
+// Len is the number of pairs added.
+func (w *CorpusWriter) Len() int { return w.n }
+
+// Abort removes the temporary files.
+func (w *CorpusWriter) Abort() {
+	for _, f := range w.tmp {
+		if f != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}
+	os.Remove(w.path + ".tmp")
+}
+
+// Close writes the corpus (header, offsets, ids) to a temporary file,
+// syncs it and renames it to the path.
+func (w *CorpusWriter) Close(dropped int64) (err error) {
+	defer func() {
+		if err != nil {
+			w.Abort()
+		} else {
+			for _, f := range w.tmp {
+				os.Remove(f.Name())
+			}
+		}
+	}()
+	for i := range w.buf {
+		if err := w.buf[i].Flush(); err != nil {
+			return fmt.Errorf("%s: %v", w.path, err)
+		}
+		if _, err := w.tmp[i].Seek(0, 0); err != nil {
+			return fmt.Errorf("%s: %v", w.path, err)
+		}
+	}
+	ns, nt := w.off[0][w.n], w.off[1][w.n]
 	h := make([]byte, headerSize)
 	copy(h, corpusMagic)
 	le := binary.LittleEndian
 	le.PutUint32(h[8:], corpusVersion)
-	le.PutUint32(h[12:], uint32(vocabSize))
-	le.PutUint64(h[16:], uint64(len(src)))
+	le.PutUint32(h[12:], uint32(w.vocabSize))
+	le.PutUint64(h[16:], uint64(w.n))
 	le.PutUint64(h[24:], ns)
 	le.PutUint64(h[32:], nt)
 	le.PutUint64(h[40:], uint64(dropped))
-	copy(h[48:80], hash)
+	copy(h[48:80], w.hash)
 	le.PutUint32(h[124:], crc32.ChecksumIEEE(h[:124]))
 
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
+	f, err := os.Create(w.path + ".tmp")
 	if err != nil {
 		return err
 	}
-	w := bufio.NewWriterSize(f, 1<<20)
-	w.Write(h)
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	bw.Write(h)
 	var b [8]byte
-	for _, side := range [][][]int32{src, tgt} {
-		var off uint64
-		le.PutUint64(b[:], 0)
-		w.Write(b[:])
-		for _, s := range side {
-			off += uint64(len(s))
-			le.PutUint64(b[:], off)
-			w.Write(b[:])
+	for _, offs := range w.off {
+		for _, o := range offs {
+			le.PutUint64(b[:], o)
+			bw.Write(b[:])
 		}
 	}
-	for _, side := range [][][]int32{src, tgt} {
-		for _, s := range side {
-			for _, id := range s {
-				if id < 0 || int(id) >= vocabSize {
-					f.Close()
-					os.Remove(tmp)
-					return fmt.Errorf("%s: id %d outside the vocabulary of %d", path, id, vocabSize)
-				}
-				le.PutUint32(b[:4], uint32(id))
-				w.Write(b[:4])
-			}
+	for _, t := range w.tmp {
+		if _, err := io.Copy(bw, t); err != nil {
+			return fmt.Errorf("%s: %v", w.path, err)
 		}
 	}
-	if err := w.Flush(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("%s: %v", w.path, err)
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+		return fmt.Errorf("%s: %v", w.path, err)
 	}
 	if err := f.Close(); err != nil {
-		return err
+		return fmt.Errorf("%s: %v", w.path, err)
 	}
-	return os.Rename(tmp, path)
+	return os.Rename(w.path+".tmp", w.path)
 }
 
 // OpenCorpus memory-maps a binary corpus and validates its header and

@@ -110,12 +110,26 @@ func (r *lineReader) next() (string, bool, error) {
 // Files of different line counts, invalid UTF-8 and unreadable files are
 // errors naming the file (and line).
 func ReadParallelFunc(srcPath, tgtPath string, split func(string) []string, v *Vocab, maxLen int) (src, tgt [][]int32, st Stats, err error) {
+	st, err = ReadParallelEach(srcPath, tgtPath, split, v, maxLen, func(s, t []int32) error {
+		src, tgt = append(src, s), append(tgt, t)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, st, err
+	}
+	return src, tgt, st, nil
+}
+
+// ReadParallelEach is ReadParallelFunc calling keep for every kept pair
+// instead of collecting them (prepare streams the lab's 4.5 M pairs into a
+// CorpusWriter this way). An error from keep stops the reading.
+func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *Vocab, maxLen int, keep func(src, tgt []int32) error) (st Stats, err error) {
 	st = Stats{SrcPath: srcPath, TgtPath: tgtPath, MaxLen: maxLen}
 	var rs [2]*lineReader
 	for i, p := range []string{srcPath, tgtPath} {
 		f, err := os.Open(p)
 		if err != nil {
-			return nil, nil, st, err
+			return st, err
 		}
 		defer f.Close()
 		if fi, err := f.Stat(); err == nil {
@@ -128,25 +142,25 @@ func ReadParallelFunc(srcPath, tgtPath string, split func(string) []string, v *V
 	for {
 		ls, okS, err := rs[0].next()
 		if err != nil {
-			return nil, nil, st, err
+			return st, err
 		}
 		lt, okT, err := rs[1].next()
 		if err != nil {
-			return nil, nil, st, err
+			return st, err
 		}
 		if okS != okT {
 			for _, r := range rs {
 				for {
 					_, ok, err := r.next()
 					if err != nil {
-						return nil, nil, st, err
+						return st, err
 					}
 					if !ok {
 						break
 					}
 				}
 			}
-			return nil, nil, st, fmt.Errorf("%s has %d lines but %s has %d: the files are not parallel", srcPath, rs[0].n, tgtPath, rs[1].n)
+			return st, fmt.Errorf("%s has %d lines but %s has %d: the files are not parallel", srcPath, rs[0].n, tgtPath, rs[1].n)
 		}
 		if !okS {
 			break
@@ -169,10 +183,11 @@ func ReadParallelFunc(srcPath, tgtPath string, split func(string) []string, v *V
 		st.Kept++
 		st.SrcTokens += int64(len(is))
 		st.TgtTokens += int64(len(it))
-		src = append(src, is)
-		tgt = append(tgt, it)
+		if err := keep(is, it); err != nil {
+			return st, err
+		}
 	}
-	return src, tgt, st, nil
+	return st, nil
 }
 
 // ReadParallel reads the lab's tokenized files (pieces separated by

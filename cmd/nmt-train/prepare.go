@@ -45,7 +45,7 @@ func prepareCommand() *cli.Command {
 			&cli.IntFlag{Name: "bpe-merges", Usage: "raw text: learn a joint BPE of `N` merges on both sides"},
 			&cli.StringFlag{Name: "bpe", Usage: "raw text: apply this BPE merges `FILE` (from an earlier prepare)"},
 			&cli.IntFlag{Name: "max-length", Value: 56, Usage: "drop pairs with a side longer than `N` tokens including EOS (0: no limit)"},
-			&cli.IntFlag{Name: "valid-lines", Value: 1000, Usage: "without --valid-src: hold out the last `N` training pairs"},
+			&cli.IntFlag{Name: "valid-lines", Value: 1000, Usage: "without --valid-src: hold out the last `N` kept training pairs (at most half of them)"},
 			&cli.BoolFlag{Name: "synthetic", Usage: "write the built-in synthetic corpus"},
 			&cli.IntFlag{Name: "synthetic-lines", Value: 20000, Usage: "training pairs of the synthetic corpus"},
 			&cli.StringFlag{Name: "out", Usage: "output `DIR` (created)", Required: true},
@@ -174,8 +174,36 @@ func runPrepare(c *cli.Context) error {
 	}
 	fmt.Fprintf(&rep, "Vocabulary: %d pieces (4 specials + %s), hash `%.16s`.\n\n", v.Size(), vocabOf, v.Hash())
 
-	src, tgt, st, err := data.ReadParallelFunc(trainSrc, trainTgt, split, v, maxLen)
+	// Stream the training pairs into train.bin; without validation files
+	// the last --valid-lines kept pairs wait in a ring and become valid.bin.
+	tw, err := data.NewCorpusWriter(filepath.Join(out, prepTrainFile), v.Hash(), v.Size())
 	if err != nil {
+		return err
+	}
+	hold := 0
+	if validSrc == "" {
+		if hold = c.Int("valid-lines"); hold < 1 {
+			tw.Abort()
+			return fmt.Errorf("prepare: --valid-lines %d: want at least 1 (or give --valid-src/--valid-tgt)", hold)
+		}
+	}
+	ring := make([][2][]int32, 0, hold)
+	next := 0
+	st, err := data.ReadParallelEach(trainSrc, trainTgt, split, v, maxLen, func(s, t []int32) error {
+		if hold == 0 {
+			return tw.Add(s, t)
+		}
+		if len(ring) < hold {
+			ring = append(ring, [2][]int32{s, t})
+			return nil
+		}
+		old := ring[next]
+		ring[next] = [2][]int32{s, t}
+		next = (next + 1) % hold
+		return tw.Add(old[0], old[1])
+	})
+	if err != nil {
+		tw.Abort()
 		return err
 	}
 	var vsrc, vtgt [][]int32
@@ -183,22 +211,26 @@ func runPrepare(c *cli.Context) error {
 	if validSrc != "" {
 		// validation pairs are all kept (the trainer decides what to score)
 		if vsrc, vtgt, vst, err = data.ReadParallelFunc(validSrc, validTgt, split, v, 0); err != nil {
+			tw.Abort()
 			return err
 		}
 	} else {
-		k := min(c.Int("valid-lines"), len(src)/10)
-		if k < 1 {
-			return fmt.Errorf("prepare: %s has %d usable pairs, too few to hold out validation pairs: give --valid-src/--valid-tgt", trainSrc, len(src))
+		if tw.Len() < hold {
+			tw.Abort()
+			return fmt.Errorf("prepare: %s has %d usable pairs, too few to hold out --valid-lines %d and train on the rest: give --valid-src/--valid-tgt or a smaller --valid-lines", trainSrc, tw.Len()+len(ring), hold)
 		}
-		n := len(src) - k
-		vsrc, vtgt = src[n:], tgt[n:]
-		src, tgt = src[:n], tgt[:n]
-		fmt.Fprintf(&rep, "Validation: the last %d kept training pairs, held out (no --valid-src/--valid-tgt).\n\n", k)
+		for i := range ring {
+			p := ring[(next+i)%len(ring)]
+			vsrc, vtgt = append(vsrc, p[0]), append(vtgt, p[1])
+		}
+		fmt.Fprintf(&rep, "Validation: the last %d kept training pairs, held out (no --valid-src/--valid-tgt).\n\n", len(ring))
 	}
-	if len(src) == 0 {
+	nTrain := tw.Len()
+	if nTrain == 0 {
+		tw.Abort()
 		return fmt.Errorf("prepare: no pair of %s / %s is kept (%s)", trainSrc, trainTgt, st.String())
 	}
-	if err := data.WriteCorpus(filepath.Join(out, prepTrainFile), src, tgt, v.Hash(), v.Size(), st.Dropped()); err != nil {
+	if err := tw.Close(st.Dropped()); err != nil {
 		return err
 	}
 	if err := data.WriteCorpus(filepath.Join(out, prepValidFile), vsrc, vtgt, v.Hash(), v.Size(), vst.Dropped()); err != nil {
@@ -212,7 +244,7 @@ func runPrepare(c *cli.Context) error {
 	for _, f := range []struct {
 		name  string
 		pairs int
-	}{{prepTrainFile, len(src)}, {prepValidFile, len(vsrc)}, {prepVocabFile, v.Size()}, {prepBPEFile, -1}} {
+	}{{prepTrainFile, nTrain}, {prepValidFile, len(vsrc)}, {prepVocabFile, v.Size()}, {prepBPEFile, -1}} {
 		fi, err := os.Stat(filepath.Join(out, f.name))
 		if err != nil {
 			continue

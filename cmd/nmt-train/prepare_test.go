@@ -180,6 +180,7 @@ func TestPrepareErrors(t *testing.T) {
 		{[]string{"--src", a, "--tgt", a}, "prepare: want --vocab FILE or --vocab-size N"},
 		{[]string{"--synthetic", "--src", a}, "prepare: --synthetic makes its own data; --src does not apply"},
 		{[]string{"--src", a, "--tgt", a, "--bpe", filepath.Join(dir, "none")}, "none: no such file"},
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "10", "--valid-lines", "2"}, a + " has 3 usable pairs, too few to hold out --valid-lines 2"},
 	} {
 		o, err := runCmd(t, "", append(append([]string{"prepare"}, c.args...), "--out", out)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
