@@ -58,13 +58,18 @@ func layerOf(name string) string {
 // "computes" (sleeps) for a time proportional to its parameters
 // (GORUN_BENCH_NS_PER_PARAM, default 30 ns: 1.8 s per backward pass, what
 // PyTorch's CPU backward of this model takes on 2 threads, see
-// ../shared/peers), then marks its gradients ready. Modes: "overlap" marks
-// them as each layer finishes; "serial" marks them all after the whole
-// backward pass (compute, then bucketed communication); "plain" does no
-// bucketing: one allreduce of the whole gradient buffer after the backward
-// pass. Reported per step, on rank 0: step time, comm time, exposed comm,
-// hidden %, and MB sent. GORUN_BENCH_TRANSPORT=tcp runs over TLS/TCP
-// instead of QUIC.
+// ../shared/peers), then marks its gradients ready. Each round runs three
+// steps, one per mode, so that the modes see the same machine load:
+//
+//   - plain: no bucketing, one allreduce of the whole gradient buffer after
+//     the backward pass (what a naive data-parallel loop does);
+//   - serial: the Bucketer, but every gradient marked after the backward
+//     pass (compute, then communication);
+//   - overlap: the Bucketer, each layer's gradients marked as it finishes.
+//
+// Reported per step (means over rounds, rank 0): step time of each mode,
+// the overlap mode's comm time, exposed comm and hidden %, and the MB rank 0
+// sent. GORUN_BENCH_TRANSPORT=tcp runs over TLS/TCP instead of QUIC.
 //
 //	go test -run '^$' -bench Bucketer -benchtime 3x ./bench/
 func BenchmarkBucketer(b *testing.B) {
@@ -98,23 +103,29 @@ func BenchmarkBucketer(b *testing.B) {
 			}
 		}
 		for _, comp := range []collective.Compression{collective.CompressNone, collective.CompressFP16} {
-			for _, mode := range []string{"plain", "serial", "overlap"} {
-				b.Run(fmt.Sprintf("np%d/%v/%s", np, comp, mode), func(b *testing.B) {
-					benchBucketer(b, ts, ps, grads, comp, mode, nsPer)
-				})
-			}
+			b.Run(fmt.Sprintf("np%d/%v", np, comp), func(b *testing.B) {
+				benchBucketer(b, ts, ps, grads, comp, nsPer)
+			})
 		}
 		rank.CloseAll(ts)
 	}
 }
 
-func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo, grads [][]float32, comp collective.Compression, mode string, nsPer float64) {
-	overlap := mode == "overlap"
+var benchModes = []string{"plain", "serial", "overlap"}
+
+type modeStats struct {
+	step, comm, exposed time.Duration
+	hidden              float64
+	sent                uint64
+	buckets             int
+}
+
+func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo, grads [][]float32, comp collective.Compression, nsPer float64) {
 	np := len(ts)
-	var step, comm, exposed time.Duration
-	var hidden float64
-	var sent uint64
-	var nbuckets int
+	stats := map[string]*modeStats{}
+	for _, m := range benchModes {
+		stats[m] = &modeStats{}
+	}
 	errs := make([]error, np)
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -139,61 +150,21 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo,
 				return
 			}
 			for it := 0; it < b.N; it++ {
-				t0 := time.Now()
-				var pending []int
-				var work time.Duration
-				flush := func() {
-					time.Sleep(work)
-					work = 0
-					for _, i := range pending {
-						bk.MarkReady(i)
-					}
-					pending = pending[:0]
-				}
-				for i := len(ps) - 1; i >= 0; i-- {
-					if overlap && i < len(ps)-1 && layerOf(ps[i].Name) != layerOf(ps[i+1].Name) {
-						flush()
-					}
-					work += time.Duration(nsPer * float64(ps[i].Len))
-					pending = append(pending, i)
-				}
-				if mode == "plain" {
-					time.Sleep(work)
-					tb := time.Now()
-					var opts []collective.CallOption
-					if comp == collective.CompressFP16 {
-						opts = append(opts, collective.WithWire(collective.Float16))
-					}
-					s0 := sentBytes(ts[r])
-					g := collective.Float32Bytes(grads[r])
-					if err := c.Allreduce(context.Background(), g, g, collective.Float32, collective.Average, opts...); err != nil {
-						errs[r] = err
+				for _, mode := range benchModes {
+					ms, err := benchStepMode(c, bk, ts[r], ps, grads[r], comp, mode, nsPer)
+					if err != nil {
+						errs[r] = fmt.Errorf("%s: %w", mode, err)
 						return
 					}
 					if r == 0 {
-						d := time.Since(tb)
-						step += time.Since(t0)
-						comm += d
-						exposed += d
-						sent += sentBytes(ts[r]) - s0
-						nbuckets = 1
+						s := stats[mode]
+						s.step += ms.step
+						s.comm += ms.comm
+						s.exposed += ms.exposed
+						s.hidden += ms.hidden
+						s.sent += ms.sent
+						s.buckets = ms.buckets
 					}
-					continue
-				}
-				flush()
-				bk.BackwardDone()
-				st, err := bk.Wait()
-				if err != nil {
-					errs[r] = err
-					return
-				}
-				if r == 0 {
-					step += time.Since(t0)
-					comm += st.CommTime
-					exposed += st.Exposed
-					hidden += st.Hidden
-					sent += st.BytesSent
-					nbuckets = len(st.Buckets)
 				}
 			}
 		}(r)
@@ -205,12 +176,71 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo,
 		}
 	}
 	n := float64(b.N)
-	b.ReportMetric(step.Seconds()*1e3/n, "step-ms")
-	b.ReportMetric(comm.Seconds()*1e3/n, "comm-ms")
-	b.ReportMetric(exposed.Seconds()*1e3/n, "exposed-ms")
-	b.ReportMetric(100*hidden/n, "hidden-%")
-	b.ReportMetric(float64(sent)/n/1e6, "MB-sent")
-	b.ReportMetric(float64(nbuckets), "buckets")
+	ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 / n }
+	for _, m := range benchModes {
+		b.ReportMetric(ms(stats[m].step), m+"-step-ms")
+	}
+	o := stats["overlap"]
+	b.ReportMetric(ms(o.comm), "overlap-comm-ms")
+	b.ReportMetric(ms(o.exposed), "overlap-exposed-ms")
+	b.ReportMetric(100*o.hidden/n, "overlap-hidden-%")
+	b.ReportMetric(ms(stats["serial"].comm), "serial-comm-ms")
+	b.ReportMetric(ms(stats["plain"].comm), "plain-comm-ms")
+	b.ReportMetric(float64(o.sent)/n/1e6, "MB-sent")
+	b.ReportMetric(float64(o.buckets), "buckets")
+}
+
+// benchStepMode runs one step of a mode on one rank.
+func benchStepMode(c *collective.Communicator, bk *collective.Bucketer, t rank.Transport, ps []collective.ParamInfo, grads []float32,
+	comp collective.Compression, mode string, nsPer float64) (modeStats, error) {
+	var out modeStats
+	t0 := time.Now()
+	var pending []int
+	var work time.Duration
+	flush := func() {
+		time.Sleep(work)
+		work = 0
+		if mode != "plain" {
+			for _, i := range pending {
+				bk.MarkReady(i)
+			}
+		}
+		pending = pending[:0]
+	}
+	for i := len(ps) - 1; i >= 0; i-- {
+		if mode == "overlap" && i < len(ps)-1 && layerOf(ps[i].Name) != layerOf(ps[i+1].Name) {
+			flush()
+		}
+		work += time.Duration(nsPer * float64(ps[i].Len))
+		pending = append(pending, i)
+	}
+	flush()
+	if mode == "plain" {
+		tb := time.Now()
+		var opts []collective.CallOption
+		if comp == collective.CompressFP16 {
+			opts = append(opts, collective.WithWire(collective.Float16))
+		}
+		s0 := sentBytes(t)
+		g := collective.Float32Bytes(grads)
+		if err := c.Allreduce(context.Background(), g, g, collective.Float32, collective.Average, opts...); err != nil {
+			return out, err
+		}
+		out.comm = time.Since(tb)
+		out.exposed = out.comm
+		out.sent = sentBytes(t) - s0
+		out.buckets = 1
+		out.step = time.Since(t0)
+		return out, nil
+	}
+	bk.BackwardDone()
+	st, err := bk.Wait()
+	if err != nil {
+		return out, err
+	}
+	out.step = time.Since(t0)
+	out.comm, out.exposed, out.hidden, out.sent, out.buckets = st.CommTime, st.Exposed, st.Hidden, st.BytesSent, len(st.Buckets)
+	return out, nil
 }
 
 func sentBytes(t rank.Transport) (n uint64) {
