@@ -657,3 +657,33 @@ func unsafeBytes(u []uint64) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&u[0])), 8*len(u))
 }
+
+// Apply is safe for concurrent use (run with -race) and gives the same
+// pieces as on one goroutine.
+func TestBPEApplyConcurrent(t *testing.T) {
+	s, g := Synthetic(9, 400)
+	b := LearnBPE(append(append([]string{}, s...), g...), 300)
+	want := make([][]string, len(s))
+	ref := LearnBPE(append(append([]string{}, s...), g...), 300)
+	for i, l := range s {
+		want[i] = ref.Apply(l)
+	}
+	done := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		go func(w int) {
+			for k := 0; k < len(s); k++ {
+				i := (k*7 + w*101) % len(s)
+				if got := b.Apply(s[i]); !reflect.DeepEqual(got, want[i]) {
+					done <- fmt.Errorf("line %d: %q, want %q", i, got, want[i])
+					return
+				}
+			}
+			done <- nil
+		}(w)
+	}
+	for w := 0; w < 4; w++ {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
