@@ -136,6 +136,12 @@ func bleu(hyps [][]string, refs [][][]string, smoothExp bool) BLEUResult {
 		r.RefLen += closestRefLen(len(h), refs[i])
 		ngramStats(h, refs[i], &r.Counts, &r.Totals)
 	}
+	r.score(smoothExp)
+	return r
+}
+
+// score fills Ratio, BP, Precisions and Score from the counts and lengths.
+func (r *BLEUResult) score(smoothExp bool) {
 	if r.RefLen > 0 {
 		r.Ratio = float64(r.SysLen) / float64(r.RefLen)
 	}
@@ -161,17 +167,16 @@ func bleu(hyps [][]string, refs [][][]string, smoothExp bool) BLEUResult {
 		}
 	}
 	if r.Counts[0] == 0 {
-		return r
+		return
 	}
 	var logSum float64
 	for n := 0; n < 4; n++ {
 		if r.Precisions[n] == 0 {
-			return r
+			return
 		}
 		logSum += math.Log(r.Precisions[n])
 	}
 	r.Score = r.BP * math.Exp(logSum/4)
-	return r
 }
 
 // TokenizedBLEU is the lab's number: corpus BLEU-4 on already tokenized

@@ -101,3 +101,37 @@ func TestTokenizedBLEU(t *testing.T) {
 		t.Errorf("empty")
 	}
 }
+
+// Vectors of sacreBLEU's own test suite (test/test_bleu.py).
+func TestBLEUSacreTestSuite(t *testing.T) {
+	sys := []string{"The dog bit the man.", "It wasn't surprising.", "The man had just bitten him."}
+	refs := [][]string{
+		{"The dog bit the man.", "It was not unexpected.", "The man bit him first."},
+		{"The dog had bit the man.", "No one was surprised.", "The man had bitten the dog."},
+	}
+	// empty hypotheses are scored, not removed: 0
+	if r := CorpusBLEU([]string{"", "", ""}, refs...); r.Score != 0 || r.RefLen != 6+5+6 {
+		t.Errorf("empty hypotheses: %v", r)
+	}
+	// tokenize='none': 49.1919566
+	hs := make([][]string, len(sys))
+	rs := make([][][]string, len(sys))
+	for i := range sys {
+		hs[i] = strings.Fields(sys[i])
+		rs[i] = [][]string{strings.Fields(refs[0][i]), strings.Fields(refs[1][i])}
+	}
+	if r := bleu(hs, rs, true); math.Abs(r.Score-49.1919566) > 1e-6 {
+		t.Errorf("tokenize none: %v", r.Score)
+	}
+	// statistics
+	r := CorpusBLEU([]string{"am I am a character sequence"}, []string{"I am a symbol string sequence a a"})
+	if r.Counts != [4]int{4, 2, 1, 0} || r.Totals != [4]int{6, 5, 4, 3} {
+		t.Errorf("statistics %v %v", r.Counts, r.Totals)
+	}
+	// scoring from statistics: 0.8375922397
+	s := BLEUResult{Counts: [4]int{9, 7, 5, 3}, Totals: [4]int{10, 8, 6, 4}, SysLen: 11, RefLen: 11}
+	s.score(true)
+	if math.Abs(s.Score/100-0.8375922397) > 1e-8 {
+		t.Errorf("scoring: %v", s.Score)
+	}
+}
