@@ -18,140 +18,304 @@ import (
 	"github.com/gorun/gorun/rank"
 )
 
-// The remote agent is gorun itself, started on a remote host by ssh (or by
-// --launch-agent) as
+// The remote agent is gorun itself, started once per remote host by ssh (or
+// by --launch-agent) as
 //
-//	cd DIR && exec env NAME=VALUE... GORUN --internal-remote-agent [--grace D] [--agent-stdin] -- PROG ARGS
+//	cd DIR && exec env NAME=VALUE... GORUN --internal-remote-agent --grace D --ranks R.L,R.L... [--cuda-local] [--agent-stdin R] -- PROG ARGS
+//
+// where the environment holds what the host's ranks share and --ranks lists
+// each rank with its local rank. It starts one PROG per rank, each in its own
+// process group, with GORUN_RANK, GORUN_LOCAL_RANK, CUDA_VISIBLE_DEVICES (with
+// --cuda-local) and the job secret added to its environment.
 //
 // Its stdin is the control channel from the launcher: the first line is the
 // job secret (so it never appears in a command line); the lines after it are
 //
-//	s N        send signal N to the program's process group
-//	i BASE64   bytes for the program's stdin (only with --agent-stdin)
-//	e          end of the program's stdin
+//	s R N      send signal N to rank R's process group (R = -1: every rank)
+//	i R BASE64 bytes for rank R's stdin (only the --agent-stdin rank)
+//	e R        end of rank R's stdin
 //
-// and the end of the channel (the launcher or its ssh is gone) stops the
-// program: SIGTERM, then SIGKILL after the grace period. SIGTERM, SIGINT and
-// SIGHUP to the agent do the same. The agent reports to the launcher on its
-// stderr with lines that start with agentMark, which the launcher swallows.
+// and the end of the channel (the launcher or its ssh is gone) stops every
+// rank: SIGTERM, then SIGKILL after the grace period. SIGTERM, SIGINT and
+// SIGHUP to the agent are forwarded to every rank, with the same escalation.
+//
+// Its stdout carries frames to the launcher:
+//
+//	hello PID          the agent runs (first frame)
+//	started R PID      rank R runs as PID
+//	error R MESSAGE    rank R could not be started
+//	o R N\n<N bytes>   output of rank R on stdout
+//	e R N\n<N bytes>   output of rank R on stderr
+//	exit R STATUS      rank R exited (after all its output)
+//	signal R N         rank R died of signal N (after all its output)
+//
+// Its own stderr is for ssh's, the shell's and its own complaints.
 
 // AgentFlag is the hidden command-line flag that makes gorun the remote agent.
 const AgentFlag = "internal-remote-agent"
 
-const agentMark = "\x1fgorun-agent "
+// AgentRank is one rank the agent starts.
+type AgentRank struct{ Rank, Local int }
 
 // AgentConfig is what the remote agent is told on its command line.
 type AgentConfig struct {
-	Grace time.Duration
-	Stdin bool // forward 'i' lines to the program's stdin
-	Prog  string
-	Args  []string
+	Grace     time.Duration
+	Ranks     []AgentRank
+	StdinRank int  // rank whose stdin the launcher feeds (-1: none)
+	CUDALocal bool // set CUDA_VISIBLE_DEVICES to the local rank
+	Prog      string
+	Args      []string
 }
 
-// RunAgent runs the remote agent and returns the exit status for the agent
-// process: the program's, or 128+N if it died of signal N.
-func RunAgent(cfg AgentConfig, ctl io.Reader, stderr io.Writer) int {
-	report := func(format string, a ...any) {
-		fmt.Fprintf(stderr, agentMark+format+"\n", a...)
+// ParseAgentRanks parses --ranks "R.L,R.L".
+func ParseAgentRanks(s string) ([]AgentRank, error) {
+	var out []AgentRank
+	for _, f := range strings.Split(s, ",") {
+		r, l, ok := strings.Cut(f, ".")
+		rn, err1 := strconv.Atoi(r)
+		ln, err2 := strconv.Atoi(l)
+		if !ok || err1 != nil || err2 != nil || rn < 0 || ln < 0 {
+			return nil, fmt.Errorf("--ranks %q: want RANK.LOCAL,...", s)
+		}
+		out = append(out, AgentRank{rn, ln})
 	}
+	return out, nil
+}
+
+func formatAgentRanks(rs []AgentRank) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf("%d.%d", r.Rank, r.Local)
+	}
+	return strings.Join(parts, ",")
+}
+
+// frameWriter writes whole frames to the launcher, one at a time.
+type frameWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (f *frameWriter) line(format string, a ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fmt.Fprintf(f.w, format+"\n", a...)
+}
+
+func (f *frameWriter) data(stream byte, rank int, p []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	hdr := fmt.Sprintf("%c %d %d\n", stream, rank, len(p))
+	buf := make([]byte, 0, len(hdr)+len(p))
+	buf = append(append(buf, hdr...), p...)
+	_, _ = f.w.Write(buf)
+}
+
+type agentRank struct {
+	AgentRank
+	cmd    *exec.Cmd
+	stdin  *os.File
+	pumps  sync.WaitGroup
+	exited chan struct{}
+}
+
+// RunAgent runs the remote agent until every rank has ended; it returns 0,
+// or 127 if it could not run at all.
+func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 	if cfg.Grace <= 0 {
-		cfg.Grace = 5 * time.Second
+		cfg.Grace = DefaultGrace
 	}
 	br := bufio.NewReader(ctl)
 	secret, err := br.ReadString('\n')
 	secret = strings.TrimSpace(secret)
 	if err != nil {
-		report("error no job secret on stdin (the remote agent is started by gorun, not by hand)")
+		fmt.Fprintln(stderr, "gorun agent: no job secret on stdin (the remote agent is started by gorun, not by hand)")
 		return 127
 	}
 	if b, err := hex.DecodeString(secret); err != nil || len(b) < 16 {
-		report("error malformed job secret on stdin")
+		fmt.Fprintln(stderr, "gorun agent: malformed job secret on stdin")
 		return 127
 	}
-	os.Setenv(rank.EnvSecret, secret)
+	out := &frameWriter{w: stdout}
+	out.line("hello %d", os.Getpid())
 
-	cmd := exec.Command(cfg.Prog, cfg.Args...)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
-	var stdinW io.WriteCloser
-	if cfg.Stdin {
-		r, w, err := os.Pipe()
-		if err != nil {
-			report("error %v", err)
-			return 127
-		}
-		cmd.Stdin, stdinW = r, w
-		defer r.Close()
-	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	if err := cmd.Start(); err != nil {
-		host, _ := os.Hostname()
-		report("error cannot start %s on %s: %v", cfg.Prog, host, unwrapExec(err))
-		return 127
-	}
-	if r, ok := cmd.Stdin.(*os.File); ok {
-		r.Close()
-	}
-	pgid := cmd.Process.Pid
-	report("started %d", pgid)
 
-	var once sync.Once
-	stop := func() { // SIGTERM now, SIGKILL after the grace period
-		once.Do(func() {
-			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			time.AfterFunc(cfg.Grace, func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	host, _ := os.Hostname()
+	var mu sync.Mutex // guards ranks' cmd.Process use against the waiters
+	ranks := map[int]*agentRank{}
+	var all []*agentRank
+	for _, ar := range cfg.Ranks {
+		a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
+		env := append(os.Environ(),
+			rank.EnvRank+"="+strconv.Itoa(ar.Rank),
+			rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
+			rank.EnvSecret+"="+secret)
+		if cfg.CUDALocal {
+			env = append(env, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(ar.Local))
+		}
+		cmd := exec.Command(cfg.Prog, cfg.Args...)
+		cmd.Env = env
+		cmd.SysProcAttr = procAttr(syscall.SIGKILL)
+		outR, outW, err1 := os.Pipe()
+		errR, errW, err2 := os.Pipe()
+		if err1 != nil || err2 != nil {
+			out.line("error %d %v", ar.Rank, firstErr(err1, err2))
+			continue
+		}
+		cmd.Stdout, cmd.Stderr = outW, errW
+		var inR *os.File
+		if ar.Rank == cfg.StdinRank {
+			if inR, a.stdin, err = os.Pipe(); err == nil {
+				cmd.Stdin = inR
+			}
+		}
+		err := cmd.Start()
+		closeAll(outW, errW)
+		if inR != nil {
+			inR.Close()
+		}
+		if err != nil {
+			closeAll(outR, errR)
+			out.line("error %d cannot start %s on %s: %v", ar.Rank, cfg.Prog, host, unwrapExec(err))
+			continue
+		}
+		a.cmd = cmd
+		out.line("started %d %d", ar.Rank, cmd.Process.Pid)
+		for _, p := range []struct {
+			r      *os.File
+			stream byte
+		}{{outR, 'o'}, {errR, 'e'}} {
+			a.pumps.Add(1)
+			go func(r *os.File, stream byte) {
+				defer a.pumps.Done()
+				defer r.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := r.Read(buf)
+					if n > 0 {
+						out.data(stream, a.Rank, buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			}(p.r, p.stream)
+		}
+		ranks[ar.Rank] = a
+		all = append(all, a)
+	}
+
+	kill := func(a *agentRank, sig syscall.Signal) {
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case <-a.exited:
+		default:
+			_ = syscall.Kill(-a.cmd.Process.Pid, sig)
+		}
+	}
+	var stopOnce sync.Once
+	stopAll := func(sig syscall.Signal) { // sig now, SIGKILL after the grace period
+		for _, a := range all {
+			kill(a, sig)
+		}
+		stopOnce.Do(func() {
+			time.AfterFunc(cfg.Grace, func() {
+				for _, a := range all {
+					kill(a, syscall.SIGKILL)
+				}
+			})
 		})
 	}
 	go func() {
 		for {
 			line, err := br.ReadString('\n')
 			if err != nil {
-				stop()
-				if stdinW != nil {
-					stdinW.Close()
+				stopAll(syscall.SIGTERM)
+				for _, a := range all {
+					if a.stdin != nil {
+						a.stdin.Close()
+					}
 				}
 				return
 			}
-			line = strings.TrimRight(line, "\n")
-			op, arg, _ := strings.Cut(line, " ")
-			switch op {
-			case "s":
-				if n, err := strconv.Atoi(arg); err == nil && n > 0 && n < 65 {
-					_ = syscall.Kill(-pgid, syscall.Signal(n))
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			r, err := strconv.Atoi(f[1])
+			if err != nil {
+				continue
+			}
+			switch {
+			case f[0] == "s" && len(f) == 3:
+				n, err := strconv.Atoi(f[2])
+				if err != nil || n <= 0 || n >= 65 {
+					continue
 				}
-			case "i":
-				if b, err := base64.StdEncoding.DecodeString(arg); err == nil && stdinW != nil {
-					_, _ = stdinW.Write(b)
+				for _, a := range all {
+					if r == -1 || a.Rank == r {
+						kill(a, syscall.Signal(n))
+					}
 				}
-			case "e":
-				if stdinW != nil {
-					stdinW.Close()
+			case f[0] == "i" && len(f) == 3:
+				if a := ranks[r]; a != nil && a.stdin != nil {
+					if b, err := base64.StdEncoding.DecodeString(f[2]); err == nil {
+						_, _ = a.stdin.Write(b)
+					}
+				}
+			case f[0] == "e":
+				if a := ranks[r]; a != nil && a.stdin != nil {
+					a.stdin.Close()
 				}
 			}
 		}
 	}()
 	go func() {
 		for s := range sigs {
-			_ = syscall.Kill(-pgid, s.(syscall.Signal))
-			once.Do(func() {
-				time.AfterFunc(cfg.Grace, func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
-			})
+			stopAll(s.(syscall.Signal))
 		}
 	}()
-	err = cmd.Wait()
-	// Nothing the rank left behind in its process group outlives it.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		report("signal %d", int(ws.Signal()))
-		return 128 + int(ws.Signal())
+
+	var wg sync.WaitGroup
+	for _, a := range all {
+		wg.Add(1)
+		go func(a *agentRank) {
+			defer wg.Done()
+			_ = a.cmd.Wait()
+			mu.Lock()
+			close(a.exited)
+			// Nothing the rank left in its process group outlives it.
+			_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
+			mu.Unlock()
+			done := make(chan struct{})
+			go func() { a.pumps.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(2 * time.Second): // a process outside the group holds the pipe
+			}
+			ws, _ := a.cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if ws.Signaled() {
+				out.line("signal %d %d", a.Rank, int(ws.Signal()))
+			} else {
+				out.line("exit %d %d", a.Rank, ws.ExitStatus())
+			}
+		}(a)
 	}
-	if err != nil && cmd.ProcessState == nil {
-		report("error %v", err)
-		return 127
+	wg.Wait()
+	return 0
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
 	}
-	return cmd.ProcessState.ExitCode()
+	return nil
 }
 
 // unwrapExec shortens exec's "exec: \"x\": ..." errors.

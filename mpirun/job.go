@@ -78,13 +78,23 @@ func usagef(format string, a ...any) error { return &UsageError{fmt.Sprintf(form
 type rankSpec struct {
 	slot   Slot
 	remote bool
-	env    []string // the variables gorun sets (local: added to its own environment)
-	argv   []string // local: program and args; remote: launcher words, host, remote command
+	env    []string // local: the variables gorun adds to its own environment
+	argv   []string // local: program and args
+	host   int      // remote: index in plan.remote
+}
+
+// hostSpec is one remote host: one ssh (or launch agent) runs gorun's
+// remote agent there, which starts all of the host's ranks.
+type hostSpec struct {
+	name  string
+	ranks []int    // indexes in plan.specs
+	argv  []string // launcher words, host, remote command
 }
 
 type plan struct {
 	cfg      Config
 	specs    []rankSpec
+	remote   []*hostSpec
 	rdvIP    string
 	rdvPort  string
 	secret   string
@@ -273,53 +283,87 @@ func prepare(cfg Config) (*plan, error) {
 		}
 	}
 
-	// The environment and command of every rank.
+	// The environment and command of every rank, and of every remote host.
+	_, inheritedCUDA := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	cudaLocal := !userCUDA && !inheritedCUDA
+	hostIndex := map[string]int{}
 	for _, s := range slots {
 		sp := rankSpec{slot: s, remote: !local[s.Host]}
-		env := append([]string(nil), exports...)
-		if sp.remote {
-			for _, k := range tuningVars {
-				if v, ok := os.LookupEnv(k); ok && !hasVar(exports, k) {
-					env = append(env, k+"="+v)
-				}
+		if !sp.remote {
+			env := append([]string(nil), exports...)
+			if ifaceEnv != "" && !hasVar(exports, rank.EnvIface) {
+				env = append(env, rank.EnvIface+"="+ifaceEnv)
 			}
-			if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
-				env = append(env, "CUDA_VISIBLE_DEVICES="+v)
+			env = append(env,
+				rank.EnvRank+"="+strconv.Itoa(s.Rank),
+				rank.EnvSize+"="+strconv.Itoa(np),
+				rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank),
+				rank.EnvLocalSize+"="+strconv.Itoa(s.LocalSize),
+				rank.EnvNodeRank+"="+strconv.Itoa(s.NodeRank),
+				rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
+				rank.EnvJobID+"="+p.jobID,
+				rank.EnvHost+"="+s.Host,
+			)
+			if cudaLocal {
+				env = append(env, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(s.LocalRank))
+			}
+			sp.env = env
+			sp.argv = append([]string{prog}, cfg.Args...)
+		} else {
+			hi, ok := hostIndex[s.Host]
+			if !ok {
+				hi = len(p.remote)
+				hostIndex[s.Host] = hi
+				p.remote = append(p.remote, &hostSpec{name: s.Host})
+			}
+			sp.host = hi
+			p.remote[hi].ranks = append(p.remote[hi].ranks, s.Rank)
+		}
+		p.specs = append(p.specs, sp)
+	}
+	for _, hs := range p.remote {
+		first := p.specs[hs.ranks[0]].slot
+		env := append([]string(nil), exports...)
+		for _, k := range tuningVars {
+			if v, ok := os.LookupEnv(k); ok && !hasVar(exports, k) {
+				env = append(env, k+"="+v)
 			}
 		}
-		if ifaceEnv != "" && (!sp.remote || !ifaceLocalOnly) && !hasVar(exports, rank.EnvIface) {
+		if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
+			env = append(env, "CUDA_VISIBLE_DEVICES="+v)
+		}
+		if ifaceEnv != "" && !ifaceLocalOnly && !hasVar(exports, rank.EnvIface) {
 			env = append(env, rank.EnvIface+"="+ifaceEnv)
 		}
 		env = append(env,
-			rank.EnvRank+"="+strconv.Itoa(s.Rank),
 			rank.EnvSize+"="+strconv.Itoa(np),
-			rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank),
-			rank.EnvLocalSize+"="+strconv.Itoa(s.LocalSize),
-			rank.EnvNodeRank+"="+strconv.Itoa(s.NodeRank),
+			rank.EnvLocalSize+"="+strconv.Itoa(first.LocalSize),
+			rank.EnvNodeRank+"="+strconv.Itoa(first.NodeRank),
 			rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
 			rank.EnvJobID+"="+p.jobID,
-			rank.EnvHost+"="+s.Host,
+			rank.EnvHost+"="+hs.name,
 		)
-		_, inherited := os.LookupEnv("CUDA_VISIBLE_DEVICES")
-		if !userCUDA && !inherited {
-			env = append(env, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(s.LocalRank))
-		}
-		sp.env = env
-		if sp.remote {
-			agent := []string{agentPath, "--" + AgentFlag, "--grace", cfg.Grace.String()}
-			if s.Rank == cfg.StdinRank && cfg.Stdin != nil {
-				agent = append(agent, "--agent-stdin")
+		var ars []AgentRank
+		stdinRank := -1
+		for _, r := range hs.ranks {
+			ars = append(ars, AgentRank{Rank: r, Local: p.specs[r].slot.LocalRank})
+			if r == cfg.StdinRank && cfg.Stdin != nil {
+				stdinRank = r
 			}
-			agent = append(agent, "--", remoteProg)
-			agent = append(agent, cfg.Args...)
-			words := append([]string{"exec", "env"}, env...)
-			words = append(words, agent...)
-			remoteCmd := "cd " + shellQuote(dir) + " && " + shellJoin(words)
-			sp.argv = append(append(append([]string(nil), launcher...), s.Host), remoteCmd)
-		} else {
-			sp.argv = append([]string{prog}, cfg.Args...)
 		}
-		p.specs = append(p.specs, sp)
+		agent := []string{agentPath, "--" + AgentFlag, "--grace", cfg.Grace.String(), "--ranks", formatAgentRanks(ars)}
+		if cudaLocal {
+			agent = append(agent, "--cuda-local")
+		}
+		if stdinRank >= 0 {
+			agent = append(agent, "--agent-stdin", strconv.Itoa(stdinRank))
+		}
+		agent = append(agent, "--", remoteProg)
+		agent = append(agent, cfg.Args...)
+		words := append([]string{"exec", "env"}, env...)
+		words = append(words, agent...)
+		remoteCmd := "cd " + shellQuote(dir) + " && " + shellJoin(words)
+		hs.argv = append(append(append([]string(nil), launcher...), hs.name), remoteCmd)
 	}
 	p.cfg.Dir = dir
 	return p, nil
@@ -472,24 +516,50 @@ func launcherWords(cfg Config) ([]string, error) {
 	return words, nil
 }
 
-// commandLine renders one rank's command for --dry-run and -v, with the
-// secret redacted.
+// commandLine renders a local rank's command for --dry-run and -v, with
+// the secret redacted.
 func (p *plan) commandLine(sp rankSpec, port string) string {
-	fill := func(s string) string { return strings.ReplaceAll(s, rdvPortPlaceholder, port) }
-	if sp.remote {
-		w := make([]string, len(sp.argv))
-		for i, a := range sp.argv {
-			w[i] = fill(a)
-		}
-		return shellJoin(w) + "   # job secret on stdin"
-	}
 	words := []string{"env"}
 	for _, kv := range sp.env {
-		words = append(words, fill(kv))
+		words = append(words, fillPort(kv, port))
 	}
 	words = append(words, rank.EnvSecret+"=<redacted>")
 	words = append(words, sp.argv...)
 	return "cd " + shellQuote(p.cfg.Dir) + " && " + shellJoin(words)
+}
+
+// hostCommandLine renders a remote host's command.
+func (p *plan) hostCommandLine(hs *hostSpec, port string) string {
+	w := make([]string, len(hs.argv))
+	for i, a := range hs.argv {
+		w[i] = fillPort(a, port)
+	}
+	return shellJoin(w) + "   # job secret on stdin"
+}
+
+func fillPort(s, port string) string { return strings.ReplaceAll(s, rdvPortPlaceholder, port) }
+
+// printCommands writes every local rank's and remote host's command.
+func (p *plan) printCommands(w io.Writer, prefix, port string) {
+	for _, sp := range p.specs {
+		if !sp.remote {
+			fmt.Fprintf(w, "%s[%d] %s\n", prefix, sp.slot.Rank, p.commandLine(sp, port))
+		}
+	}
+	for _, hs := range p.remote {
+		fmt.Fprintf(w, "%s[%s: %s] %s\n", prefix, hs.name, rankList(hs.ranks), p.hostCommandLine(hs, port))
+	}
+}
+
+func rankList(rs []int) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = strconv.Itoa(r)
+	}
+	if len(rs) == 1 {
+		return "rank " + parts[0]
+	}
+	return "ranks " + strings.Join(parts, ",")
 }
 
 func (p *plan) printDryRun() {
@@ -506,9 +576,7 @@ func (p *plan) printDryRun() {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%s\n", sp.slot.Rank, sp.slot.Host, sp.slot.LocalRank, sp.slot.LocalSize, sp.slot.NodeRank, how)
 	}
 	tw.Flush()
-	for _, sp := range p.specs {
-		fmt.Fprintf(w, "[%d] %s\n", sp.slot.Rank, p.commandLine(sp, p.displayPort()))
-	}
+	p.printCommands(w, "", p.displayPort())
 }
 
 func (p *plan) displayPort() string {
@@ -528,25 +596,30 @@ func (p *plan) launcherName() string {
 // proc is one started rank.
 type proc struct {
 	spec   rankSpec
-	cmd    *exec.Cmd
-	pid    int
-	ctl    *control // remote: the agent's control channel
+	cmd    *exec.Cmd   // local ranks
+	host   *remoteHost // remote ranks
 	reaper *reaper
 	files  []*os.File
 	pumps  sync.WaitGroup
+	to, te *tagger
 
-	mu       sync.Mutex // agent reports, written by the stderr pump
-	started  bool
-	agentPid int
-	agentSig int
-	agentErr string
-	held     [][]byte
+	mu      sync.Mutex
+	pid     int // remote: the program's pid on its host, once started
+	started bool
 }
 
+func (pr *proc) getPid() int {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.pid
+}
+
+// outcome is how a rank ended.
 type outcome struct {
-	p     *proc
-	state *os.ProcessState
-	err   error
+	p      *proc
+	status int    // exit status
+	signal int    // > 0: died of this signal
+	fail   string // the rank could not be started, or contact was lost
 }
 
 func (p *plan) run() (int, error) {
@@ -570,9 +643,7 @@ func (p *plan) run() (int, error) {
 	}
 	if cfg.Verbose {
 		fmt.Fprintf(cfg.Stderr, "gorun: job %s: %s on %s, rendezvous %s\n", p.jobID, plural(len(p.specs), "rank"), plural(p.hosts, "host"), rdv.Addr())
-		for _, sp := range p.specs {
-			fmt.Fprintf(cfg.Stderr, "gorun: [%d] %s\n", sp.slot.Rank, p.commandLine(sp, port))
-		}
+		p.printCommands(cfg.Stderr, "gorun: ", port)
 	}
 
 	var rp *reaper
@@ -584,24 +655,36 @@ func (p *plan) run() (int, error) {
 	}
 	results := make(chan outcome, len(p.specs))
 	var procs []*proc
+	abort := func(err error) (int, error) {
+		for _, q := range procs {
+			q.signal(syscall.SIGKILL)
+			q.killLocal()
+		}
+		for range procs {
+			<-results
+		}
+		return ExitSetup, err
+	}
 	for _, sp := range p.specs {
-		pr, err := p.start(sp, port, stdout, stderr)
-		if err == nil {
-			pr.reaper = rp
-			rp.send("g", pr.pid)
+		if sp.remote {
+			continue
 		}
+		pr, err := p.startLocal(sp, port, stdout, stderr)
 		if err != nil {
-			// Stop what already runs, then report.
-			for _, q := range procs {
-				q.signal(syscall.SIGKILL)
-			}
-			for range procs {
-				<-results
-			}
-			return ExitSetup, err
+			return abort(err)
 		}
+		pr.reaper = rp
+		rp.send("g", pr.cmd.Process.Pid)
 		procs = append(procs, pr)
 		go pr.wait(results)
+	}
+	for _, hs := range p.remote {
+		h, hprocs, err := p.startHost(hs, port, stdout, stderr, results, rp)
+		if err != nil {
+			return abort(err)
+		}
+		procs = append(procs, hprocs...)
+		go h.wait()
 	}
 
 	// The lifecycle: the first failure (or a signal, or the timeout) stops
@@ -633,7 +716,7 @@ func (p *plan) run() (int, error) {
 			if stopping {
 				continue
 			}
-			if code, msg := r.p.describe(r); code != 0 {
+			if code, msg := r.describe(); code != 0 {
 				fmt.Fprintln(cfg.Stderr, "gorun: "+msg)
 				status = code
 				stopAll(syscall.SIGTERM)
@@ -678,115 +761,101 @@ func (p *plan) run() (int, error) {
 	return status, nil
 }
 
-// start starts one rank: by exec here, or through ssh / the launch agent.
-func (p *plan) start(sp rankSpec, port string, stdout, stderr *sink) (*proc, error) {
-	cfg := p.cfg
-	pr := &proc{spec: sp}
-	fill := func(s string) string { return strings.ReplaceAll(s, rdvPortPlaceholder, port) }
-	argv := make([]string, len(sp.argv))
-	for i, a := range sp.argv {
-		argv[i] = fill(a)
+// outputFiles opens DIR/rank.N/stdout and stderr, or returns nils.
+func (p *plan) outputFiles(r int) (of, ef *os.File, err error) {
+	if p.cfg.OutputDir == "" {
+		return nil, nil, nil
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	if !sp.remote {
-		cmd.Dir = cfg.Dir // remote ranks cd there on their host
+	d := filepath.Join(p.cfg.OutputDir, fmt.Sprintf("rank.%d", r))
+	if of, err = os.Create(filepath.Join(d, "stdout")); err != nil {
+		return nil, nil, fmt.Errorf("--output-dir: %v", err)
 	}
-	if sp.remote {
-		cmd.SysProcAttr = procAttr(syscall.SIGTERM)
-	} else {
-		cmd.SysProcAttr = procAttr(syscall.SIGKILL)
+	if ef, err = os.Create(filepath.Join(d, "stderr")); err != nil {
+		of.Close()
+		return nil, nil, fmt.Errorf("--output-dir: %v", err)
 	}
-	base := cleanEnviron()
-	if sp.remote {
-		cmd.Env = base // ssh's own environment; the rank's is in the remote command
-	} else {
-		env := base
-		for _, kv := range sp.env {
-			env = append(env, fill(kv))
-		}
-		cmd.Env = append(env, rank.EnvSecret+"="+p.secret)
-	}
+	return of, ef, nil
+}
+
+// newProc makes a rank's taggers and output files.
+func (p *plan) newProc(sp rankSpec, stdout, stderr *sink) (*proc, error) {
 	r := sp.slot.Rank
-	var outFile, errFile io.Writer
-	if cfg.OutputDir != "" {
-		d := filepath.Join(cfg.OutputDir, fmt.Sprintf("rank.%d", r))
-		of, err := os.Create(filepath.Join(d, "stdout"))
-		if err != nil {
-			return nil, fmt.Errorf("--output-dir: %v", err)
-		}
-		ef, err := os.Create(filepath.Join(d, "stderr"))
-		if err != nil {
-			of.Close()
-			return nil, fmt.Errorf("--output-dir: %v", err)
-		}
-		pr.files = append(pr.files, of, ef)
-		outFile, errFile = of, ef
+	pr := &proc{spec: sp}
+	pr.to = &tagger{out: stdout, prefix: tagPrefix(p.cfg.Tag, r, "stdout")}
+	pr.te = &tagger{out: stderr, prefix: tagPrefix(p.cfg.Tag, r, "stderr")}
+	of, ef, err := p.outputFiles(r)
+	if err != nil {
+		return nil, err
 	}
+	if of != nil {
+		pr.files = []*os.File{of, ef}
+		pr.to.file, pr.te.file = of, ef
+	}
+	return pr, nil
+}
+
+func (pr *proc) closeOutput() {
+	pr.to.Close()
+	pr.te.Close()
+	for _, f := range pr.files {
+		f.Close()
+	}
+}
+
+// startLocal starts a rank on this machine by exec.
+func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc, error) {
+	cfg := p.cfg
+	pr, err := p.newProc(sp, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(sp.argv[0], sp.argv[1:]...)
+	cmd.Dir = cfg.Dir
+	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
+	env := cleanEnviron()
+	for _, kv := range sp.env {
+		env = append(env, fillPort(kv, port))
+	}
+	cmd.Env = append(env, rank.EnvSecret+"="+p.secret)
 	outR, outW, err := os.Pipe()
 	if err != nil {
+		pr.closeOutput()
 		return nil, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		outR.Close()
-		outW.Close()
+		closeAll(outR, outW)
+		pr.closeOutput()
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	to := &tagger{out: stdout, prefix: tagPrefix(cfg.Tag, r, "stdout"), file: outFile}
-	te := &tagger{out: stderr, prefix: tagPrefix(cfg.Tag, r, "stderr"), file: errFile}
-
 	var stdinW *os.File
-	wantStdin := r == cfg.StdinRank && cfg.Stdin != nil
-	if sp.remote {
-		ctlR, ctlW, err := os.Pipe()
-		if err != nil {
-			closeAll(outR, outW, errR, errW)
-			return nil, err
-		}
-		cmd.Stdin = ctlR
-		defer ctlR.Close()
-		pr.ctl = newControl(ctlW)
-		pr.ctl.send(p.secret)
-		te.control = pr.agentLine(te)
-	} else if wantStdin {
+	if sp.slot.Rank == cfg.StdinRank && cfg.Stdin != nil {
 		sr, sw, err := os.Pipe()
 		if err != nil {
 			closeAll(outR, outW, errR, errW)
+			pr.closeOutput()
 			return nil, err
 		}
 		cmd.Stdin, stdinW = sr, sw
 		defer sr.Close()
 	}
 	err = cmd.Start()
-	outW.Close()
-	errW.Close()
+	closeAll(outW, errW)
 	if err != nil {
 		closeAll(outR, errR)
 		if stdinW != nil {
 			stdinW.Close()
 		}
-		if pr.ctl != nil {
-			pr.ctl.close()
-		}
-		for _, f := range pr.files {
-			f.Close()
-		}
-		if sp.remote {
-			return nil, fmt.Errorf("cannot start %s for rank %d on host %s: %v", argv[0], r, sp.slot.Host, unwrapExec(err))
-		}
-		return nil, fmt.Errorf("cannot start rank %d (%s): %v", r, argv[0], unwrapExec(err))
+		pr.closeOutput()
+		return nil, fmt.Errorf("cannot start rank %d (%s): %v", sp.slot.Rank, sp.argv[0], unwrapExec(err))
 	}
-	pr.cmd, pr.pid = cmd, cmd.Process.Pid
+	pr.cmd, pr.pid, pr.started = cmd, cmd.Process.Pid, true
 	pr.pumps.Add(2)
-	go func() { defer pr.pumps.Done(); to.pump(outR); outR.Close() }()
-	go func() { defer pr.pumps.Done(); te.pump(errR); errR.Close() }()
-	if wantStdin {
-		if sp.remote {
-			go pr.ctl.forwardStdin(cfg.Stdin)
-		} else {
-			go func() { _, _ = io.Copy(stdinW, cfg.Stdin); stdinW.Close() }()
-		}
+	go func() { defer pr.pumps.Done(); pr.to.pump(outR); outR.Close() }()
+	go func() { defer pr.pumps.Done(); pr.te.pump(errR); errR.Close() }()
+	if stdinW != nil {
+		go func() { _, _ = io.Copy(stdinW, cfg.Stdin); stdinW.Close() }()
 	}
 	return pr, nil
 }
@@ -816,143 +885,63 @@ func cleanEnviron() []string {
 	return env
 }
 
-// agentLine handles the remote agent's report lines on the rank's stderr.
-// Lines before "started" are held back: if the start fails, the last of
-// them (ssh's complaint) goes into gorun's one-line message.
-func (pr *proc) agentLine(te *tagger) func([]byte) bool {
-	return func(line []byte) bool {
-		s := string(line)
-		pr.mu.Lock()
-		defer pr.mu.Unlock()
-		if rest, ok := strings.CutPrefix(s, agentMark); ok {
-			op, arg, _ := strings.Cut(strings.TrimSpace(rest), " ")
-			switch op {
-			case "started":
-				pr.started = true
-				pr.agentPid, _ = strconv.Atoi(arg)
-				held := pr.held
-				pr.held = nil
-				for _, h := range held {
-					if te.file != nil {
-						_, _ = te.file.Write(h)
-					}
-					te.out.writeLine(append([]byte(te.prefix), h...))
-				}
-			case "signal":
-				pr.agentSig, _ = strconv.Atoi(arg)
-			case "error":
-				pr.agentErr = arg
-			}
-			return true
-		}
-		if pr.started {
-			return false
-		}
-		if len(pr.held) == 32 {
-			pr.held = pr.held[1:]
-		}
-		pr.held = append(pr.held, append([]byte(nil), line...))
-		return true
-	}
-}
-
+// wait waits for a local rank and reports how it ended.
 func (pr *proc) wait(results chan<- outcome) {
-	err := pr.cmd.Wait()
+	_ = pr.cmd.Wait()
 	// Whatever the rank left in its process group goes with it.
 	_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
 	pr.reaper.send("x", pr.pid) // its group id may be reused now
-	if pr.ctl != nil {
-		pr.ctl.close()
-	}
 	ch := make(chan struct{})
 	go func() { pr.pumps.Wait(); close(ch) }()
 	select {
 	case <-ch:
 	case <-time.After(2 * time.Second): // a process outside the group holds the pipe
 	}
-	for _, f := range pr.files {
-		f.Close()
+	pr.closeOutput()
+	o := outcome{p: pr}
+	if ws, ok := pr.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		o.signal = int(ws.Signal())
+	} else {
+		o.status = pr.cmd.ProcessState.ExitCode()
 	}
-	results <- outcome{p: pr, state: pr.cmd.ProcessState, err: err}
+	results <- o
 }
 
 // describe says how a rank ended: status 0 and "" for success, else gorun's
 // exit status and its one-line message.
-func (pr *proc) describe(r outcome) (int, string) {
-	s := pr.spec.slot
-	pr.mu.Lock()
-	started, agentPid, agentSig, agentErr := pr.started, pr.agentPid, pr.agentSig, pr.agentErr
-	var last string
-	if len(pr.held) > 0 {
-		last = strings.TrimSpace(string(pr.held[len(pr.held)-1]))
-	}
-	pr.mu.Unlock()
-	st := r.state
-	if st == nil {
-		return ExitSetup, fmt.Sprintf("rank %d (host %s): %v", s.Rank, s.Host, r.err)
-	}
-	ws, _ := st.Sys().(syscall.WaitStatus)
-	if pr.spec.remote {
-		if !started || (agentErr != "" && agentSig == 0) {
-			why := agentErr
-			if why == "" {
-				why = last
-			}
-			if why == "" {
-				if ws.Signaled() {
-					why = fmt.Sprintf("%s killed by signal %d (%v)", pr.cmd.Path, int(ws.Signal()), ws.Signal())
-				} else {
-					why = fmt.Sprintf("%s exited with status %d before the remote agent started", filepath.Base(pr.cmd.Path), ws.ExitStatus())
-				}
-			}
-			return ExitLaunch, fmt.Sprintf("cannot start rank %d on host %s: %s", s.Rank, s.Host, why)
-		}
-		where := fmt.Sprintf("rank %d (host %s, pid %d)", s.Rank, s.Host, agentPid)
-		switch {
-		case agentSig > 0:
-			return 128 + agentSig, fmt.Sprintf("%s killed by signal %d (%v)", where, agentSig, syscall.Signal(agentSig))
-		case ws.Signaled():
-			return 128 + int(ws.Signal()), fmt.Sprintf("%s: lost: %s killed by signal %d (%v)", where, filepath.Base(pr.cmd.Path), int(ws.Signal()), ws.Signal())
-		case ws.ExitStatus() != 0:
-			return ws.ExitStatus(), fmt.Sprintf("%s exited with status %d", where, ws.ExitStatus())
-		}
-		return 0, ""
-	}
-	where := fmt.Sprintf("rank %d (host %s, pid %d)", s.Rank, s.Host, pr.pid)
+func (o outcome) describe() (int, string) {
+	s := o.p.spec.slot
+	where := fmt.Sprintf("rank %d (host %s, pid %d)", s.Rank, s.Host, o.p.getPid())
 	switch {
-	case ws.Signaled():
-		return 128 + int(ws.Signal()), fmt.Sprintf("%s killed by signal %d (%v)", where, int(ws.Signal()), ws.Signal())
-	case ws.ExitStatus() != 0:
-		return ws.ExitStatus(), fmt.Sprintf("%s exited with status %d", where, ws.ExitStatus())
+	case o.fail != "":
+		return ExitLaunch, o.fail
+	case o.signal > 0:
+		return 128 + o.signal, fmt.Sprintf("%s killed by signal %d (%v)", where, o.signal, syscall.Signal(o.signal))
+	case o.status != 0:
+		return o.status, fmt.Sprintf("%s exited with status %d", where, o.status)
 	}
 	return 0, ""
 }
 
-// signal sends sig to the rank: to its process group here, or through the
-// agent's control channel (SIGKILL also ends the channel, which makes the
-// agent kill the rank even if the line is lost).
+// signal sends sig to the rank: to its process group here, or through its
+// host's agent.
 func (pr *proc) signal(sig syscall.Signal) {
-	if pr.ctl == nil {
-		_ = syscall.Kill(-pr.pid, sig)
+	if pr.host != nil {
+		pr.host.signal(pr.spec.slot.Rank, sig)
 		return
 	}
-	pr.ctl.send("s " + strconv.Itoa(int(sig)))
-	if sig == syscall.SIGKILL {
-		pr.ctl.close()
-	} else if !pr.isStarted() {
-		// ssh has not started the agent yet (or never will): stop ssh.
-		_ = syscall.Kill(-pr.pid, sig)
+	_ = syscall.Kill(-pr.pid, sig)
+}
+
+// killLocal kills what runs here for the rank: the rank itself, or its
+// host's ssh or launch agent.
+func (pr *proc) killLocal() {
+	if pr.host != nil {
+		_ = syscall.Kill(-pr.host.pid, syscall.SIGKILL)
+		return
 	}
+	_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
 }
-
-func (pr *proc) isStarted() bool {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.started
-}
-
-// killLocal kills the local side of a remote rank (ssh or the launch agent).
-func (pr *proc) killLocal() { _ = syscall.Kill(-pr.pid, syscall.SIGKILL) }
 
 // control is the launcher's end of a remote agent's stdin: lines go out in
 // order from one goroutine, so a stuck ssh never blocks the lifecycle.
@@ -1000,15 +989,16 @@ func (c *control) send(line string) {
 
 func (c *control) close() { c.once.Do(func() { close(c.done) }) }
 
-func (c *control) forwardStdin(r io.Reader) {
+func (c *control) forwardStdin(r io.Reader, rank int) {
 	buf := make([]byte, 32<<10)
+	rs := strconv.Itoa(rank)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			c.send("i " + base64.StdEncoding.EncodeToString(buf[:n]))
+			c.send("i " + rs + " " + base64.StdEncoding.EncodeToString(buf[:n]))
 		}
 		if err != nil {
-			c.send("e")
+			c.send("e " + rs)
 			return
 		}
 		select {

@@ -237,8 +237,8 @@ func TestDryRunRemote(t *testing.T) {
 	for _, want := range []string{
 		"gorun: dry run: 2 ranks on 1 host, job ",
 		"RANK  HOST           LOCAL RANK  LOCAL SIZE  NODE RANK  START\n0     node7.invalid  0           2           0          ssh\n1     node7.invalid  1           2           0          ssh\n",
-		`[1] ssh -F 'my cfg' -o BatchMode=yes -o ConnectTimeout=10 -p 2222 node7.invalid 'cd /tmp && exec env A=1 GORUN_RANK=1 GORUN_SIZE=2 GORUN_LOCAL_RANK=1 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=0`,
-		`/opt/gorun --internal-remote-agent --grace 5s -- /tmp/prog '\''--it'\''\'\'''\''s'\'' '\''x y'\'''   # job secret on stdin`,
+		`[node7.invalid: ranks 0,1] ssh -F 'my cfg' -o BatchMode=yes -o ConnectTimeout=10 -p 2222 node7.invalid 'cd /tmp && exec env A=1 GORUN_SIZE=2 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=0 `,
+		` GORUN_HOST=node7.invalid /opt/gorun --internal-remote-agent --grace 5s --ranks 0.0,1.1 --cuda-local -- /tmp/prog '\''--it'\''\'\'''\''s'\'' '\''x y'\'''   # job secret on stdin`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, out)
@@ -302,7 +302,7 @@ func TestIsLocalHost(t *testing.T) {
 
 // Ranks writing long lines at once never mix inside a line; a line longer
 // than LineCap is cut into tagged pieces; a last line without newline gets
-// one; control lines are swallowed.
+// one.
 func TestTaggerLines(t *testing.T) {
 	var out syncBuffer
 	s := &sink{w: &out}
@@ -310,7 +310,7 @@ func TestTaggerLines(t *testing.T) {
 	const lines = 300
 	for r := 0; r < 3; r++ {
 		pr, pw := io.Pipe()
-		tg := &tagger{out: s, prefix: tagPrefix(TagRank, r, "stdout"), control: func(l []byte) bool { return bytes.HasPrefix(l, []byte(agentMark)) }}
+		tg := &tagger{out: s, prefix: tagPrefix(TagRank, r, "stdout")}
 		wg.Add(1)
 		go func() { defer wg.Done(); tg.pump(pr) }()
 		go func(r int) {
@@ -319,8 +319,9 @@ func TestTaggerLines(t *testing.T) {
 			for i := 0; i < lines; i++ {
 				all = append(all, bytes.Repeat([]byte{byte('a' + r)}, 1+rng.Intn(3000))...)
 				all = append(all, '\n')
-				if i == 10 {
-					all = append(all, agentMark+"signal 9\n"...)
+				if i == 10 { // a line of exactly LineCap bytes stays whole
+					all = append(all, bytes.Repeat([]byte{byte('a' + r)}, LineCap)...)
+					all = append(all, '\n')
 				}
 			}
 			all = append(all, bytes.Repeat([]byte{'Z'}, LineCap+100)...) // no newline
@@ -352,12 +353,12 @@ func TestTaggerLines(t *testing.T) {
 	}
 	for r := 0; r < 3; r++ {
 		k := fmt.Sprint(r)
-		if count[k] != lines || zs[k] != LineCap+100 {
+		if count[k] != lines+1 || zs[k] != LineCap+100 {
 			t.Errorf("rank %d: %d lines, %d Z bytes", r, count[k], zs[k])
 		}
 	}
-	if !strings.HasSuffix(out.String(), "\n") || strings.Contains(out.String(), "signal 9") {
-		t.Error("partial last line not ended, or control line leaked")
+	if !strings.HasSuffix(out.String(), "\n") {
+		t.Error("partial last line not ended")
 	}
 }
 

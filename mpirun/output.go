@@ -1,8 +1,7 @@
 package mpirun
 
 import (
-	"bufio"
-	"errors"
+	"bytes"
 	"fmt"
 	"io"
 	"sync"
@@ -43,39 +42,85 @@ func tagPrefix(style string, rank int, stream string) string {
 	}
 }
 
-// tagger reads one stream of one rank and writes it line by line, tagged,
-// to a shared sink and (raw) to an optional file.
+// tagger turns one stream of one rank into tagged lines on a shared sink
+// and (raw) into an optional file. Write may be called with any pieces;
+// Close writes a last line that has no newline.
 type tagger struct {
 	out    *sink
 	prefix string
 	file   io.Writer
-	// control, if set, sees every complete line first and returns true to
-	// swallow it (the remote agent's control lines).
-	control func(line []byte) bool
+	buf    []byte // an incomplete line
+	line   []byte
 }
 
-// pump copies r until EOF. A last line without a newline is written with
-// one added; so is each LineCap-sized piece of an over-long line.
-func (t *tagger) pump(r io.Reader) {
-	br := bufio.NewReaderSize(r, LineCap)
-	buf := make([]byte, 0, 256)
-	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
-			complete := line[len(line)-1] == '\n'
-			if !(complete && t.control != nil && t.control(line)) {
-				if t.file != nil {
-					_, _ = t.file.Write(line)
-				}
-				buf = append(buf[:0], t.prefix...)
-				buf = append(buf, line...)
-				if !complete {
-					buf = append(buf, '\n')
-				}
-				t.out.writeLine(buf)
+func (t *tagger) emit(piece []byte, complete bool) {
+	t.line = append(append(t.line[:0], t.prefix...), piece...)
+	if !complete {
+		t.line = append(t.line, '\n')
+	}
+	t.out.writeLine(t.line)
+}
+
+// Write tags every complete line of p; a line grown to LineCap bytes
+// without a newline is written as a piece of its own.
+func (t *tagger) Write(p []byte) (int, error) {
+	if t.file != nil {
+		_, _ = t.file.Write(p)
+	}
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			room := LineCap - len(t.buf)
+			if len(p) <= room {
+				t.buf = append(t.buf, p...)
+				break
 			}
+			t.buf = append(t.buf, p[:room]...)
+			t.emit(t.buf, false)
+			t.buf = t.buf[:0]
+			p = p[room:]
+			continue
 		}
-		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+		if len(t.buf)+i > LineCap { // the line's head fills a piece first
+			room := LineCap - len(t.buf)
+			t.buf = append(t.buf, p[:room]...)
+			t.emit(t.buf, false)
+			t.buf = t.buf[:0]
+			p = p[room:]
+			continue
+		}
+		if len(t.buf) > 0 {
+			t.buf = append(t.buf, p[:i+1]...)
+			t.emit(t.buf, true)
+			t.buf = t.buf[:0]
+		} else {
+			t.emit(p[:i+1], true)
+		}
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// Close writes an unfinished last line, with a newline added.
+func (t *tagger) Close() error {
+	if len(t.buf) > 0 {
+		t.emit(t.buf, false)
+		t.buf = t.buf[:0]
+	}
+	return nil
+}
+
+// pump copies r into the tagger until EOF, then closes it.
+func (t *tagger) pump(r io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			_, _ = t.Write(buf[:n])
+		}
+		if err != nil {
+			t.Close()
 			return
 		}
 	}

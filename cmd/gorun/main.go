@@ -116,7 +116,9 @@ func flags() []cli.Flag {
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the commands and lifecycle events on stderr"},
 		// The remote agent (started by gorun through ssh; not for people).
 		&cli.BoolFlag{Name: mpirun.AgentFlag, Hidden: true},
-		&cli.BoolFlag{Name: "agent-stdin", Hidden: true},
+		&cli.IntFlag{Name: "agent-stdin", Value: -1, Hidden: true},
+		&cli.StringFlag{Name: "ranks", Hidden: true},
+		&cli.BoolFlag{Name: "cuda-local", Hidden: true},
 		&cli.BoolFlag{Name: mpirun.ReaperFlag, Hidden: true},
 	}
 }
@@ -193,11 +195,17 @@ func runAgent(c *cli.Context, stdin io.Reader, status *int) error {
 	if c.NArg() == 0 {
 		return usageError{fmt.Errorf("--%s needs a program", mpirun.AgentFlag)}
 	}
+	ranks, err := mpirun.ParseAgentRanks(c.String("ranks"))
+	if err != nil {
+		return usageError{err}
+	}
 	*status = mpirun.RunAgent(mpirun.AgentConfig{
-		Grace: c.Duration("grace"),
-		Stdin: c.Bool("agent-stdin"),
-		Prog:  c.Args().First(),
-		Args:  c.Args().Tail(),
-	}, stdin, os.Stderr)
+		Grace:     c.Duration("grace"),
+		Ranks:     ranks,
+		StdinRank: c.Int("agent-stdin"),
+		CUDALocal: c.Bool("cuda-local"),
+		Prog:      c.Args().First(),
+		Args:      c.Args().Tail(),
+	}, stdin, os.Stdout, os.Stderr)
 	return nil
 }

@@ -197,7 +197,7 @@ func TestOutputDirAndDryRun(t *testing.T) {
 		"1     localhost  1           2           0          exec\n",
 		"2     127.0.0.2  0           1           1          launch-agent\n",
 		"[0] cd ", "GORUN_RANK=0 ", "'GORUN_SECRET=<redacted>' /bin/sh -c 'touch ",
-		"[2] " + agentSh + " 127.0.0.2 'cd ", "GORUN_RANK=2 ", "--internal-remote-agent --grace 5s -- /bin/sh -c", "# job secret on stdin",
+		"[127.0.0.2: rank 2] " + agentSh + " 127.0.0.2 'cd ", "--internal-remote-agent --grace 5s --ranks 2.0 --cuda-local -- /bin/sh -c", "# job secret on stdin",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, r.stdout)
@@ -555,12 +555,12 @@ func TestLaunchAgent(t *testing.T) {
 		}
 	}
 	calls, _ = filepath.Glob(filepath.Join(binDir, "agent-call.*"))
-	if len(calls) != 2 {
-		t.Fatalf("launch agent called %d times, want 2", len(calls))
+	if len(calls) != 1 {
+		t.Fatalf("launch agent called %d times, want once for the host", len(calls))
 	}
 	b, _ := os.ReadFile(calls[0])
 	host, cmd, _ := strings.Cut(string(b), "\n")
-	if host != "127.0.0.2" || !strings.HasPrefix(cmd, "cd ") || !strings.Contains(cmd, "'FOO=remote ok'") || !strings.Contains(cmd, "--internal-remote-agent") {
+	if host != "127.0.0.2" || !strings.HasPrefix(cmd, "cd ") || !strings.Contains(cmd, "'FOO=remote ok'") || !strings.Contains(cmd, "--internal-remote-agent --grace 5s --ranks 1.0,2.1 ") {
 		t.Errorf("agent called with host %q command %q", host, cmd)
 	}
 	if strings.Contains(cmd, secret) {
