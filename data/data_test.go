@@ -687,3 +687,41 @@ func TestBPEApplyConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Files of several reading chunks: order kept, a late line-count mismatch
+// found, an error from keep stops the reading.
+func TestReadParallelEachChunks(t *testing.T) {
+	dir := t.TempDir()
+	s, g := Synthetic(4, 1500)
+	sp := filepath.Join(dir, "s")
+	gp := filepath.Join(dir, "g")
+	os.WriteFile(sp, []byte(strings.Join(s, "\n")+"\n"), 0o644)
+	os.WriteFile(gp, []byte(strings.Join(g, "\n")+"\n"), 0o644)
+	v := SyntheticVocab()
+	k := 0
+	st, err := ReadParallelEach(sp, gp, WordPieces, v, 0, func(a, b []int32) error {
+		if Detokenize(v.Decode(a)) != s[k] || Detokenize(v.Decode(b)) != g[k] {
+			return fmt.Errorf("pair %d out of order", k)
+		}
+		k++
+		return nil
+	})
+	if err != nil || k != 1500 || st.Kept != 1500 {
+		t.Fatalf("%v, %d pairs", err, k)
+	}
+	short := filepath.Join(dir, "short")
+	os.WriteFile(short, []byte(strings.Join(g[:1499], "\n")+"\n"), 0o644)
+	if _, err := ReadParallelEach(sp, short, WordPieces, v, 0, func(a, b []int32) error { return nil }); err == nil || err.Error() != fmt.Sprintf("%s has 1500 lines but %s has 1499: the files are not parallel", sp, short) {
+		t.Errorf("late mismatch: %v", err)
+	}
+	stopErr := fmt.Errorf("full")
+	k = 0
+	if _, err := ReadParallelEach(sp, gp, WordPieces, v, 0, func(a, b []int32) error {
+		if k++; k == 700 {
+			return stopErr
+		}
+		return nil
+	}); err != stopErr || k != 700 {
+		t.Errorf("keep's error: %v after %d pairs", err, k)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"unicode/utf8"
 )
@@ -120,9 +121,11 @@ func ReadParallelFunc(srcPath, tgtPath string, split func(string) []string, v *V
 	return src, tgt, st, nil
 }
 
-// ReadParallelEach is ReadParallelFunc calling keep for every kept pair
-// instead of collecting them (prepare streams the lab's 4.5 M pairs into a
-// CorpusWriter this way). An error from keep stops the reading.
+// ReadParallelEach is ReadParallelFunc calling keep for every kept pair,
+// in file order, instead of collecting them (prepare streams the lab's
+// 4.5 M pairs into a CorpusWriter this way). Lines are split and encoded on
+// up to GOMAXPROCS goroutines, so split must be safe for concurrent use.
+// An error from keep stops the reading.
 func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *Vocab, maxLen int, keep func(src, tgt []int32) error) (st Stats, err error) {
 	st = Stats{SrcPath: srcPath, TgtPath: tgtPath, MaxLen: maxLen}
 	var rs [2]*lineReader
@@ -139,53 +142,132 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 		sc.Buffer(make([]byte, 1<<20), maxLineBytes)
 		rs[i] = &lineReader{path: p, sc: sc}
 	}
-	for {
-		ls, okS, err := rs[0].next()
-		if err != nil {
-			return st, err
-		}
-		lt, okT, err := rs[1].next()
-		if err != nil {
-			return st, err
-		}
-		if okS != okT {
-			for _, r := range rs {
-				for {
-					_, ok, err := r.next()
-					if err != nil {
-						return st, err
+	// The reader goroutine cuts the files into chunks; workers split and
+	// encode them (split must be safe for concurrent use: SplitPieces,
+	// WordPieces and (*BPE).Apply are); this goroutine takes the chunks in
+	// file order, adds up the statistics and calls keep.
+	type pairOut struct {
+		is, it []int32
+		n      int // longer side with EOS; 0: an empty side
+	}
+	type chunk struct {
+		ls, lt []string
+		out    []pairOut
+		done   chan struct{}
+	}
+	const chunkLines = 512
+	workers := max(1, min(runtime.GOMAXPROCS(0), 8))
+	jobs := make(chan *chunk, 2*workers)
+	ordered := make(chan *chunk, 4*workers)
+	stop := make(chan struct{})
+	var readErr error
+	go func() {
+		defer close(jobs)
+		defer close(ordered)
+		for {
+			c := &chunk{done: make(chan struct{})}
+			var err error
+			for len(c.ls) < chunkLines {
+				var ls, lt string
+				var okS, okT bool
+				if ls, okS, err = rs[0].next(); err != nil {
+					break
+				}
+				if lt, okT, err = rs[1].next(); err != nil {
+					break
+				}
+				if okS != okT {
+					for _, r := range rs {
+						for {
+							var ok bool
+							if _, ok, err = r.next(); err != nil || !ok {
+								break
+							}
+						}
+						if err != nil {
+							break
+						}
 					}
-					if !ok {
-						break
+					if err == nil {
+						err = fmt.Errorf("%s has %d lines but %s has %d: the files are not parallel", srcPath, rs[0].n, tgtPath, rs[1].n)
 					}
+					break
+				}
+				if !okS {
+					break
+				}
+				c.ls, c.lt = append(c.ls, ls), append(c.lt, lt)
+			}
+			if len(c.ls) > 0 {
+				select {
+				case jobs <- c:
+				case <-stop:
+					return
+				}
+				select {
+				case ordered <- c:
+				case <-stop:
+					return
 				}
 			}
-			return st, fmt.Errorf("%s has %d lines but %s has %d: the files are not parallel", srcPath, rs[0].n, tgtPath, rs[1].n)
+			if err != nil || len(c.ls) < chunkLines {
+				readErr = err // read after ordered is closed
+				return
+			}
 		}
-		if !okS {
-			break
+	}()
+	for w := 0; w < workers; w++ {
+		go func() {
+			for c := range jobs {
+				c.out = make([]pairOut, len(c.ls))
+				for i := range c.ls {
+					ps, pt := split(c.ls[i]), split(c.lt[i])
+					if len(ps) == 0 || len(pt) == 0 {
+						continue
+					}
+					n := max(len(ps), len(pt)) + 1
+					c.out[i].n = n
+					if maxLen > 0 && n > maxLen {
+						continue
+					}
+					c.out[i].is, c.out[i].it = v.Encode(ps), v.Encode(pt)
+				}
+				close(c.done)
+			}
+		}()
+	}
+	drain := func() {
+		close(stop)
+		for c := range ordered {
+			<-c.done
 		}
-		st.Lines++
-		ps, pt := split(ls), split(lt)
-		if len(ps) == 0 || len(pt) == 0 {
-			st.DroppedEmpty++
-			continue
+	}
+	for c := range ordered {
+		<-c.done
+		for _, o := range c.out {
+			st.Lines++
+			if o.n == 0 {
+				st.DroppedEmpty++
+				continue
+			}
+			st.addHist(o.n)
+			if maxLen > 0 && o.n > maxLen {
+				st.DroppedLong++
+				continue
+			}
+			st.SrcUnk += countUnk(o.is)
+			st.TgtUnk += countUnk(o.it)
+			st.Kept++
+			st.SrcTokens += int64(len(o.is))
+			st.TgtTokens += int64(len(o.it))
+			if err := keep(o.is, o.it); err != nil {
+				drain()
+				return st, err
+			}
 		}
-		n := max(len(ps), len(pt)) + 1
-		st.addHist(n)
-		if maxLen > 0 && n > maxLen {
-			st.DroppedLong++
-			continue
-		}
-		is, it := v.Encode(ps), v.Encode(pt)
-		st.SrcUnk += countUnk(is)
-		st.TgtUnk += countUnk(it)
-		st.Kept++
-		st.SrcTokens += int64(len(is))
-		st.TgtTokens += int64(len(it))
-		if err := keep(is, it); err != nil {
-			return st, err
-		}
+	}
+	if readErr != nil {
+		return st, readErr
 	}
 	return st, nil
 }
