@@ -157,11 +157,15 @@ func setUp() (*env, func(), error) {
 	}
 	_, e.nft = lookPath("nft")
 
-	// The watchdog: takes the lock with it and runs down.sh when its stdin
-	// closes, i.e. when this process ends, however it ends. Its own process
-	// group, so that ^C reaches the tests and not it.
+	if e.bin, err = os.MkdirTemp("", "gorun-multihost-bin-"); err != nil {
+		return nil, nil, err
+	}
+	// The watchdog: takes the lock with it and runs down.sh (and removes
+	// the binaries) when its stdin closes, i.e. when this process ends,
+	// however it ends. Its own process group, so that ^C reaches the tests
+	// and not it.
 	down := filepath.Join(root, "test/hosts/down.sh")
-	wd := exec.Command("bash", "-c", `read -r _; exec "$0" >/dev/null 2>&1`, down)
+	wd := exec.Command("bash", "-c", `read -r _; "$0" >/dev/null 2>&1; rm -rf "$1"`, down, e.bin)
 	wd.Env = e.hostEnv()
 	wd.ExtraFiles = []*os.File{lock}
 	wd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -184,15 +188,9 @@ func setUp() (*env, func(), error) {
 			case <-time.After(60 * time.Second):
 				fmt.Fprintln(os.Stderr, "test/multihost: down.sh did not finish in 60s")
 			}
-			if e.bin != "" {
-				os.RemoveAll(e.bin)
-			}
 		})
 	}
 
-	if e.bin, err = os.MkdirTemp("", "gorun-multihost-bin-"); err != nil {
-		return nil, teardown, err
-	}
 	// Build the binaries (the ranks run them from the shared filesystem:
 	// namespaces share everything but the network).
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
