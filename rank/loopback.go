@@ -27,6 +27,9 @@ func LoopbackGroup(ctx context.Context, n int, opt Options) ([]Transport, error)
 		defer rdv.Close()
 		rdvAddr = rdv.Addr()
 	}
+	if opt.SharedMemory == "" {
+		opt.SharedMemory = "off" // sockets, as the name says; ask for "on" to test shared memory
+	}
 	meshes := make([]*Mesh, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup

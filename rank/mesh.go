@@ -37,6 +37,11 @@ type Options struct {
 	// Timeout bounds every wait: rendezvous, connecting, and each Send or
 	// Recv that makes no progress. Env: GORUN_TIMEOUT (Go duration). Default 60s.
 	Timeout time.Duration
+	// SharedMemory: ranks on the same host exchange messages through
+	// shared-memory rings instead of sockets (docs/shm.md). "" or "auto"
+	// follows GORUN_SHM (default on); "on" or "off" overrides it.
+	// LoopbackGroup turns it off unless asked, to keep testing sockets.
+	SharedMemory string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -81,6 +86,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 60 * time.Second
+	}
+	if _, err := shmEnabled(o.SharedMemory); err != nil {
+		return o, err
 	}
 	return o, nil
 }
@@ -138,6 +146,7 @@ type Mesh struct {
 	rdv      *RendezvousServer
 	closed   chan struct{}
 	once     sync.Once
+	shm      []*shmPeer // [peer]: non-nil for peers reached through shared memory
 }
 
 // Connect joins the job described by id: it registers with the rendezvous
@@ -266,6 +275,9 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		return fail(err)
 	case <-ctx.Done():
 		return fail(fmt.Errorf("rank %d: %s did not connect within %s", id.Rank, m.describeMissing(), opt.Timeout))
+	}
+	if err := m.setupShm(ctx); err != nil {
+		return fail(err)
 	}
 	return m, nil
 }
@@ -570,6 +582,9 @@ func (m *Mesh) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) 
 	if len(payload) >= maxFrame {
 		return fmt.Errorf("rank %d: send to rank %d: message of %d bytes exceeds the 2 GiB frame limit", m.id.Rank, peer, len(payload))
 	}
+	if sp := m.shmPeer(peer); sp != nil {
+		return sp.send(ctx, ch, tag, payload)
+	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	putHeader(l.wh[:], tag, len(payload))
@@ -593,6 +608,9 @@ func (m *Mesh) Recv(ctx context.Context, peer, ch int, want Tag, dst []byte) err
 	l, err := m.lane(peer, ch, "recv")
 	if err != nil {
 		return err
+	}
+	if sp := m.shmPeer(peer); sp != nil {
+		return sp.recvMsg(ctx, ch, want, dst)
 	}
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
@@ -654,10 +672,14 @@ const closeLinger = 3 * time.Second
 func (m *Mesh) Close() error {
 	m.once.Do(func() {
 		close(m.closed)
+		m.closeShm()
 		m.mu.Lock()
 		conns, tcs := m.conns, m.tcpConns
 		var lanes []*lane
-		for _, ls := range m.lanes {
+		for p, ls := range m.lanes {
+			if m.shmPeer(p) != nil {
+				continue // its socket lanes carried only the handshake: nothing to linger for
+			}
 			for _, l := range ls {
 				if l != nil {
 					lanes = append(lanes, l)

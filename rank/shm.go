@@ -1,0 +1,714 @@
+//go:build linux
+
+package rank
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Shared memory between ranks of one host (see docs/shm.md).
+//
+// Every pair of ranks on the same host shares one segment: a file under
+// /dev/shm that the lower rank creates (mode 0600, a name with 128 random
+// bits that only travels over the authenticated control stream), the higher
+// rank maps and unlinks at once, and the lower rank unlinks again (a no-op
+// normally) when the higher rank answers. Nothing stays in /dev/shm after the
+// handshake, whatever happens to the processes later: the memory lives only as
+// long as a mapping of it does.
+//
+// The segment holds, for every channel and direction, a single-producer
+// single-consumer byte ring. Messages are framed as on a socket lane (the
+// 24-byte header, then the payload) and streamed through the ring, so a
+// message may be larger than the ring. Head and tail are free-running byte
+// counters on their own cache lines, updated with sync/atomic on the mapped
+// memory; the producer copies, then publishes the tail; the consumer reads
+// the tail, copies, then publishes the head.
+//
+// Waiting has no futex: a waiter spins on the counters a few hundred times,
+// then yields (runtime.Gosched and sched_yield, so that a peer process on the
+// same core can run), then sleeps with a growing nanosleep, then time.Sleep.
+// The peer's liveness is checked while waiting through a pidfd (the process
+// exiting, kill -9 included, makes it readable) and through the closed flag a
+// peer sets in the segment when it closes its mesh. The QUIC (or TCP)
+// connection to the peer stays open beside the segment as the mesh's
+// control path.
+
+const (
+	shmMagic      = 0x31304d4853524700 // "\x00GRSHM01"
+	shmVersion    = 1
+	shmHelloMagic = 0x47525348 // "GRSH": the handshake frame on channel 0
+	shmPage       = 4096
+	shmCtrlBytes  = 128 // one ring's counters: tail at 0, head at 64
+	// shmRingBytes is the capacity of one ring (one channel, one direction).
+	shmRingBytes = 1 << 20
+	// shmChunk bounds one copy before it is published, so that the consumer
+	// starts copying out while the producer still copies in.
+	shmChunk = 128 << 10
+
+	shmSpins      = 300 // busy re-checks before yielding
+	shmYields     = 200 // Gosched/sched_yield rounds before sleeping
+	shmNapMin     = 10 * time.Microsecond
+	shmNapMax     = 500 * time.Microsecond
+	shmNapFor     = 20 * time.Millisecond // then time.Sleep(shmSleep)
+	shmSleep      = time.Millisecond
+	shmLiveCheck  = 20 * time.Millisecond
+	shmOffClosed  = 64  // u32: lower rank closed; 128: higher rank closed
+	shmOffPidLo   = 192 // u64 pids, informational
+	shmOffHeaders = 256
+)
+
+var (
+	errShmPeerClosed = errors.New("peer closed its mesh")
+	shmNameRE        = regexp.MustCompile(`^gorun-[A-Za-z0-9]{1,32}-[0-9]+-[0-9]+-[0-9a-f]{32}$`)
+)
+
+// shmRing is one direction of one channel.
+type shmRing struct {
+	mu   sync.Mutex // one Send (or one Recv) at a time; guards gone
+	gone bool       // the segment is unmapped
+	tail *atomic.Uint64
+	head *atomic.Uint64
+	buf  []byte
+	mask uint64
+	hdr  [headerBytes]byte
+}
+
+// shmPeer is the segment shared with one peer.
+type shmPeer struct {
+	self, peer int
+	host       string
+	seg        []byte
+	tx, rx     []*shmRing
+	myClosed   *atomic.Uint32
+	peerClosed *atomic.Uint32
+	closing    atomic.Bool
+	pid        int
+	pidfd      int // -1 without pidfd_open: kill(pid, 0) then
+	dead       atomic.Bool
+	timeout    time.Duration
+	count      *peerCounters
+}
+
+func shmLayout(channels int) (dataOff, size int) {
+	rings := 2 * channels
+	dataOff = (shmPage + rings*shmCtrlBytes + shmPage - 1) / shmPage * shmPage
+	return dataOff, dataOff + rings*shmRingBytes
+}
+
+func u64At(seg []byte, off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&seg[off]))
+}
+
+func u32At(seg []byte, off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&seg[off]))
+}
+
+// newShmPeer builds the view of a mapped segment. lower says whether this
+// rank is the pair's lower rank (it sends on direction 0).
+func newShmPeer(seg []byte, self, peer, channels int, lower bool) *shmPeer {
+	sp := &shmPeer{self: self, peer: peer, seg: seg, pidfd: -1}
+	dataOff, _ := shmLayout(channels)
+	if lower {
+		sp.myClosed, sp.peerClosed = u32At(seg, shmOffClosed), u32At(seg, 2*shmOffClosed)
+	} else {
+		sp.myClosed, sp.peerClosed = u32At(seg, 2*shmOffClosed), u32At(seg, shmOffClosed)
+	}
+	ring := func(i int) *shmRing {
+		ctrl := shmPage + i*shmCtrlBytes
+		off := dataOff + i*shmRingBytes
+		return &shmRing{
+			tail: u64At(seg, ctrl), head: u64At(seg, ctrl+64),
+			buf: seg[off : off+shmRingBytes : off+shmRingBytes], mask: shmRingBytes - 1,
+		}
+	}
+	for ch := 0; ch < channels; ch++ {
+		lohi, hilo := ring(2*ch), ring(2*ch+1)
+		if lower {
+			sp.tx, sp.rx = append(sp.tx, lohi), append(sp.rx, hilo)
+		} else {
+			sp.tx, sp.rx = append(sp.tx, hilo), append(sp.rx, lohi)
+		}
+	}
+	return sp
+}
+
+func shmDir() string {
+	if d := os.Getenv("GORUN_SHM_DIR"); d != "" {
+		return d
+	}
+	return "/dev/shm"
+}
+
+// shmCreate makes and maps a fresh segment for the pair (lo, hi).
+func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err error) {
+	var rnd [16]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return "", nil, err
+	}
+	j := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return -1
+	}, job)
+	if len(j) > 32 {
+		j = j[:32]
+	}
+	if j == "" {
+		j = "nojob"
+	}
+	name = fmt.Sprintf("gorun-%s-%d-%d-%s", j, lo, hi, hex.EncodeToString(rnd[:]))
+	path := filepath.Join(shmDir(), name)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return "", nil, err
+	}
+	defer f.Close()
+	_, size := shmLayout(channels)
+	if err := f.Truncate(int64(size)); err != nil {
+		os.Remove(path)
+		return "", nil, err
+	}
+	seg, err = unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		os.Remove(path)
+		return "", nil, fmt.Errorf("mmap %s: %v", path, err)
+	}
+	binary.LittleEndian.PutUint32(seg[8:], shmVersion)
+	binary.LittleEndian.PutUint32(seg[12:], uint32(channels))
+	binary.LittleEndian.PutUint64(seg[16:], shmRingBytes)
+	binary.LittleEndian.PutUint32(seg[24:], uint32(lo))
+	binary.LittleEndian.PutUint32(seg[28:], uint32(hi))
+	u64At(seg, shmOffPidLo).Store(uint64(os.Getpid()))
+	u64At(seg, 0).Store(shmMagic)
+	return name, seg, nil
+}
+
+// shmOpen maps the segment the lower rank created, checks it, and unlinks it.
+func shmOpen(name string, lo, hi, channels int) ([]byte, error) {
+	if !shmNameRE.MatchString(name) {
+		return nil, fmt.Errorf("bad segment name %q", name)
+	}
+	path := filepath.Join(shmDir(), name)
+	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	os.Remove(path) // both sides have it now (or the creator is gone): nothing stays behind
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, err
+	}
+	_, size := shmLayout(channels)
+	if st.Uid != uint32(os.Getuid()) || st.Mode&0o077 != 0 || st.Size != int64(size) {
+		return nil, fmt.Errorf("%s: owner %d mode %o size %d, want owner %d mode 600 size %d", path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
+	}
+	seg, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %s: %v", path, err)
+	}
+	if u64At(seg, 0).Load() != shmMagic || binary.LittleEndian.Uint32(seg[8:]) != shmVersion ||
+		binary.LittleEndian.Uint32(seg[12:]) != uint32(channels) || binary.LittleEndian.Uint64(seg[16:]) != shmRingBytes ||
+		binary.LittleEndian.Uint32(seg[24:]) != uint32(lo) || binary.LittleEndian.Uint32(seg[28:]) != uint32(hi) {
+		unix.Munmap(seg)
+		return nil, fmt.Errorf("%s: not a gorun segment for ranks %d and %d", path, lo, hi)
+	}
+	return seg, nil
+}
+
+// shmOffer is the lower rank's handshake message, shmAnswer the higher's.
+type shmOffer struct {
+	Name      string `json:"name,omitempty"` // "" when the lower rank declines
+	Why       string `json:"why,omitempty"`
+	Pid       int    `json:"pid"`
+	PidNS     string `json:"pidns"`
+	Channels  int    `json:"channels"`
+	RingBytes int    `json:"ring"`
+}
+
+type shmAnswer struct {
+	OK  bool   `json:"ok"`
+	Why string `json:"why,omitempty"`
+	Pid int    `json:"pid"`
+}
+
+func writeShmHello(c laneConn, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	b := make([]byte, 8+len(body))
+	binary.LittleEndian.PutUint32(b[0:], shmHelloMagic)
+	binary.LittleEndian.PutUint32(b[4:], uint32(len(body)))
+	copy(b[8:], body)
+	_, err = c.Write(b)
+	return err
+}
+
+func readShmHello(c laneConn, v any) error {
+	var h [8]byte
+	if _, err := io.ReadFull(c, h[:]); err != nil {
+		return err
+	}
+	n := binary.LittleEndian.Uint32(h[4:])
+	if binary.LittleEndian.Uint32(h[0:]) != shmHelloMagic || n > 1<<16 {
+		return errors.New("bad shared-memory handshake (is every rank the same gorun version?)")
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return err
+	}
+	return json.Unmarshal(body, v)
+}
+
+func pidNS() string {
+	s, _ := os.Readlink("/proc/self/ns/pid")
+	return s
+}
+
+// setupShm runs the shared-memory handshake with every peer on this host,
+// over channel 0 of the already authenticated mesh, before any message.
+// A pair that cannot share memory (turned off on either side, another pid
+// namespace, no /dev/shm) keeps its socket lanes.
+func (m *Mesh) setupShm(ctx context.Context) error {
+	want, err := shmEnabled(m.opt.SharedMemory)
+	if err != nil {
+		return err
+	}
+	var peers []int
+	for p := range m.hosts {
+		if p != m.id.Rank && m.hosts[p] == m.hosts[m.id.Rank] && m.hosts[p] != "" {
+			peers = append(peers, p)
+		}
+	}
+	if len(peers) == 0 {
+		return nil
+	}
+	shm := make([]*shmPeer, m.id.Size)
+	errs := make([]error, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := m.lanes[p][0]
+			l.rmu.Lock()
+			l.wmu.Lock()
+			defer l.wmu.Unlock()
+			defer l.rmu.Unlock()
+			dl, _ := ctx.Deadline()
+			l.c.SetReadDeadline(dl)
+			l.c.SetWriteDeadline(dl)
+			defer l.c.SetReadDeadline(time.Time{})
+			defer l.c.SetWriteDeadline(time.Time{})
+			var sp *shmPeer
+			var why string
+			var err error
+			if m.id.Rank < p {
+				sp, why, err = m.shmOfferTo(l.c, p, want)
+			} else {
+				sp, why, err = m.shmAcceptFrom(l.c, p, want)
+			}
+			if err != nil {
+				errs[i] = &PeerError{Self: m.id.Rank, Peer: p, Host: m.names[p], Op: "shared-memory handshake", Err: err}
+				return
+			}
+			if sp == nil {
+				if want && why != "" {
+					fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared memory with rank %d on the same host (%s); using %s\n", m.id.Rank, p, why, m.opt.Transport)
+				}
+				return
+			}
+			sp.host, sp.timeout, sp.count = m.names[p], m.opt.Timeout, &m.count[p]
+			if fd, err := unix.PidfdOpen(sp.pid, 0); err == nil {
+				sp.pidfd = fd
+			}
+			shm[p] = sp
+		}()
+	}
+	wg.Wait()
+	m.shm = shm
+	return errors.Join(errs...)
+}
+
+func (m *Mesh) shmOfferTo(c laneConn, p int, want bool) (*shmPeer, string, error) {
+	off := shmOffer{Pid: os.Getpid(), PidNS: pidNS(), Channels: m.opt.Channels, RingBytes: shmRingBytes}
+	var seg []byte
+	var path string
+	if !want {
+		off.Why = fmt.Sprintf("rank %d has %s off", m.id.Rank, EnvShm)
+	} else {
+		name, s, err := shmCreate(m.id.JobID, m.id.Rank, p, m.opt.Channels)
+		if err != nil {
+			off.Why = fmt.Sprintf("rank %d cannot create a segment: %v", m.id.Rank, err)
+		} else {
+			off.Name, seg, path = name, s, filepath.Join(shmDir(), name)
+		}
+	}
+	undo := func() {
+		if seg != nil {
+			os.Remove(path)
+			unix.Munmap(seg)
+		}
+	}
+	if err := writeShmHello(c, off); err != nil {
+		undo()
+		return nil, "", err
+	}
+	if seg == nil {
+		return nil, off.Why, nil
+	}
+	var ans shmAnswer
+	if err := readShmHello(c, &ans); err != nil {
+		undo()
+		return nil, "", err
+	}
+	os.Remove(path) // the peer unlinked it already; this covers a peer that failed after creating nothing
+	if !ans.OK {
+		unix.Munmap(seg)
+		return nil, ans.Why, nil
+	}
+	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, true)
+	sp.pid = ans.Pid
+	return sp, "", nil
+}
+
+func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, error) {
+	var off shmOffer
+	if err := readShmHello(c, &off); err != nil {
+		return nil, "", err
+	}
+	if off.Name == "" {
+		return nil, off.Why, nil
+	}
+	ans := shmAnswer{Pid: os.Getpid()}
+	var seg []byte
+	switch {
+	case !want:
+		ans.Why = fmt.Sprintf("rank %d has %s off", m.id.Rank, EnvShm)
+		os.Remove(filepath.Join(shmDir(), filepath.Base(off.Name)))
+	case off.PidNS != pidNS():
+		ans.Why = "the ranks are in different pid namespaces"
+	case off.Channels != m.opt.Channels || off.RingBytes != shmRingBytes:
+		ans.Why = fmt.Sprintf("rank %d has %d channels and %d-byte rings, rank %d %d and %d", p, off.Channels, off.RingBytes, m.id.Rank, m.opt.Channels, shmRingBytes)
+	default:
+		s, err := shmOpen(off.Name, p, m.id.Rank, m.opt.Channels)
+		if err != nil {
+			ans.Why = fmt.Sprintf("rank %d cannot map rank %d's segment: %v", m.id.Rank, p, err)
+		} else {
+			seg, ans.OK = s, true
+		}
+	}
+	if err := writeShmHello(c, ans); err != nil {
+		if seg != nil {
+			unix.Munmap(seg)
+		}
+		return nil, "", err
+	}
+	if !ans.OK {
+		return nil, ans.Why, nil
+	}
+	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, false)
+	sp.pid = off.Pid
+	return sp, "", nil
+}
+
+// PeerTransport names how this rank exchanges messages with peer: "shm",
+// "quic", "tcp", or "self".
+func (m *Mesh) PeerTransport(peer int) string {
+	if peer == m.id.Rank {
+		return "self"
+	}
+	if m.shmPeer(peer) != nil {
+		return "shm"
+	}
+	return m.opt.Transport
+}
+
+func (m *Mesh) shmPeer(peer int) *shmPeer {
+	if m.shm == nil {
+		return nil
+	}
+	return m.shm[peer]
+}
+
+func (m *Mesh) closeShm() {
+	for _, sp := range m.shm {
+		if sp != nil {
+			sp.close()
+		}
+	}
+}
+
+// close tells the peer, stops this side's waiters, and unmaps the segment.
+// What this side sent stays readable by the peer: its own mapping keeps the
+// memory.
+func (sp *shmPeer) close() {
+	if sp.closing.Swap(true) {
+		return
+	}
+	sp.myClosed.Store(1)
+	for _, rs := range [][]*shmRing{sp.tx, sp.rx} {
+		for _, r := range rs {
+			r.mu.Lock()
+			r.gone = true
+		}
+	}
+	unix.Munmap(sp.seg)
+	for _, rs := range [][]*shmRing{sp.tx, sp.rx} {
+		for _, r := range rs {
+			r.mu.Unlock()
+		}
+	}
+	if sp.pidfd >= 0 {
+		unix.Close(sp.pidfd)
+	}
+}
+
+// alive reports whether the peer process still runs.
+func (sp *shmPeer) alive() bool {
+	if sp.dead.Load() {
+		return false
+	}
+	var gone bool
+	if sp.pidfd >= 0 {
+		fds := []unix.PollFd{{Fd: int32(sp.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		gone = err == nil && n > 0
+	} else {
+		gone = unix.Kill(sp.pid, 0) == unix.ESRCH
+	}
+	if gone {
+		sp.dead.Store(true)
+	}
+	return !gone
+}
+
+// shmWait paces one Send or Recv while the ring is full or empty.
+type shmWait struct {
+	sp       *shmPeer
+	ctx      context.Context
+	n        int
+	nap      time.Duration
+	start    time.Time
+	nextLive time.Time
+}
+
+// progress resets the backoff after bytes moved.
+func (w *shmWait) progress() { w.n = 0 }
+
+// pause waits a little; it fails when the wait must end.
+func (w *shmWait) pause() error {
+	sp := w.sp
+	if sp.closing.Load() {
+		return errClosed
+	}
+	if sp.peerClosed.Load() != 0 {
+		return errShmPeerClosed
+	}
+	w.n++
+	if w.n <= shmSpins {
+		return nil
+	}
+	if w.n == shmSpins+1 {
+		w.start = time.Now()
+		w.nextLive = w.start.Add(shmLiveCheck)
+		w.nap = shmNapMin
+	}
+	select {
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	default:
+	}
+	if w.n <= shmSpins+shmYields {
+		if w.n&1 == 0 {
+			runtime.Gosched()
+		} else {
+			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		}
+		if w.n&31 != 0 {
+			return nil
+		}
+	} else if waited := time.Since(w.start); waited < shmNapFor {
+		ts := unix.NsecToTimespec(int64(w.nap))
+		unix.Nanosleep(&ts, nil)
+		w.nap = min(2*w.nap, shmNapMax)
+	} else {
+		time.Sleep(shmSleep)
+	}
+	now := time.Now()
+	if now.Sub(w.start) > sp.timeout {
+		return errShmTimeout
+	}
+	if now.After(w.nextLive) {
+		w.nextLive = now.Add(shmLiveCheck)
+		if !sp.alive() {
+			return errShmPeerDied
+		}
+	}
+	return nil
+}
+
+var (
+	errShmTimeout  = errors.New("timeout")
+	errShmPeerDied = errors.New("peer process died")
+)
+
+func (sp *shmPeer) fail(w *shmWait, op string, ch int, tag Tag, err error) error {
+	switch {
+	case w.ctx.Err() != nil:
+		err = w.ctx.Err()
+	case err == errClosed:
+	case err == errShmTimeout:
+		err = fmt.Errorf("no progress for %s (timeout) on shared-memory channel %d, %v", sp.timeout, ch, tag)
+	case err == errShmPeerDied:
+		err = fmt.Errorf("rank %d (pid %d) died (shared-memory channel %d, %v)", sp.peer, sp.pid, ch, tag)
+	case err == errShmPeerClosed:
+		err = fmt.Errorf("rank %d closed the connection (shared-memory channel %d, %v)", sp.peer, ch, tag)
+	default:
+		err = fmt.Errorf("%v (shared-memory channel %d, %v)", err, ch, tag)
+	}
+	return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: op, Err: err}
+}
+
+// put copies b into the ring from position *t, waiting for room; it
+// publishes the tail after every chunk when publish is set, else leaves that
+// to the caller.
+func (r *shmRing) put(w *shmWait, t *uint64, b []byte, publish bool) error {
+	size := uint64(len(r.buf))
+	for len(b) > 0 {
+		free := size - (*t - r.head.Load())
+		if free == 0 {
+			r.tail.Store(*t) // let the consumer drain what is written
+			if err := w.pause(); err != nil {
+				return err
+			}
+			continue
+		}
+		w.progress()
+		n := min(free, uint64(len(b)), shmChunk)
+		off := *t & r.mask
+		k := copy(r.buf[off:], b[:n])
+		copy(r.buf, b[k:n])
+		*t += n
+		b = b[n:]
+		if publish {
+			r.tail.Store(*t)
+		}
+	}
+	return nil
+}
+
+// get copies the next len(b) bytes out of the ring (drops them if b is nil
+// and skip > 0), waiting for data.
+func (r *shmRing) get(w *shmWait, b []byte, skip int) error {
+	h := r.head.Load()
+	want := uint64(len(b))
+	if b == nil {
+		want = uint64(skip)
+	}
+	for want > 0 {
+		avail := r.tail.Load() - h
+		if avail == 0 {
+			if err := w.pause(); err != nil {
+				// A peer that closed after sending still delivers.
+				if err == errShmPeerClosed && r.tail.Load() != h {
+					continue
+				}
+				return err
+			}
+			continue
+		}
+		w.progress()
+		n := min(avail, want, shmChunk)
+		if b != nil {
+			off := h & r.mask
+			k := copy(b[:n], r.buf[off:])
+			copy(b[k:n], r.buf)
+			b = b[n:]
+		}
+		h += n
+		want -= n
+		r.head.Store(h)
+	}
+	return nil
+}
+
+func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) error {
+	r := sp.tx[ch]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := shmWait{sp: sp, ctx: ctx}
+	if r.gone {
+		return sp.fail(&w, "send", ch, tag, errClosed)
+	}
+	if sp.peerClosed.Load() != 0 {
+		return sp.fail(&w, "send", ch, tag, errShmPeerClosed)
+	}
+	putHeader(r.hdr[:], tag, len(payload))
+	t := r.tail.Load()
+	// The header is published together with the first chunk of payload.
+	if err := r.put(&w, &t, r.hdr[:], false); err != nil {
+		return sp.fail(&w, "send", ch, tag, err)
+	}
+	if err := r.put(&w, &t, payload, true); err != nil {
+		return sp.fail(&w, "send", ch, tag, err)
+	}
+	r.tail.Store(t)
+	sp.count.sent.Add(uint64(headerBytes + len(payload)))
+	return nil
+}
+
+func (sp *shmPeer) recvMsg(ctx context.Context, ch int, want Tag, dst []byte) error {
+	r := sp.rx[ch]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := shmWait{sp: sp, ctx: ctx}
+	if r.gone {
+		return sp.fail(&w, "recv", ch, want, errClosed)
+	}
+	if err := r.get(&w, r.hdr[:], 0); err != nil {
+		return sp.fail(&w, "recv", ch, want, err)
+	}
+	if magic := binary.LittleEndian.Uint32(r.hdr[0:]); magic != frameMagic {
+		return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: "recv",
+			Err: fmt.Errorf("garbage on shared-memory channel %d (bad frame header %08x): the ring is out of step", ch, magic)}
+	}
+	got, n := parseHeader(r.hdr[:])
+	if got != want || n != len(dst) {
+		if n > 0 {
+			if err := r.get(&w, nil, n); err != nil {
+				return sp.fail(&w, "recv", ch, want, err)
+			}
+		}
+		sp.count.recv.Add(uint64(headerBytes + n))
+		return &MismatchError{Self: sp.self, Peer: sp.peer, Channel: ch, Want: want, Got: got, WantLen: len(dst), GotLen: n}
+	}
+	if n > 0 {
+		if err := r.get(&w, dst, 0); err != nil {
+			return sp.fail(&w, "recv", ch, want, err)
+		}
+	}
+	sp.count.recv.Add(uint64(headerBytes + n))
+	return nil
+}
