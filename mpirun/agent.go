@@ -143,6 +143,14 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
+	// A reaper of its own stops the ranks' process groups if the agent
+	// itself is killed (SIGKILL, the OOM killer) and cannot.
+	var rp *reaper
+	if self, err := os.Executable(); err == nil {
+		if rp, err = startReaper(self, cfg.Grace); err == nil {
+			defer rp.done()
+		}
+	}
 	host, _ := os.Hostname()
 	var mu sync.Mutex // guards ranks' cmd.Process use against the waiters
 	ranks := map[int]*agentRank{}
@@ -183,6 +191,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 			continue
 		}
 		a.cmd = cmd
+		rp.send("g", cmd.Process.Pid)
 		out.line("started %d %d", ar.Rank, cmd.Process.Pid)
 		for _, p := range []struct {
 			r      *os.File
@@ -291,6 +300,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 			// Nothing the rank left in its process group outlives it.
 			_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
 			mu.Unlock()
+			rp.send("x", a.cmd.Process.Pid)
 			done := make(chan struct{})
 			go func() { a.pumps.Wait(); close(done) }()
 			select {

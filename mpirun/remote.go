@@ -129,6 +129,12 @@ func (h *remoteHost) readFrames(r io.Reader) {
 			h.sayHello()
 			continue
 		}
+		h.mu.Lock()
+		hello := h.hello
+		h.mu.Unlock()
+		if !hello { // a login script's output, not the agent's
+			continue
+		}
 		rk, err := strconv.Atoi(f[1])
 		pr := h.procs[rk]
 		if err != nil || pr == nil {

@@ -601,6 +601,35 @@ func TestLaunchAgentEnvStdinFailure(t *testing.T) {
 	checkGone(t, pids)
 }
 
+// A remote host lost mid-run (here its agent killed with SIGKILL): gorun
+// names a rank of that host, stops the others, exits 255, leaves nothing.
+func TestHostLost(t *testing.T) {
+	j := startJob(t, "-H", "localhost:1,127.0.0.2:2", "--launch-agent", agentSh, "/bin/sh", "-c", `echo ready; sleep 60`)
+	j.waitOutput(t, "ready", 3)
+	id := jobIDOf(t, j.cmd.Process.Pid, 3)
+	ranks, _ := jobProcs(id)
+	agent := 0
+	for _, p := range readProcs() {
+		if bytes.Contains(p.cmdline, []byte("--internal-remote-agent")) && isDescendant(p.pid, j.cmd.Process.Pid) {
+			agent = p.pid
+		}
+	}
+	if agent == 0 || len(ranks) != 3 {
+		t.Fatalf("agent %d, %d ranks", agent, len(ranks))
+	}
+	syscall.Kill(agent, syscall.SIGKILL)
+	j.wait(t, 10*time.Second)
+	_, e := j.out()
+	if j.code != 255 || !regexp.MustCompile(`^gorun: rank 1 \(host 127\.0\.0\.2, pid \d+\): lost: agent\.sh killed by signal 9 \(killed\)\n$`).MatchString(e) {
+		t.Fatalf("status %d, stderr %q", j.code, e)
+	}
+	var pids []int
+	for _, p := range ranks {
+		pids = append(pids, p.pid)
+	}
+	checkGone(t, pids)
+}
+
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()
 	hosts := filepath.Join(dir, "hosts")
