@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -96,6 +97,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 	}
 	check()
 	var best, total time.Duration
+	var times []time.Duration
 	for it := 0; it < iters; it++ {
 		fill()
 		if err := c.Barrier(ctx); err != nil {
@@ -108,6 +110,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 		d := time.Since(t0)
 		check()
 		total += d
+		times = append(times, d)
 		if best == 0 || d < best {
 			best = d
 		}
@@ -150,12 +153,14 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 			}
 			return float64(bytes) / d.Seconds() * 2 * float64(size-1) / float64(size) / 1e9
 		}
-		avg := time.Duration(0)
+		avg, med := time.Duration(0), time.Duration(0)
 		if iters > 0 {
 			avg = total / time.Duration(iters)
+			slices.Sort(times)
+			med = times[len(times)/2]
 		}
-		fmt.Printf("archeck: np %d bytes %d algo %s iters %d wrong 0 best_s %.6f avg_s %.6f busbw_best_GBps %.4f busbw_avg_GBps %.4f more %d hosts %s\n",
-			size, bytes, algoName(), iters, best.Seconds(), avg.Seconds(), bus(best), bus(avg), more, strings.Join(m.HostNames(), ","))
+		fmt.Printf("archeck: np %d bytes %d algo %s iters %d wrong 0 best_s %.6f avg_s %.6f median_s %.6f busbw_best_GBps %.4f busbw_avg_GBps %.4f busbw_median_GBps %.4f more %d hosts %s\n",
+			size, bytes, algoName(), iters, best.Seconds(), avg.Seconds(), med.Seconds(), bus(best), bus(avg), bus(med), more, strings.Join(m.HostNames(), ","))
 	}
 	if err := c.Barrier(ctx); err != nil {
 		return err

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Allreduce bus bandwidth across 2 test hosts (network namespaces, real ssh;
+# test/hosts/up.sh) against the link rate, side by side with OpenMPI over
+# TCP on the same hosts, with iperf3 between the hosts as the link's
+# reference; then nmt-train's step time at 1 Gbit/s with and without
+# overlap. One sitting, so the ratios compare like with like. Root only.
+#
+#   bench/peers/multihost_busbw.sh
+#   env: LINKS ("1gbit 10gbit none"), NPS ("2 4"), SIZES (bytes, "1048576 16777216 67108864"),
+#        ITERS (gorun timed allreduces per size, 5), MPI_BUDGET (s per size, 3),
+#        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), OUT (results dir)
+#
+# gorun side: bin/allreduce-perf when cmd/allreduce-perf exists, else
+# test/multihost/archeck (median and best of ITERS allreduces after one
+# warm-up). OpenMPI side: /work/shared/peers/src/mpi_allreduce.c (the
+# project's peer baseline, compiled from where it lies), pml ob1, btl tcp.
+# busbw = algbw * 2(n-1)/n, GB = 1e9 bytes; np 2 = one rank per host,
+# np 4 = two per host (hosts filled in order, as gorun and mpirun do).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+LINKS=${LINKS:-"1gbit 10gbit none"}
+NPS=${NPS:-"2 4"}
+SIZES=${SIZES:-"1048576 16777216 67108864"}
+ITERS=${ITERS:-5}
+MPI_BUDGET=${MPI_BUDGET:-3}
+TRAIN_PRESETS=${TRAIN_PRESETS:-tiny}
+TRAIN_STEPS=${TRAIN_STEPS:-60}
+PEERS=${PEERS:-/work/shared/peers}
+OUT=${OUT:-/tmp/gorun-multihost-bench}
+if [ "$(id -u)" != 0 ]; then echo "multihost_busbw.sh: must run as root (network namespaces)" >&2; exit 1; fi
+mkdir -p "$OUT"
+
+# A set of hosts of its own (see test/hosts/up.sh), taken down on exit.
+export GORUN_HOSTS_NAME=gorun-bh GORUN_HOSTS_VETH=grbh GORUN_HOSTS_BRIDGE=gorunbrb \
+  GORUN_HOSTS_NET=198.18.79 GORUN_HOSTS_STATE=/tmp/gorun-bench-hosts
+H1=198.18.79.11 H2=198.18.79.12
+CFG=$GORUN_HOSTS_STATE/ssh_config
+BIN=$(mktemp -d /tmp/gorun-bench-bin.XXXXXX)
+trap '"$ROOT/test/hosts/down.sh" >/dev/null 2>&1; rm -rf "$BIN"' EXIT
+
+need() { dpkg -s "$@" >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+need openmpi-bin libopenmpi-dev iperf3 openssh-server
+cd "$ROOT"
+PKGS="./cmd/gorun ./cmd/nmt-train ./test/multihost/archeck"
+PERF=archeck
+if [ -d cmd/allreduce-perf ] && git ls-files --error-unmatch cmd/allreduce-perf >/dev/null 2>&1; then
+  PKGS="$PKGS ./cmd/allreduce-perf" PERF=allreduce-perf
+fi
+CGO_ENABLED=0 go build -o "$BIN/" $PKGS
+MPI_SRC=$PEERS/src/mpi_allreduce.c
+HAVE_MPI=0
+if [ -f "$MPI_SRC" ] && mpicc -O2 -o "$BIN/mpi_allreduce" "$MPI_SRC" -lm 2>"$OUT/mpicc.log"; then HAVE_MPI=1; else
+  echo "multihost_busbw.sh: no OpenMPI peer ($MPI_SRC missing or mpicc failed; see $OUT/mpicc.log): OpenMPI columns left empty" >&2
+fi
+
+HOSTS=2 LINK="rate 1gbit" test/hosts/up.sh >"$OUT/up.log" 2>&1
+GORUN=("$BIN/gorun" -hostfile "$GORUN_HOSTS_STATE/hostfile" --ssh-args "-F $CFG")
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,vader,self
+  --mca btl_tcp_if_include "$GORUN_HOSTS_NET.0/24" --mca oob_tcp_if_include "$GORUN_HOSTS_NET.0/24"
+  --mca plm_rsh_agent "ssh -F $CFG")
+
+{
+  echo "# multihost busbw, $(date -u +%FT%TZ), $(nproc) cores shared by both hosts, kernel $(uname -r)"
+  echo "# gorun side: $PERF; OpenMPI: $(mpirun --allow-run-as-root --version 2>/dev/null | head -1)"
+} | tee "$OUT/header.txt"
+
+# gorun_busbw NP SIZE -> "median best" GB/s
+gorun_busbw() {
+  local np=$1 size=$2 map=()
+  [ "$np" = 2 ] && map=(--map-by node)
+  if [ "$PERF" = allreduce-perf ]; then
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$ITERS" -w 1 -c 1 >"$OUT/gorun_np${np}_${size}_$LINKNAME.txt" 2>&1
+    # nccl-tests-like table: the row of SIZE; busbw is the column under the header's first "busbw".
+    awk -v s="$size" '/busbw/ && !col { for (i = 1; i <= NF; i++) if ($i == "busbw") { col = i - (($1 == "#") ? 1 : 0); break } }
+      $1 == "[0]" { $1 = ""; $0 = $0 } $1 == s && col { print $col, $col; exit }' "$OUT/gorun_np${np}_${size}_$LINKNAME.txt"
+  else
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/archeck" -bytes "$size" -iters "$ITERS" >"$OUT/gorun_np${np}_${size}_$LINKNAME.txt" 2>&1
+    awk '/archeck: np/ { for (i = 1; i < NF; i++) { if ($i == "busbw_median_GBps") m = $(i + 1); if ($i == "busbw_best_GBps") b = $(i + 1) } print m, b }' "$OUT/gorun_np${np}_${size}_$LINKNAME.txt"
+  fi
+}
+# mpi_busbw NP SIZE -> "median best" GB/s
+mpi_busbw() {
+  local np=$1 size=$2 hosts
+  [ "$HAVE_MPI" = 1 ] || { echo "- -"; return; }
+  if [ "$np" = 2 ]; then hosts=$H1:1,$H2:1; else hosts=$H1:$((np / 2)),$H2:$((np / 2)); fi
+  timeout 300 "${MPIRUN[@]}" --host "$hosts" -np "$np" "$BIN/mpi_allreduce" "$MPI_BUDGET" "$size" >"$OUT/mpi_np${np}_${size}_$LINKNAME.txt" 2>&1 || { echo "fail fail"; return; }
+  awk -v s="$size" '$1 == s { print $7, $8 }' "$OUT/mpi_np${np}_${size}_$LINKNAME.txt"
+}
+iperf_gbps() {
+  ip netns exec gorun-bh2 iperf3 -s -1 -p 5399 -D
+  sleep 0.3
+  ip netns exec gorun-bh1 iperf3 -c "$H2" -p 5399 -t 5 -J >"$OUT/iperf_$LINKNAME.json"
+  python3 -c 'import json,sys; print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 1e9))' "$OUT/iperf_$LINKNAME.json"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else printf "-" }'; }
+
+ROWS="$OUT/busbw.md"
+{
+  echo "| link | iperf3 Gbit/s | np | size | gorun busbw median / best GB/s | OpenMPI busbw median / best GB/s | gorun/OpenMPI (median) | gorun median / link rate | gorun median / iperf3 |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+} >"$ROWS"
+for l in $LINKS; do
+  LINKNAME=$l
+  if [ "$l" = none ]; then LINK= test/hosts/link.sh >/dev/null; rate=; else LINK="rate $l" test/hosts/link.sh >/dev/null; rate=$(awk -v r="$l" 'BEGIN { v = r + 0; if (r ~ /gbit/) v *= 1e9; else if (r ~ /mbit/) v *= 1e6; printf "%g", v / 8 / 1e9 }'); fi
+  ip=$(iperf_gbps)
+  for np in $NPS; do
+    for s in $SIZES; do
+      read -r gm gb < <(gorun_busbw "$np" "$s")
+      read -r mm mb < <(mpi_busbw "$np" "$s")
+      vs_rate=-
+      [ -n "$rate" ] && vs_rate=$(ratio "$gm" "$rate")
+      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $gm / $gb | $mm / $mb | $(ratio "$gm" "$mm") | $vs_rate | $(ratio "$gm" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
+      echo "$row" | tee -a "$ROWS"
+    done
+  done
+done
+
+# nmt-train at 1 Gbit/s: overlap on and off, alternating, one rank per host.
+LINK="rate 1gbit" test/hosts/link.sh >/dev/null
+TRAIN="$OUT/train.md"
+{
+  echo "| preset | overlap | s/step (mean of log lines after the first) | comm exposed ms | hidden % |"
+  echo "|---|---|---|---|---|"
+} >"$TRAIN"
+for p in $TRAIN_PRESETS; do
+  for ov in true false true false; do
+    log="$OUT/train_${p}_overlap-$ov.txt"
+    "${GORUN[@]}" -np 2 --map-by node "$BIN/nmt-train" train --preset "$p" --synthetic-lines 2000 \
+      --max-steps "$TRAIN_STEPS" --log-every 10 --eval-every 0 --checkpoint-every 0 \
+      --run-dir "$OUT/run-$p-$ov" --overlap="$ov" >>"$log" 2>&1
+  done
+  for ov in true false; do
+    log="$OUT/train_${p}_overlap-$ov.txt"
+    awk -v p="$p" -v ov="$ov" -F'|' '/ s\/step \|/ && !/\] step 10 \|/ {   # step 10: the first log line of a run (warm-up)
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ / s\/step/) { split($i, a, " "); s += a[1]; c++ }
+          if ($i ~ /comm exposed/) { match($i, /exposed [0-9.]+ ms/); e += substr($i, RSTART + 8, RLENGTH - 11); match($i, /\([0-9.]+ %/); h += substr($i, RSTART + 1, RLENGTH - 3) }
+        } }
+      END { if (c) printf "| %s | %s | %.4f | %.1f | %.0f |\n", p, ov, s / c, e / c, h / c }' "$log"
+  done
+done | tee -a "$TRAIN"
+echo
+cat "$OUT/header.txt" "$ROWS"
+echo
+cat "$TRAIN"
