@@ -80,7 +80,6 @@ type rankSpec struct {
 	remote bool
 	env    []string // local: the variables gorun adds to its own environment
 	argv   []string // local: program and args
-	host   int      // remote: index in plan.remote
 }
 
 // hostSpec is one remote host: one ssh (or launch agent) runs gorun's
@@ -92,16 +91,15 @@ type hostSpec struct {
 }
 
 type plan struct {
-	cfg      Config
-	specs    []rankSpec
-	remote   []*hostSpec
-	rdvIP    string
-	rdvPort  string
-	secret   string
-	jobID    string
-	prog     string // local path of the program
-	hosts    int
-	stdinAll bool
+	cfg     Config
+	specs   []rankSpec
+	remote  []*hostSpec
+	rdvIP   string
+	rdvPort string
+	secret  string
+	jobID   string
+	prog    string // local path of the program
+	hosts   int
 }
 
 // contractVars are set by gorun itself; -x may not override them.
@@ -316,7 +314,6 @@ func prepare(cfg Config) (*plan, error) {
 				hostIndex[s.Host] = hi
 				p.remote = append(p.remote, &hostSpec{name: s.Host})
 			}
-			sp.host = hi
 			p.remote[hi].ranks = append(p.remote[hi].ranks, s.Rank)
 		}
 		p.specs = append(p.specs, sp)
