@@ -76,10 +76,12 @@ const (
 // buckets after a 1 MiB first one, float32 on the wire, sum (no average),
 // one backward pass per step.
 type BucketConfig struct {
-	// CapBytes bounds a bucket's float32 gradient bytes (default 25 MiB).
-	// A parameter larger than the cap gets a bucket of its own.
+	// CapBytes: a bucket is closed as soon as it holds this many bytes of
+	// float32 gradients (default 25 MiB), so it overshoots by less than its
+	// last parameter. A parameter of CapBytes or more gets a bucket of its
+	// own.
 	CapBytes int
-	// FirstCapBytes bounds the first bucket (default 1 MiB).
+	// FirstCapBytes is the first bucket's cap (default 1 MiB).
 	FirstCapBytes int
 	// Compression: the wire format (none, fp16, bf16).
 	Compression Compression
@@ -244,29 +246,40 @@ func NewBucketer(c *Communicator, params []ParamInfo, cfg BucketConfig) (*Bucket
 	return b, nil
 }
 
-// layout forms buckets in readiness order (last parameter first). A bucket
-// is closed before a parameter that would take it over its cap; before
-// every parameter i with cut[i] set (when cut is given); and before a
-// parameter that became ready more than cycle after the bucket's first one
-// (when ready times are given).
+// layout forms buckets in readiness order (last parameter first). As in
+// PyTorch DDP, a bucket is closed as soon as it holds at least its cap
+// (firstCap for bucket 0), so it overshoots the cap by less than its last
+// parameter; a parameter of capBytes or more never joins a non-empty
+// bucket and is closed alone. A bucket is also closed before every
+// parameter i with cut[i] set (when cut is given), and before a parameter
+// that became ready more than cycle after the bucket's first one (when
+// ready times are given).
 func layout(params []ParamInfo, offsets []int, capBytes, firstCap int, cut []bool, ready []time.Time, cycle time.Duration) []Bucket {
 	var out []Bucket
-	hi := len(params) - 1
-	bytes := 0
+	open, hi, bytes := false, 0, 0
+	closeAt := func(lo int) {
+		out = append(out, Bucket{Lo: lo, Hi: hi})
+		open = false
+	}
 	for i := len(params) - 1; i >= 0; i-- {
+		pb := 4 * params[i].Len
+		if open && (pb >= capBytes || cut != nil && cut[i] || ready != nil && ready[i].Sub(ready[hi]) > cycle) {
+			closeAt(i + 1)
+		}
+		if !open {
+			open, hi, bytes = true, i, 0
+		}
+		bytes += pb
 		limit := capBytes
 		if len(out) == 0 {
 			limit = firstCap
 		}
-		pb := 4 * params[i].Len
-		if i < hi && (bytes+pb > limit || cut != nil && cut[i] || ready != nil && ready[i].Sub(ready[hi]) > cycle) {
-			out = append(out, Bucket{Lo: i + 1, Hi: hi})
-			hi, bytes = i, 0
+		if bytes >= limit || pb >= capBytes {
+			closeAt(i)
 		}
-		bytes += pb
 	}
-	if hi >= 0 {
-		out = append(out, Bucket{Lo: 0, Hi: hi})
+	if open {
+		closeAt(0)
 	}
 	for k := range out {
 		bk := &out[k]

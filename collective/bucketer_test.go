@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -58,6 +60,17 @@ func oddParams() []ParamInfo {
 	for i, n := range lens {
 		ps[i] = ParamInfo{Name: fmt.Sprintf("layer_%d/w", i), Len: n}
 	}
+	return ps
+}
+
+// fp16Params is oddParams with every bucket (caps 4096/512) holding at
+// least 64 elements: a float16-wire message with a 1-element slice trips
+// the communicator bug that TestFP16WireOneElementSliceUnderRace shows, which
+// would crash this whole test binary under -race. Use oddParams for the
+// float16 cases too once it is fixed.
+func fp16Params() []ParamInfo {
+	ps := oddParams()
+	ps[0].Len, ps[5].Len = 100, 200
 	return ps
 }
 
@@ -118,12 +131,19 @@ func TestBucketLayout(t *testing.T) {
 		if k == 0 {
 			limit = 512
 		}
-		if bytes > limit && bk.Lo != bk.Hi {
-			t.Fatalf("bucket %d has %d bytes over its cap %d with %d parameters", k, bytes, limit, bk.Hi-bk.Lo+1)
+		// Closed when full (DDP's rule): not full before its last parameter,
+		// full with it unless the next parameter is the end or one of 4096
+		// bytes or more (those are alone).
+		if last := 4 * ps[bk.Lo].Len; bytes-last >= limit {
+			t.Fatalf("bucket %d (%d bytes) was full (cap %d) before its last parameter %d", k, bytes, limit, bk.Lo)
 		}
-		// A bucket is closed only when the next parameter would not fit.
-		if k+1 < len(bs) && bytes+4*ps[bk.Lo-1].Len <= limit {
-			t.Fatalf("bucket %d (%d bytes) closed before parameter %d (%d bytes) that fits its cap %d", k, bytes, bk.Lo-1, 4*ps[bk.Lo-1].Len, limit)
+		if k+1 < len(bs) && bytes < limit && 4*ps[bk.Lo-1].Len < 4096 {
+			t.Fatalf("bucket %d (%d bytes) closed under its cap %d before parameter %d", k, bytes, limit, bk.Lo-1)
+		}
+		for i := bk.Lo; i <= bk.Hi; i++ {
+			if 4*ps[i].Len >= 4096 && bk.Lo != bk.Hi {
+				t.Fatalf("parameter %d (%d bytes, over the cap) shares bucket %+v", i, 4*ps[i].Len, bk)
+			}
 		}
 		next = bk.Lo - 1
 		off = bk.Offset
@@ -173,6 +193,9 @@ func TestBucketerMatchesPlainAllreduce(t *testing.T) {
 
 func checkReduce(t *testing.T, tc reduceCase) {
 	ps := oddParams()
+	if tc.comp != CompressNone {
+		ps = fp16Params()
+	}
 	n := totalLen(ps)
 	ts := rank.NewLocalGroup(tc.np, 2)
 	defer rank.CloseAll(ts)
@@ -514,7 +537,7 @@ func TestBucketerBackwardPassesPerStep(t *testing.T) {
 }
 
 func TestBucketerOverflow(t *testing.T) {
-	ps := oddParams()
+	ps := fp16Params()
 	ts := rank.NewLocalGroup(2, 1)
 	defer rank.CloseAll(ts)
 	errs := onRanks(ts, func(r int, c *Communicator) error {
@@ -736,5 +759,46 @@ func TestBucketerQUIC(t *testing.T) {
 		if ratio < 0.45 || ratio > 0.55 {
 			t.Fatalf("rank %d: fp16 sent %.3f of the fp32 bytes, want about half", r, ratio)
 		}
+	}
+}
+
+// TestFP16WireOneElementSliceUnderRace reproduces a bug in the
+// communicator (collective/reduce.go, reducer.combine): for float32 data
+// with a float16 wire it converts the received bytes with f32s(in) before
+// decoding them; when a slice holds one element, in is 2 bytes and
+// checkptr (on under -race, as make test runs this package) aborts the
+// process: "checkptr: converted pointer straddles multiple allocations".
+// Buckets of a real model never have 1-element slices, but tiny buckets
+// and small worlds do. The reproduction runs in a child process so that
+// the crash fails this test instead of killing every test of the package.
+func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
+	if os.Getenv("GORUN_FP16_TINY_CHILD") == "1" {
+		for np := 2; np <= 4; np++ {
+			for _, algo := range []Algorithm{Ring, Tree} {
+				for count := 1; count <= 4; count++ {
+					ts := rank.NewLocalGroup(np, 2)
+					errs := onRanks(ts, func(r int, c *Communicator) error {
+						buf := make([]float32, count)
+						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), Float32, Sum, WithWire(Float16), WithAlgorithm(algo))
+					})
+					rank.CloseAll(ts)
+					noErrs(t, errs)
+				}
+			}
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFP16WireOneElementSliceUnderRace$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GORUN_FP16_TINY_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := string(out)
+		if i := strings.Index(msg, "fatal error"); i >= 0 {
+			msg = msg[i:]
+		}
+		if len(msg) > 1500 {
+			msg = msg[:1500]
+		}
+		t.Fatalf("float16-wire allreduces of 1..4 elements (np 2..4, ring and tree) failed: %v\n%s", err, msg)
 	}
 }
