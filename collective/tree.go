@@ -125,8 +125,9 @@ func (r *run) tree(sp treeSpec) {
 		kids[i] = r.newSender(c, sp.ch, depth+8)
 	}
 	pool := newBufPool(depth)
-	// down sends acc slice k (or wire bytes w, released by done) to the children.
-	down := func(k int, w []byte, done func()) bool {
+	// down sends acc slice k (or, if wire, the wire bytes w, released by
+	// done once every child's sender is done with them) to the children.
+	down := func(k int, wire bool, w []byte, done func()) bool {
 		if len(kids) == 0 {
 			if done != nil {
 				done()
@@ -134,7 +135,7 @@ func (r *run) tree(sp treeSpec) {
 			return true
 		}
 		b := sl(k)
-		if w != nil {
+		if wire {
 			b = w
 			done = refDone(len(kids), done)
 		}
@@ -186,10 +187,10 @@ func (r *run) tree(sp treeSpec) {
 						}
 						red.toWire(w, a)
 						red.fromWire(a, w)
-						if !down(k, w, func() { pool.put(w) }) {
+						if !down(k, true, w, func() { pool.put(w) }) {
 							return nil
 						}
-					} else if !down(k, nil, nil) {
+					} else if !down(k, false, nil, nil) {
 						return nil
 					}
 					continue
@@ -215,7 +216,7 @@ func (r *run) tree(sp treeSpec) {
 		r.goFn(func() error {
 			defer closeKids()
 			for k := 0; k < ns; k++ {
-				if !down(k, nil, nil) {
+				if !down(k, false, nil, nil) {
 					return nil
 				}
 			}
@@ -250,13 +251,13 @@ func (r *run) tree(sp treeSpec) {
 				return nil
 			}
 			if !it.slot {
-				if !down(k, nil, nil) {
+				if !down(k, false, nil, nil) {
 					return nil
 				}
 				continue
 			}
 			red.fromWire(sl(k), it.buf)
-			if !down(k, it.buf, func() { prv.release(it) }) {
+			if !down(k, true, it.buf, func() { prv.release(it) }) {
 				return nil
 			}
 		}

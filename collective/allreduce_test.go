@@ -1,0 +1,268 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// lengths returns the awkward lengths for world size n: empty, shorter
+// than the world, around it, primes, and a few slices long (with 64-byte
+// slices, 16 float32 per slice).
+func lengths(n int) []int {
+	ls := []int{0, 1, n - 1, n, n + 1, 7, 31, 257, 1031}
+	seen := map[int]bool{}
+	var out []int
+	for _, l := range ls {
+		if l >= 0 && !seen[l] {
+			seen[l] = true
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// variant is one (dtype, wire) pair.
+type variant struct{ dt, wire DType }
+
+var variants = []variant{{Float32, Float32}, {Float32, Float16}, {Float32, BFloat16}, {Float16, Float16}, {BFloat16, BFloat16}}
+
+var ops = []Op{Sum, Average, Min, Max}
+
+// expectInt is the exact result of op over small-integer inputs: sums of
+// small integers are exact in every type, so the only rounding is the
+// Average's division (done in float32), then the result type and, for
+// float32 data sent in a 16-bit format, the wire type.
+func expectInt(ref float64, n int, op Op, v variant) float64 {
+	x := float32(ref)
+	if op == Average {
+		var s float64
+		// ref is already sum/n in float64; redo the division as the code does
+		s = math.Round(ref * float64(n))
+		x = float32(s) / float32(n)
+	}
+	y := roundTo(v.wire, x)
+	return roundTo(v.dt, float32(y))
+}
+
+// allreduceCase runs one allreduce on every rank of c and checks it.
+type arCase struct {
+	count   int
+	op      Op
+	v       variant
+	algo    Algorithm
+	inPlace bool
+}
+
+func (k arCase) String() string {
+	p := "out-of-place"
+	if k.inPlace {
+		p = "in-place"
+	}
+	return fmt.Sprintf("count %d %s %s wire %s %s %s", k.count, k.op, k.v.dt, k.v.wire, k.algo, p)
+}
+
+// checkAllreduceInts runs the cases on every rank (each rank makes the
+// same calls in the same order) and compares with the exact result.
+func checkAllreduceInts(t *testing.T, ts []rank.Transport, cfg Config, cases []arCase) {
+	t.Helper()
+	n := len(ts)
+	results := make([][][]byte, n) // [rank][case]
+	errs := group(ts, cfg, func(c *Communicator) error {
+		r := c.Rank()
+		for _, k := range cases {
+			vals := make([]float64, k.count)
+			for i := range vals {
+				vals[i] = intValue(r, i)
+			}
+			send := makeBuf(k.v.dt, vals)
+			keep := append([]byte(nil), send...)
+			recv := send
+			if !k.inPlace {
+				recv = make([]byte, len(send))
+				for i := range recv {
+					recv[i] = 0xAB // garbage that must be overwritten
+				}
+			}
+			var o []CallOption
+			if k.v.wire != k.v.dt {
+				o = append(o, WithWire(k.v.wire))
+			}
+			o = append(o, WithAlgorithm(k.algo))
+			if err := c.Allreduce(testCtx(t), send, recv, k.v.dt, k.op, o...); err != nil {
+				return fmt.Errorf("%v: %w", k, err)
+			}
+			if !k.inPlace && !bytes.Equal(send, keep) {
+				return fmt.Errorf("%v: send buffer modified", k)
+			}
+			results[r] = append(results[r], recv)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	for ci, k := range cases {
+		vals := make([][]float64, n)
+		for r := range vals {
+			vals[r] = make([]float64, k.count)
+			for i := range vals[r] {
+				// inputs are what makeBuf stored: small integers are exact
+				vals[r][i] = intValue(r, i)
+			}
+		}
+		ref := reference(vals, k.op)
+		got0 := readBuf(k.v.dt, results[0][ci])
+		for i := range ref {
+			want := expectInt(ref[i], n, k.op, k.v)
+			if got0[i] != want {
+				t.Fatalf("N=%d %v: element %d = %v, want %v", n, k, i, got0[i], want)
+			}
+		}
+		for r := 1; r < n; r++ {
+			if !bytes.Equal(results[r][ci], results[0][ci]) {
+				t.Fatalf("N=%d %v: rank %d's result differs from rank 0's", n, k, r)
+			}
+		}
+	}
+}
+
+// TestAllreduceProperty: every world size 1..8, awkward lengths, every op,
+// dtype, wire format and algorithm, in place and not, in-process.
+func TestAllreduceProperty(t *testing.T) {
+	for n := 1; n <= 8; n++ {
+		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
+			t.Parallel()
+			var cases []arCase
+			i := 0
+			for _, l := range lengths(n) {
+				for _, op := range ops {
+					for _, v := range variants {
+						for _, a := range []Algorithm{Ring, Tree} {
+							i++
+							cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: i%2 == 0})
+						}
+					}
+				}
+			}
+			// 3 channels: an odd number, so chunk parts and the two trees
+			// are uneven; 64-byte slices: many slices and slice groups.
+			checkAllreduceInts(t, rank.NewLocalGroup(n, 3), Config{SliceBytes: 64}, cases)
+		})
+	}
+}
+
+// TestAllreduceLarge: a length above a million (several channels, many
+// slices, the default slice size).
+func TestAllreduceLarge(t *testing.T) {
+	for _, n := range []int{3, 4} {
+		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
+			var cases []arCase
+			for _, a := range []Algorithm{Ring, Tree} {
+				cases = append(cases, arCase{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: a})
+				cases = append(cases, arCase{count: 300_007, op: Average, v: variant{Float32, Float16}, algo: a, inPlace: true})
+				cases = append(cases, arCase{count: 200_003, op: Max, v: variant{BFloat16, BFloat16}, algo: a})
+			}
+			checkAllreduceInts(t, rank.NewLocalGroup(n, 2), Config{}, cases)
+		})
+	}
+}
+
+// TestAllreduceRandomTolerance: random real values, against a float64
+// reference within a stated bound: float32 sums within n*2^-23 of the sum
+// of magnitudes; 16-bit formats add one rounding per hop (n-1 hops on a
+// ring, one per tree level), bounded by n*u*sum|x| with u the unit
+// roundoff of the format (2^-11 float16, 2^-8 bfloat16).
+func TestAllreduceRandomTolerance(t *testing.T) {
+	for _, n := range []int{2, 5, 8} {
+		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
+			t.Parallel()
+			const count = 2003
+			inputs := make([][]float64, n)
+			rng := rand.New(rand.NewPCG(uint64(n), 7))
+			for r := range inputs {
+				inputs[r] = make([]float64, count)
+				for i := range inputs[r] {
+					inputs[r][i] = rng.NormFloat64() * 3
+				}
+			}
+			type tc struct {
+				op   Op
+				v    variant
+				algo Algorithm
+			}
+			var cases []tc
+			for _, op := range ops {
+				for _, v := range variants {
+					for _, a := range []Algorithm{Ring, Tree} {
+						cases = append(cases, tc{op, v, a})
+					}
+				}
+			}
+			results := make([][][]byte, n)
+			errs := group(rank.NewLocalGroup(n, 2), Config{SliceBytes: 256}, func(c *Communicator) error {
+				for _, k := range cases {
+					buf := makeBuf(k.v.dt, inputs[c.Rank()])
+					var o []CallOption
+					if k.v.wire != k.v.dt {
+						o = append(o, WithWire(k.v.wire))
+					}
+					if err := c.Allreduce(testCtx(t), nil, buf, k.v.dt, k.op, append(o, WithAlgorithm(k.algo))...); err != nil {
+						return err
+					}
+					results[c.Rank()] = append(results[c.Rank()], buf)
+				}
+				return nil
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+			unit := map[DType]float64{Float32: 0x1p-24, Float16: 0x1p-11, BFloat16: 0x1p-8}
+			tiny := map[DType]float64{Float16: 0x1p-25} // half the float16 subnormal step
+			for ci, k := range cases {
+				// the inputs as stored in the data type
+				vals := make([][]float64, n)
+				abs := make([]float64, count)
+				for r := range vals {
+					vals[r] = readBuf(k.v.dt, makeBuf(k.v.dt, inputs[r]))
+					for i, x := range vals[r] {
+						abs[i] += math.Abs(x)
+					}
+				}
+				ref := reference(vals, k.op)
+				got := readBuf(k.v.dt, results[0][ci])
+				for i := range ref {
+					var bound float64
+					switch k.op {
+					case Min, Max:
+						// exact in the data type, then one rounding to the wire
+						// format (absolute 2^-25 below float16's normal range)
+						bound = unit[k.v.wire]*math.Abs(ref[i]) + tiny[k.v.wire]
+					default:
+						u := max(unit[k.v.dt], unit[k.v.wire])
+						bound = float64(n+1) * (u*abs[i] + tiny[k.v.wire])
+						if k.op == Average {
+							bound /= float64(n)
+						}
+					}
+					if d := math.Abs(got[i] - ref[i]); d > bound {
+						t.Fatalf("N=%d %s %s wire %s %s: element %d = %v, want %v within %.3g (off by %.3g)",
+							n, k.op, k.v.dt, k.v.wire, k.algo, i, got[i], ref[i], bound, d)
+					}
+				}
+				for r := 1; r < n; r++ {
+					if !bytes.Equal(results[r][ci], results[0][ci]) {
+						t.Fatalf("N=%d %s %s wire %s %s: rank %d's result differs from rank 0's", n, k.op, k.v.dt, k.v.wire, k.algo, r)
+					}
+				}
+			}
+		})
+	}
+}
+
+var _ = context.Background
