@@ -49,7 +49,8 @@ type tagger struct {
 	out    *sink
 	prefix string
 	file   io.Writer
-	buf    []byte // an incomplete line
+	mu     sync.Mutex // Close may race with a late Write (a pipe held past the rank's end)
+	buf    []byte     // an incomplete line
 	line   []byte
 }
 
@@ -64,6 +65,8 @@ func (t *tagger) emit(piece []byte, complete bool) {
 // Write tags every complete line of p; a line grown to LineCap bytes
 // without a newline is written as a piece of its own.
 func (t *tagger) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.file != nil {
 		_, _ = t.file.Write(p)
 	}
@@ -104,6 +107,8 @@ func (t *tagger) Write(p []byte) (int, error) {
 
 // Close writes an unfinished last line, with a newline added.
 func (t *tagger) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if len(t.buf) > 0 {
 		t.emit(t.buf, false)
 		t.buf = t.buf[:0]
