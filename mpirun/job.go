@@ -91,15 +91,17 @@ type hostSpec struct {
 }
 
 type plan struct {
-	cfg     Config
-	specs   []rankSpec
-	remote  []*hostSpec
-	rdvIP   string
-	rdvPort string
-	secret  string
-	jobID   string
-	prog    string // local path of the program
-	hosts   int
+	cfg      Config
+	specs    []rankSpec
+	remote   []*hostSpec
+	rdvIP    string
+	rdvPort  string
+	secret   string
+	jobID    string
+	prog     string // local path of the program
+	rprog    string // the program as remote agents run it
+	cudaRank bool   // CUDA_VISIBLE_DEVICES = local rank
+	hosts    int
 }
 
 // contractVars are set by gorun itself; -x may not override them.
@@ -284,6 +286,7 @@ func prepare(cfg Config) (*plan, error) {
 	// The environment and command of every rank, and of every remote host.
 	_, inheritedCUDA := os.LookupEnv("CUDA_VISIBLE_DEVICES")
 	cudaLocal := !userCUDA && !inheritedCUDA
+	p.rprog, p.cudaRank = remoteProg, cudaLocal
 	hostIndex := map[string]int{}
 	for _, s := range slots {
 		sp := rankSpec{slot: s, remote: !local[s.Host]}
@@ -545,6 +548,15 @@ func (p *plan) printCommands(w io.Writer, prefix, port string) {
 	}
 	for _, hs := range p.remote {
 		fmt.Fprintf(w, "%s[%s: %s] %s\n", prefix, hs.name, rankList(hs.ranks), p.hostCommandLine(hs, port))
+		for _, r := range hs.ranks {
+			words := []string{"env", rank.EnvRank + "=" + strconv.Itoa(r), rank.EnvLocalRank + "=" + strconv.Itoa(p.specs[r].slot.LocalRank)}
+			if p.cudaRank {
+				words = append(words, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(p.specs[r].slot.LocalRank))
+			}
+			words = append(words, rank.EnvSecret+"=<redacted>", p.rprog)
+			words = append(words, p.cfg.Args...)
+			fmt.Fprintf(w, "%s[%d] the agent on %s adds to the host's environment and runs: %s\n", prefix, r, hs.name, shellJoin(words))
+		}
 	}
 }
 

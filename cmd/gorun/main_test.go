@@ -203,8 +203,22 @@ func TestOutputDirAndDryRun(t *testing.T) {
 			t.Errorf("dry run lacks %q:\n%s", want, r.stdout)
 		}
 	}
+	if !strings.Contains(r.stdout, "[2] the agent on 127.0.0.2 adds to the host's environment and runs: env GORUN_RANK=2 GORUN_LOCAL_RANK=0 CUDA_VISIBLE_DEVICES=0 'GORUN_SECRET=<redacted>' /bin/sh -c 'touch ") {
+		t.Errorf("no per-rank line for the remote rank:\n%s", r.stdout)
+	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("--dry-run started the program")
+	}
+	// --map-by node and --oversubscribe reach the placement.
+	r = gorun(t, "", "--dry-run", "-np", "5", "--oversubscribe", "--map-by", "node", "-H", "localhost:2,127.0.0.2:1", "/bin/true")
+	var table []string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(l); len(f) == 6 && f[0] != "RANK" {
+			table = append(table, f[1]+"/"+f[2])
+		}
+	}
+	if r.code != 0 || strings.Join(table, " ") != "localhost/0 127.0.0.2/0 localhost/1 localhost/2 127.0.0.2/1" {
+		t.Errorf("map-by node, oversubscribed: %q\n%s%s", table, r.stdout, r.stderr)
 	}
 	if regexp.MustCompile(`[0-9a-f]{64}`).MatchString(r.stdout) {
 		t.Errorf("dry run shows something like a secret:\n%s", r.stdout)
