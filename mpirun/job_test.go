@@ -244,8 +244,13 @@ func TestDryRunRemote(t *testing.T) {
 			t.Errorf("dry run output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "GORUN_SECRET") {
-		t.Errorf("secret variable in a remote command:\n%s", out)
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "[node7.invalid") && strings.Contains(l, "GORUN_SECRET") {
+			t.Errorf("secret variable in the ssh command: %s", l)
+		}
+	}
+	if regexp.MustCompile(`[0-9a-f]{64}`).MatchString(out) || strings.Count(out, "'GORUN_SECRET=<redacted>'") != 2 {
+		t.Errorf("secret shown, or per-rank lines missing:\n%s", out)
 	}
 }
 
