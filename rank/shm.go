@@ -64,17 +64,31 @@ const (
 	// starts copying out while the producer still copies in.
 	shmChunk = 128 << 10
 
-	shmSpins      = 300 // busy re-checks before yielding
-	shmYields     = 200 // Gosched/sched_yield rounds before sleeping
-	shmNapMin     = 10 * time.Microsecond
-	shmNapMax     = 500 * time.Microsecond
-	shmNapFor     = 20 * time.Millisecond // then time.Sleep(shmSleep)
-	shmSleep      = time.Millisecond
-	shmLiveCheck  = 20 * time.Millisecond
-	shmOffClosed  = 64  // u32: lower rank closed; 128: higher rank closed
-	shmOffPidLo   = 192 // u64 pids, informational
-	shmOffHeaders = 256
+	shmSpins     = 300 // busy re-checks before yielding
+	shmYields    = 200 // Gosched/sched_yield rounds before sleeping
+	shmNapMin    = 10 * time.Microsecond
+	shmNapMax    = 500 * time.Microsecond
+	shmNapFor    = 20 * time.Millisecond // then time.Sleep(shmSleep)
+	shmSleep     = time.Millisecond
+	shmLiveCheck = 20 * time.Millisecond
+	shmOffClosed = 64  // u32: lower rank closed; 128: higher rank closed
+	shmOffPidLo  = 192 // u64 pids, informational
+	shmOffCMA    = 256 // u32 at 256: the higher rank reads the lower's memory; 320: the reverse
+
+	// Messages of at least shmCMAMin bytes travel in one copy when the
+	// receiver may read the sender's memory (process_vm_readv, Linux cross
+	// memory attach, as MPI's vader does): the ring carries only the header
+	// and the payload's address, the receiver copies straight into its
+	// buffer and acknowledges, and the Send returns. GORUN_SHM_CMA=0 keeps
+	// every byte in the ring.
+	shmCMAMin   = 64 << 10
+	shmCMAMagic = 0x434d4147 // "GAMC": a frame header whose payload stays with the sender
+	envShmCMA   = "GORUN_SHM_CMA"
 )
+
+// shmProbe is what a peer reads from this process's memory at the
+// handshake to learn whether it may use process_vm_readv on us.
+var shmProbe = [16]byte{'g', 'o', 'r', 'u', 'n', ' ', 'c', 'm', 'a', ' ', 'p', 'r', 'o', 'b', 'e', '!'}
 
 var (
 	errShmPeerClosed = errors.New("peer closed its mesh")
@@ -87,6 +101,8 @@ type shmRing struct {
 	gone bool       // the segment is unmapped
 	tail *atomic.Uint64
 	head *atomic.Uint64
+	ack  *atomic.Uint64 // single-copy messages the consumer finished (written by it)
+	ackc *atomic.Uint32 // 0: it read the sender's memory; 1: it could not, send through the ring
 	buf  []byte
 	mask uint64
 	hdr  [headerBytes]byte
@@ -100,6 +116,8 @@ type shmPeer struct {
 	tx, rx     []*shmRing
 	myClosed   *atomic.Uint32
 	peerClosed *atomic.Uint32
+	peerReads  *atomic.Uint32 // the peer may read this process's memory
+	iReads     *atomic.Uint32 // this process may read the peer's
 	closing    atomic.Bool
 	pid        int
 	pidfd      int // -1 without pidfd_open: kill(pid, 0) then
@@ -129,14 +147,17 @@ func newShmPeer(seg []byte, self, peer, channels int, lower bool) *shmPeer {
 	dataOff, _ := shmLayout(channels)
 	if lower {
 		sp.myClosed, sp.peerClosed = u32At(seg, shmOffClosed), u32At(seg, 2*shmOffClosed)
+		sp.peerReads, sp.iReads = u32At(seg, shmOffCMA), u32At(seg, shmOffCMA+64)
 	} else {
 		sp.myClosed, sp.peerClosed = u32At(seg, 2*shmOffClosed), u32At(seg, shmOffClosed)
+		sp.peerReads, sp.iReads = u32At(seg, shmOffCMA+64), u32At(seg, shmOffCMA)
 	}
 	ring := func(i int) *shmRing {
 		ctrl := shmPage + i*shmCtrlBytes
 		off := dataOff + i*shmRingBytes
 		return &shmRing{
 			tail: u64At(seg, ctrl), head: u64At(seg, ctrl+64),
+			ack: u64At(seg, ctrl+72), ackc: u32At(seg, ctrl+80),
 			buf: seg[off : off+shmRingBytes : off+shmRingBytes], mask: shmRingBytes - 1,
 		}
 	}
@@ -244,12 +265,33 @@ type shmOffer struct {
 	PidNS     string `json:"pidns"`
 	Channels  int    `json:"channels"`
 	RingBytes int    `json:"ring"`
+	Probe     uint64 `json:"probe,omitempty"` // address of shmProbe in the sender
 }
 
 type shmAnswer struct {
-	OK  bool   `json:"ok"`
-	Why string `json:"why,omitempty"`
-	Pid int    `json:"pid"`
+	OK    bool   `json:"ok"`
+	Why   string `json:"why,omitempty"`
+	Pid   int    `json:"pid"`
+	Probe uint64 `json:"probe,omitempty"`
+}
+
+func probeAddr() uint64 {
+	if v := os.Getenv(envShmCMA); v == "0" || v == "off" || v == "false" {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(&shmProbe[0])))
+}
+
+// canRead reports whether process_vm_readv of pid works (same user, no
+// seccomp or LSM in the way) by reading its probe.
+func canRead(pid int, addr uint64) bool {
+	if addr == 0 || probeAddr() == 0 {
+		return false
+	}
+	var got [len(shmProbe)]byte
+	n, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &got[0], Len: uint64(len(got))}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: len(got)}}, 0)
+	return err == nil && n == len(got) && got == shmProbe
 }
 
 func writeShmHello(c laneConn, v any) error {
@@ -352,7 +394,7 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 }
 
 func (m *Mesh) shmOfferTo(c laneConn, p int, want bool) (*shmPeer, string, error) {
-	off := shmOffer{Pid: os.Getpid(), PidNS: pidNS(), Channels: m.opt.Channels, RingBytes: shmRingBytes}
+	off := shmOffer{Pid: os.Getpid(), PidNS: pidNS(), Channels: m.opt.Channels, RingBytes: shmRingBytes, Probe: probeAddr()}
 	var seg []byte
 	var path string
 	if !want {
@@ -390,6 +432,9 @@ func (m *Mesh) shmOfferTo(c laneConn, p int, want bool) (*shmPeer, string, error
 	}
 	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, true)
 	sp.pid = ans.Pid
+	if canRead(sp.pid, ans.Probe) {
+		sp.iReads.Store(1)
+	}
 	return sp, "", nil
 }
 
@@ -401,7 +446,7 @@ func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, er
 	if off.Name == "" {
 		return nil, off.Why, nil
 	}
-	ans := shmAnswer{Pid: os.Getpid()}
+	ans := shmAnswer{Pid: os.Getpid(), Probe: probeAddr()}
 	var seg []byte
 	switch {
 	case !want:
@@ -417,6 +462,9 @@ func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, er
 			ans.Why = fmt.Sprintf("rank %d cannot map rank %d's segment: %v", m.id.Rank, p, err)
 		} else {
 			seg, ans.OK = s, true
+			if canRead(off.Pid, off.Probe) {
+				u32At(seg, shmOffCMA).Store(1) // before the answer: the lower rank may send at once
+			}
 		}
 	}
 	if err := writeShmHello(c, ans); err != nil {
@@ -666,6 +714,9 @@ func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) er
 		return sp.fail(&w, "send", ch, tag, errShmPeerClosed)
 	}
 	putHeader(r.hdr[:], tag, len(payload))
+	if len(payload) >= shmCMAMin && sp.peerReads.Load() != 0 {
+		return sp.sendByAddress(r, &w, ch, tag, payload)
+	}
 	t := r.tail.Load()
 	// The header is published together with the first chunk of payload.
 	if err := r.put(&w, &t, r.hdr[:], false); err != nil {
@@ -676,6 +727,56 @@ func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) er
 	}
 	r.tail.Store(t)
 	sp.count.sent.Add(uint64(headerBytes + len(payload)))
+	return nil
+}
+
+// sendByAddress posts the header and the payload's address, and waits until
+// the receiver has copied the payload out of this process's memory. The
+// payload is Go heap (or foreign) memory, which does not move; it stays
+// alive and unchanged while the Send blocks.
+func (sp *shmPeer) sendByAddress(r *shmRing, w *shmWait, ch int, tag Tag, payload []byte) error {
+	binary.LittleEndian.PutUint32(r.hdr[0:], shmCMAMagic)
+	var addr [8]byte
+	binary.LittleEndian.PutUint64(addr[:], uint64(uintptr(unsafe.Pointer(&payload[0]))))
+	want := r.ack.Load() + 1
+	t := r.tail.Load()
+	if err := r.put(w, &t, r.hdr[:], false); err != nil {
+		return sp.fail(w, "send", ch, tag, err)
+	}
+	if err := r.put(w, &t, addr[:], true); err != nil {
+		return sp.fail(w, "send", ch, tag, err)
+	}
+	for r.ack.Load() != want {
+		if err := w.pause(); err != nil {
+			return sp.fail(w, "send", ch, tag, err)
+		}
+	}
+	runtime.KeepAlive(payload)
+	if r.ackc.Load() != 0 {
+		// The receiver could not read our memory after all: stream it.
+		sp.peerReads.Store(0)
+		w.progress()
+		if err := r.put(w, &t, payload, true); err != nil {
+			return sp.fail(w, "send", ch, tag, err)
+		}
+	}
+	sp.count.sent.Add(uint64(headerBytes + len(payload)))
+	return nil
+}
+
+// readAddress copies a single-copy payload from the sender's memory.
+func (sp *shmPeer) readAddress(addr uint64, dst []byte) error {
+	for len(dst) > 0 {
+		n, err := unix.ProcessVMReadv(sp.pid, []unix.Iovec{{Base: &dst[0], Len: uint64(len(dst))}},
+			[]unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, 0)
+		if err != nil {
+			return err
+		}
+		if n <= 0 {
+			return io.ErrUnexpectedEOF
+		}
+		dst, addr = dst[n:], addr+uint64(n)
+	}
 	return nil
 }
 
@@ -690,11 +791,42 @@ func (sp *shmPeer) recvMsg(ctx context.Context, ch int, want Tag, dst []byte) er
 	if err := r.get(&w, r.hdr[:], 0); err != nil {
 		return sp.fail(&w, "recv", ch, want, err)
 	}
-	if magic := binary.LittleEndian.Uint32(r.hdr[0:]); magic != frameMagic {
+	magic := binary.LittleEndian.Uint32(r.hdr[0:])
+	if magic != frameMagic && magic != shmCMAMagic {
 		return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: "recv",
 			Err: fmt.Errorf("garbage on shared-memory channel %d (bad frame header %08x): the ring is out of step", ch, magic)}
 	}
 	got, n := parseHeader(r.hdr[:])
+	if magic == shmCMAMagic {
+		var a [8]byte
+		if err := r.get(&w, a[:], 0); err != nil {
+			return sp.fail(&w, "recv", ch, want, err)
+		}
+		sp.count.recv.Add(uint64(headerBytes + n))
+		if got != want || n != len(dst) {
+			r.ackc.Store(0)
+			r.ack.Add(1)
+			return &MismatchError{Self: sp.self, Peer: sp.peer, Channel: ch, Want: want, Got: got, WantLen: len(dst), GotLen: n}
+		}
+		err := sp.readAddress(binary.LittleEndian.Uint64(a[:]), dst)
+		if err == nil {
+			r.ackc.Store(0)
+			r.ack.Add(1)
+			return nil
+		}
+		if errors.Is(err, unix.ESRCH) {
+			sp.dead.Store(true)
+			return sp.fail(&w, "recv", ch, want, errShmPeerDied)
+		}
+		// Not allowed after all (or the sender's memory changed under
+		// us): ask for the payload through the ring.
+		r.ackc.Store(1)
+		r.ack.Add(1)
+		if err := r.get(&w, dst, 0); err != nil {
+			return sp.fail(&w, "recv", ch, want, err)
+		}
+		return nil
+	}
 	if got != want || n != len(dst) {
 		if n > 0 {
 			if err := r.get(&w, nil, n); err != nil {

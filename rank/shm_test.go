@@ -49,24 +49,48 @@ func shmFiles(t *testing.T, dir string) []string {
 	return names
 }
 
+var (
+	patOnce sync.Once
+	patBase []byte
+)
+
+// pattern returns n bytes that differ with seed (a read-only view of one
+// random buffer, which keeps the race-detected tests fast).
 func pattern(seed, n int) []byte {
-	b := make([]byte, n)
-	rand.New(rand.NewSource(int64(seed))).Read(b)
-	return b
+	patOnce.Do(func() {
+		patBase = make([]byte, 10<<20)
+		rand.New(rand.NewSource(1)).Read(patBase)
+	})
+	off := (seed * 4099) % (1 << 20)
+	return patBase[off : off+n : off+n]
 }
 
 // Every pair exchanges bulk (several times the ring) and small messages on
 // every channel at once, both ways.
 func TestShmAllPairs(t *testing.T) {
+	for _, mode := range []string{"ring", "cma"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "ring" {
+				t.Setenv(envShmCMA, "0")
+			}
+			testShmAllPairs(t, mode)
+		})
+	}
+}
+
+func testShmAllPairs(t *testing.T, mode string) {
 	const n, msgs = 3, 6
 	g, dir := shmGroup(t, n, Options{Channels: 3, Timeout: 20 * time.Second})
+	if got, want := g[0].(*Mesh).shm[1].peerReads.Load() == 1, mode == "cma"; got != want {
+		t.Fatalf("single copy in use: %v, want %v", got, want)
+	}
 	if f := shmFiles(t, dir); len(f) != 0 {
 		t.Errorf("segments left in %s after the handshake: %v", dir, f)
 	}
 	size := func(from, to, ch, i int) int {
 		switch i % 3 {
 		case 0:
-			return 3*shmRingBytes + 12345*(ch+1) // bigger than the ring, odd length
+			return 2*shmRingBytes + 12345*(ch+1) // bigger than the ring, odd length
 		case 1:
 			return i + from // tiny, 0 included
 		}
@@ -181,7 +205,7 @@ func TestShmTimeoutAndCancel(t *testing.T) {
 func TestShmPeerClosed(t *testing.T) {
 	g, _ := shmGroup(t, 3, Options{Timeout: 20 * time.Second})
 	ctx := context.Background()
-	msg := pattern(3, shmRingBytes/2)
+	msg := pattern(3, shmCMAMin-1) // buffered in the ring (a bigger one would wait for the reader)
 	if err := g[2].Send(ctx, 0, 0, Tag{Seq: 1}, msg); err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +379,19 @@ func sendHeader(ctx context.Context, m *Mesh, i, n int, kind uint64) error {
 }
 
 func TestShmTwoProcesses(t *testing.T) {
+	for _, mode := range []string{"ring", "cma"} {
+		t.Run(mode, func(t *testing.T) { testShmTwoProcesses(t, mode) })
+	}
+}
+
+func testShmTwoProcesses(t *testing.T, mode string) {
+	if mode == "ring" {
+		t.Setenv(envShmCMA, "0") // the child inherits it
+	}
 	m, cmd, dir, out := startChild(t, "echo")
+	if got, want := m.shm[1].peerReads.Load() == 1, mode == "cma"; got != want {
+		t.Fatalf("single copy to the child in use: %v, want %v", got, want)
+	}
 	ctx := context.Background()
 	sizes := []int{0, 1, 24, 4093, shmRingBytes, 5*shmRingBytes + 3, 8 << 20}
 	for i := 0; i < 200; i++ {
@@ -397,8 +433,12 @@ func TestShmTwoProcesses(t *testing.T) {
 // kill -9 of the peer in the middle of a message: the waiting side fails
 // naming it long before the mesh timeout, whether it sends or receives.
 func TestShmPeerKilled(t *testing.T) {
-	for _, side := range []string{"send", "recv"} {
-		t.Run(side, func(t *testing.T) {
+	for _, tc := range []string{"send/ring", "recv/ring", "send/cma", "recv/cma"} {
+		t.Run(tc, func(t *testing.T) {
+			side, copyMode, _ := strings.Cut(tc, "/")
+			if copyMode == "ring" {
+				t.Setenv(envShmCMA, "0")
+			}
 			mode := map[string]string{"send": "stall", "recv": "echo"}[side]
 			m, cmd, dir, out := startChild(t, mode)
 			ctx := context.Background()
