@@ -192,7 +192,6 @@ type Bucketer struct {
 	bufs    [][]float32 // per bucket: a view of flat, or a pack buffer
 	scale   float32
 	pass    int
-	steps   int
 	st      *stepState
 	checked bool
 	rebuilt bool
@@ -818,7 +817,6 @@ func (b *Bucketer) Wait() (StepStats, error) {
 	if err != nil && b.broken == nil {
 		b.broken = err
 	}
-	b.steps++
 	rebuild := err == nil && b.cfg.CycleTime > 0 && !b.rebuilt
 	b.mu.Unlock()
 	if rebuild {

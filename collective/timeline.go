@@ -202,6 +202,9 @@ func ReadTimeline(r io.Reader) (evs []TraceEvent, truncated bool, err error) {
 	dec := json.NewDecoder(r)
 	tok, err := dec.Token()
 	if err != nil {
+		if isEOF(err) { // empty: stopped before anything was flushed
+			return nil, true, nil
+		}
 		return nil, false, fmt.Errorf("not a trace: %w", err)
 	}
 	if tok == json.Delim('{') {
@@ -209,7 +212,7 @@ func ReadTimeline(r io.Reader) (evs []TraceEvent, truncated bool, err error) {
 		for dec.More() {
 			k, err := dec.Token()
 			if err != nil {
-				return nil, false, err
+				return nil, isEOF(err), eofNil(err)
 			}
 			if k == "traceEvents" {
 				found = true
@@ -217,10 +220,13 @@ func ReadTimeline(r io.Reader) (evs []TraceEvent, truncated bool, err error) {
 			}
 			var skip json.RawMessage
 			if err := dec.Decode(&skip); err != nil {
-				return nil, false, err
+				return nil, isEOF(err), eofNil(err)
 			}
 		}
 		if !found {
+			if _, err := dec.Token(); isEOF(err) {
+				return nil, true, nil
+			}
 			return nil, false, errors.New("not a trace: no traceEvents")
 		}
 		if tok, err = dec.Token(); err != nil {

@@ -179,6 +179,13 @@ func TestTimelineBucketerAndMerge(t *testing.T) {
 	if n := len(all[1]); n != 3*nbs[0]+len(ps)-1 {
 		t.Fatalf("rank 1's cut file gave %d spans, want all but the cut one (%d)", n, 3*nbs[0]+len(ps)-1)
 	}
+	// Cut before or inside the header: no events, not an error.
+	for _, c := range []string{"", `{"trace`, `{"traceEvents"`, `{"traceEvents":[`} {
+		evs, truncated, err := ReadTimeline(strings.NewReader(c))
+		if err != nil || !truncated || len(evs) != 0 {
+			t.Fatalf("trace cut to %q: %d events, truncated %v, %v", c, len(evs), truncated, err)
+		}
+	}
 	// Not a trace: an error naming the file.
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(bad, []byte(`{"foo": 1}`), 0o644)
