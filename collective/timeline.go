@@ -23,8 +23,9 @@ import (
 // up when merged (ranks on different hosts are only as aligned as their
 // clocks).
 //
-// Events are written as they are recorded, one per line, through a buffer;
-// Close writes the closing "]}" and flushes. A file whose program stopped
+// Events are written as they are recorded, one per line, through a buffer
+// that is flushed by the first event more than a second after the last
+// flush (and by Flush); Close writes the closing "]}" and flushes. A file whose program stopped
 // before Close lacks the closing brackets (and perhaps half a line):
 // MergeTimelines reads such a file up to its last complete event.
 //
@@ -36,14 +37,15 @@ type Timeline struct {
 	c      io.Closer // the file, when the Timeline opened it
 	pid    int
 	tids   map[string]int
-	n      int // events written
+	n      int       // events written
+	last   time.Time // last flush
 	err    error
 	closed bool
 }
 
 // NewTimeline starts a trace for rank on w. Close it to finish the JSON.
 func NewTimeline(w io.Writer, rank int) *Timeline {
-	t := &Timeline{w: bufio.NewWriterSize(w, 64<<10), pid: rank, tids: map[string]int{}}
+	t := &Timeline{w: bufio.NewWriterSize(w, 64<<10), pid: rank, tids: map[string]int{}, last: time.Now()}
 	_, t.err = t.w.WriteString("{\"traceEvents\":[\n")
 	t.event(map[string]any{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
 		"args": map[string]any{"name": "rank " + strconv.Itoa(rank)}})
@@ -79,6 +81,10 @@ func (t *Timeline) event(ev map[string]any) {
 	}
 	_, t.err = t.w.Write(b)
 	t.n++
+	if now := time.Now(); now.Sub(t.last) > time.Second && t.err == nil {
+		t.err = t.w.Flush()
+		t.last = now
+	}
 }
 
 // tid returns the thread id of track, announcing it on first use.
