@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 
@@ -10,14 +11,24 @@ import (
 )
 
 // BenchmarkP2PShm is BenchmarkP2P over the shared-memory lanes that ranks on
-// one host use (docs/shm.md): one-way throughput of 1-64 MiB messages striped
+// one host use (docs/shm.md), with the single-copy path for large messages
+// and without it (shm-ring): one-way throughput of 1-64 MiB messages striped
 // over the channels, and the round-trip time of an 8-byte message. Run it
 // beside BenchmarkP2P (go test -bench 'P2P' ./bench/) to compare with QUIC
 // and TCP on loopback in one sitting.
 func BenchmarkP2PShm(b *testing.B) {
-	for _, nch := range []int{1, 2} {
+	for _, c := range []struct {
+		nch  int
+		ring bool // GORUN_SHM_CMA=0: every byte through the ring (two copies)
+	}{{1, false}, {2, false}, {1, true}} {
+		nch := c.nch
 		name := fmt.Sprintf("shm-ch%d", nch)
+		if c.ring {
+			name = fmt.Sprintf("shm-ring-ch%d", nch)
+			os.Setenv("GORUN_SHM_CMA", "0") // read once, at the handshake
+		}
 		g := pair(b, rank.Options{SharedMemory: "on", Channels: nch})
+		os.Unsetenv("GORUN_SHM_CMA")
 		if tr := g[0].(*rank.Mesh).PeerTransport(1); tr != "shm" {
 			b.Fatalf("rank 0 reaches rank 1 over %s, not shared memory", tr)
 		}
@@ -26,6 +37,9 @@ func BenchmarkP2PShm(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%dMiB", name, size>>20), func(b *testing.B) {
 				src := make([]byte, size)
 				dst := make([]byte, size)
+				for i := range src {
+					src[i] = byte(i) // real pages, not the shared zero page
+				}
 				part := (size + nch - 1) / nch
 				b.SetBytes(int64(size))
 				b.ResetTimer()
