@@ -667,7 +667,7 @@ func TestBucketerCycleTimeRebuild(t *testing.T) {
 	defer rank.CloseAll(ts)
 	layouts := make([][]Bucket, 2)
 	errs := onRanks(ts, func(r int, c *Communicator) error {
-		b, err := NewBucketer(c, ps, BucketConfig{CycleTime: 20 * time.Millisecond})
+		b, err := NewBucketer(c, ps, BucketConfig{CycleTime: 40 * time.Millisecond})
 		if err != nil {
 			return err
 		}
@@ -682,7 +682,7 @@ func TestBucketerCycleTimeRebuild(t *testing.T) {
 			fill(flat, ps, r, exactVal)
 			for l := layers - 1; l >= 0; l-- {
 				if r == 0 {
-					time.Sleep(60 * time.Millisecond) // only rank 0's times count
+					time.Sleep(120 * time.Millisecond) // only rank 0's times count
 				}
 				b.MarkReady(2*l + 1)
 				b.MarkReady(2 * l)
