@@ -157,6 +157,20 @@ type StepStats struct {
 	Overflow bool
 }
 
+// String is a one-line summary for logs.
+func (s StepStats) String() string {
+	if !s.Reduced {
+		return "accumulated (no communication)"
+	}
+	o := ""
+	if s.Overflow {
+		o = ", overflow"
+	}
+	return fmt.Sprintf("%d buckets, sent %.1f MB, recv %.1f MB, comm %v, exposed %v (%.0f%% hidden)%s",
+		len(s.Buckets), float64(s.BytesSent)/1e6, float64(s.BytesRecv)/1e6,
+		s.CommTime.Round(time.Millisecond), s.Exposed.Round(time.Millisecond), 100*s.Hidden, o)
+}
+
 // Bucketer fuses gradients into buckets and all-reduces each one as soon
 // as its gradients are ready, while the backward pass goes on (Horovod's
 // tensor fusion, PyTorch DDP's Reducer).

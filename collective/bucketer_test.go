@@ -641,7 +641,10 @@ func TestBucketerOverlap(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			t.Logf("rank %d step %d: %d buckets, comm %v, exposed %v, hidden %.0f%%", r, step, len(st.Buckets), st.CommTime, st.Exposed, 100*st.Hidden)
+			t.Logf("rank %d step %d: %v", r, step, st)
+			if s := st.String(); !strings.Contains(s, fmt.Sprintf("%d buckets", len(st.Buckets))) || !strings.Contains(s, "% hidden") {
+				return fmt.Errorf("StepStats.String() = %q", s)
+			}
 			if len(st.Buckets) < layers {
 				return fmt.Errorf("%d buckets", len(st.Buckets))
 			}
