@@ -66,6 +66,8 @@ type Communicator struct {
 	err   error // sticky: a failed call leaves the links out of step
 	done  chan struct{}
 	once  sync.Once
+	// settings go in every call's header (see run)
+	settings []byte
 }
 
 // Handle is a queued or running call.
@@ -134,7 +136,8 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if cfg.Model == (CostModel{}) {
 		cfg.Model = DefaultModel
 	}
-	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{})}
+	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
+		settings: settings(cfg.SliceBytes, cfg.Channels, t.Channels())}
 	go c.loop()
 	return c, nil
 }
@@ -202,14 +205,17 @@ func (c *Communicator) exec(h *Handle) error {
 		defer cancel()
 	}
 	if err := ctx.Err(); err != nil {
+		c.abort(h.c, ctx, err)
 		return fmt.Errorf("rank %d: %s: %w", c.t.Rank(), h.c, err)
 	}
 	err := h.fn(ctx, h.c)
 	if err == nil {
 		return nil
 	}
+	c.abort(h.c, ctx, err)
 	var me *MismatchError
-	if errors.As(err, &me) {
+	var ab *AbortError
+	if errors.As(err, &me) || errors.As(err, &ab) {
 		return err
 	}
 	return fmt.Errorf("rank %d: %s: %w", c.t.Rank(), h.c, err)
@@ -322,7 +328,7 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 		if n == 1 {
 			return nil
 		}
-		r := newRun(ctx, c.t, cl)
+		r := newRun(ctx, c.t, cl, c.settings)
 		if algo == Tree {
 			c.treeAllreduce(r, recv, count, cl)
 		} else {
@@ -383,7 +389,7 @@ func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int)
 		if n == 1 {
 			return nil
 		}
-		r := newRun(ctx, c.t, cl)
+		r := newRun(ctx, c.t, cl, c.settings)
 		sh := heapTree(n, root)[c.t.Rank()]
 		nch := c.channelsFor(len(buf))
 		parts := split(len(buf), nch)
@@ -414,7 +420,7 @@ func (c *Communicator) AllgatherAsync(ctx context.Context, send, recv []byte) *H
 		if n == 1 {
 			return nil
 		}
-		r := newRun(ctx, c.t, cl)
+		r := newRun(ctx, c.t, cl, c.settings)
 		chunks := make([]int, n+1)
 		for j := range chunks {
 			chunks[j] = j * len(send)
@@ -460,7 +466,7 @@ func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte
 		for j := range chunks {
 			chunks[j] = j * count
 		}
-		r := newRun(ctx, c.t, cl)
+		r := newRun(ctx, c.t, cl, c.settings)
 		r.ring(ringSpec{acc: work, chunks: chunks, rs: true, nch: c.channelsFor(len(send)),
 			sliceBytes: c.sliceFor(len(send)/dt.Size()*cl.wire.Size(), n), dtype: dt, wire: cl.wire, op: op})
 		err := r.wait()
@@ -482,7 +488,7 @@ func (c *Communicator) BarrierAsync(ctx context.Context) *Handle {
 		if n == 1 {
 			return nil
 		}
-		r := newRun(ctx, c.t, cl)
+		r := newRun(ctx, c.t, cl, c.settings)
 		sh := inorderTree(n)
 		r.tree(treeSpec{acc: nil, ch: 0, shape: sh[c.t.Rank()], up: true, sliceBytes: c.cfg.SliceBytes,
 			dtype: Float32, wire: Float32, op: Sum})

@@ -2,6 +2,8 @@ package collective
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -10,20 +12,63 @@ import (
 
 // run is one collective call in progress on this rank: its goroutines,
 // their first error, and a context cancelled by that error.
+//
+// Every run starts with a header: each rank sends the call's tag with its
+// settings (see settings) to its ring successor on channel 0, as the first
+// message of the call on that link, and receives its predecessor's. If
+// any two ranks disagree about the call, some pair of ring neighbours
+// does, and that pair's receiver reports it, even when the disagreement
+// changes who talks to whom (a different root, algorithm or collective),
+// which tag checks on the data messages alone would not always catch.
 type run struct {
-	t      rank.Transport
-	c      call
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
-	err    error
+	t        rank.Transport
+	c        call
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
+	err      error
+	settings []byte
+	next     int
+	prev     int
+	hdrSent  bool
+	hdrRecvd bool
 }
 
-func newRun(ctx context.Context, t rank.Transport, c call) *run {
-	r := &run{t: t, c: c}
+// hdrChunk is the Chunk of a call's header message.
+const hdrChunk = ^uint32(0)
+
+func newRun(ctx context.Context, t rank.Transport, c call, settings []byte) *run {
+	n, me := t.Size(), t.Rank()
+	r := &run{t: t, c: c, settings: settings, next: (me + 1) % n, prev: (me + n - 1) % n}
 	r.ctx, r.cancel = context.WithCancel(ctx)
 	return r
+}
+
+func (r *run) hdrTag() rank.Tag {
+	tg := r.c.tag(0)
+	tg.Chunk = hdrChunk
+	return tg
+}
+
+// sendHeader sends the call's header (the first message to next on
+// channel 0).
+func (r *run) sendHeader() error {
+	return r.t.Send(r.ctx, r.next, 0, r.hdrTag(), r.settings)
+}
+
+// recvHeader receives prev's header and compares the settings.
+func (r *run) recvHeader() error {
+	got := make([]byte, len(r.settings))
+	if err := r.t.Recv(r.ctx, r.prev, 0, r.hdrTag(), got); err != nil {
+		return err
+	}
+	if string(got) != string(r.settings) {
+		return &MismatchError{Rank: r.t.Rank(), Peer: r.prev, Mine: r.c.String(), Peers: r.c.String(), bits: dSize,
+			What: fmt.Sprintf("settings (rank %d: %s; rank %d: %s; set GORUN_SLICE_BYTES, GORUN_RINGS and the transport's channels the same on every rank)",
+				r.t.Rank(), describeSettings(r.settings), r.prev, describeSettings(got))}
+	}
+	return nil
 }
 
 func (r *run) fail(err error) {
@@ -43,8 +88,17 @@ func (r *run) goFn(f func() error) {
 	}()
 }
 
-// wait waits for every goroutine and returns the first error.
+// wait waits for every goroutine and returns the first error. It sends
+// and receives the header if no sender or receiver of the algorithm did.
 func (r *run) wait() error {
+	if !r.hdrSent {
+		r.hdrSent = true
+		r.goFn(r.sendHeader)
+	}
+	if !r.hdrRecvd {
+		r.hdrRecvd = true
+		r.goFn(r.recvHeader)
+	}
 	r.wg.Wait()
 	r.cancel()
 	return r.err
@@ -66,7 +120,18 @@ type sender struct {
 
 func (r *run) newSender(peer, ch, queue int) *sender {
 	s := &sender{r: r, q: make(chan sendItem, queue), notify: make(chan struct{}, 1)}
+	hdr := peer == r.next && ch == 0 && !r.hdrSent
+	if hdr {
+		r.hdrSent = true
+	}
 	r.goFn(func() error {
+		if hdr {
+			if err := r.sendHeader(); err != nil {
+				for range s.q {
+				}
+				return err
+			}
+		}
 		k := 0
 		for it := range s.q {
 			if err := r.t.Send(r.ctx, peer, ch, r.c.tag(k), it.buf); err != nil {
@@ -148,7 +213,16 @@ func (r *run) newReceiver(peer, ch int, p recvPlan) *receiver {
 	for i := 0; i < p.depth; i++ {
 		rv.free <- nil // allocated on first use
 	}
+	hdr := peer == r.prev && ch == 0 && !r.hdrRecvd
+	if hdr {
+		r.hdrRecvd = true
+	}
 	r.goFn(func() error {
+		if hdr {
+			if err := r.recvHeader(); err != nil {
+				return err
+			}
+		}
 		for k := 0; k < p.count; k++ {
 			if p.before != nil {
 				if err := p.before(k); err != nil {
@@ -266,4 +340,22 @@ func slices(ne, ws, sliceBytes int) int {
 		return 1
 	}
 	return (b + sliceBytes - 1) / sliceBytes
+}
+
+// settings encodes what, besides the call, decides a call's messages:
+// the slice size and the channels used.
+func settings(sliceBytes, channels, transportChannels int) []byte {
+	b := make([]byte, 8)
+	binary.LittleEndian.PutUint32(b, uint32(sliceBytes))
+	binary.LittleEndian.PutUint16(b[4:], uint16(channels))
+	binary.LittleEndian.PutUint16(b[6:], uint16(transportChannels))
+	return b
+}
+
+func describeSettings(b []byte) string {
+	if len(b) != 8 {
+		return fmt.Sprintf("%d bytes of settings", len(b))
+	}
+	return fmt.Sprintf("slices of %d bytes, %d of %d channels", binary.LittleEndian.Uint32(b),
+		binary.LittleEndian.Uint16(b[4:]), binary.LittleEndian.Uint16(b[6:]))
 }

@@ -60,8 +60,10 @@ func (r *reducer) combine(acc, in []byte) {
 	}
 	if r.dtype == Float32 {
 		x := f32s(acc)
-		y := f32s(in)
-		if r.wire != Float32 {
+		var y []float32
+		if r.wire == Float32 {
+			y = f32s(in)
+		} else {
 			_, b := r.scratch(ne)
 			decode(b, in, r.wire)
 			y = b

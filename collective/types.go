@@ -262,6 +262,7 @@ type MismatchError struct {
 	Rank, Peer  int
 	Mine, Peers string // the calls as each rank made them
 	What        string // what differs
+	bits        uint16
 }
 
 func (e *MismatchError) Error() string {
@@ -274,11 +275,14 @@ func explainMismatch(err error) error {
 		return err
 	}
 	a, b := fromTag(me.Want), fromTag(me.Got)
+	if kind(me.Got.Kind) == kAbort {
+		return fromAbort(me.Self, me.Peer, a, me.Got)
+	}
 	if me.Want == me.Got {
-		return &MismatchError{Rank: me.Self, Peer: me.Peer, Mine: a.String(), Peers: b.String(),
+		return &MismatchError{Rank: me.Self, Peer: me.Peer, Mine: a.String(), Peers: b.String(), bits: dSize,
 			What: fmt.Sprintf("message size (%d bytes expected, %d sent; slice settings differ between ranks)", me.WantLen, me.GotLen)}
 	}
-	return &MismatchError{Rank: me.Self, Peer: me.Peer, Mine: a.String(), Peers: b.String(), What: differences(a, b)}
+	return &MismatchError{Rank: me.Self, Peer: me.Peer, Mine: a.String(), Peers: b.String(), What: differences(a, b), bits: diffBits(a, b)}
 }
 
 // Float32Bytes views a float32 slice as bytes (no copy).

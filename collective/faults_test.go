@@ -1,0 +1,262 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// names reports whether err blames rank r: a mismatch with r, an abort
+// started by or blaming r, or a transport error about r.
+func names(err error, r int) bool {
+	var me *MismatchError
+	var ab *AbortError
+	var pe *rank.PeerError
+	switch {
+	case errors.As(err, &me):
+		return me.Rank == r || me.Peer == r
+	case errors.As(err, &ab):
+		return ab.Origin == r || ab.Culprit == r
+	case errors.As(err, &pe):
+		return pe.Peer == r
+	}
+	return false
+}
+
+// timed runs f on every rank of ts and fails the test if it takes longer
+// than limit (a hang shows as a failure, not a stuck test).
+func timed(t *testing.T, ts []rank.Transport, cfg Config, limit time.Duration, f func(c *Communicator) error) []error {
+	t.Helper()
+	done := make(chan []error, 1)
+	go func() { done <- group(ts, cfg, f) }()
+	select {
+	case errs := <-done:
+		return errs
+	case <-time.After(limit):
+		t.Fatalf("ranks still blocked after %v", limit)
+		return nil
+	}
+}
+
+// timedCfgs is timed with a Config per rank.
+func timedCfgs(t *testing.T, ts []rank.Transport, cfgs []Config, limit time.Duration, f func(c *Communicator) error) []error {
+	t.Helper()
+	done := make(chan []error, 1)
+	go func() {
+		errs := make([]error, len(ts))
+		var wg sync.WaitGroup
+		for r := range ts {
+			wg.Add(1)
+			go func(r int) {
+				defer wg.Done()
+				c, err := New(ts[r], cfgs[r])
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				defer c.Close()
+				errs[r] = f(c)
+			}(r)
+		}
+		wg.Wait()
+		done <- errs
+	}()
+	select {
+	case errs := <-done:
+		return errs
+	case <-time.After(limit):
+		t.Fatalf("ranks still blocked after %v", limit)
+		return nil
+	}
+}
+
+// TestMismatch: rank 2 of 4 makes a different call; every rank gets an
+// error that names rank 2 and what differs, at once (no timeout involved),
+// and later calls fail too.
+func TestMismatch(t *testing.T) {
+	f32 := func(n int) []byte { return make([]byte, 4*n) }
+	cases := []struct {
+		name string
+		what string
+		call func(c *Communicator, odd bool) error
+	}{
+		{"length", "length", func(c *Communicator, odd bool) error {
+			n := 1000
+			if odd {
+				n = 1001
+			}
+			return c.Allreduce(testCtx(t), nil, f32(n), Float32, Sum)
+		}},
+		{"dtype", "data type", func(c *Communicator, odd bool) error {
+			if odd {
+				return c.Allreduce(testCtx(t), nil, make([]byte, 2000), Float16, Sum)
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum)
+		}},
+		{"op", "reduction", func(c *Communicator, odd bool) error {
+			op := Sum
+			if odd {
+				op = Max
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, op)
+		}},
+		{"wire", "wire format", func(c *Communicator, odd bool) error {
+			var o []CallOption
+			if odd {
+				o = append(o, WithWire(Float16))
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, o...)
+		}},
+		{"algorithm", "algorithm", func(c *Communicator, odd bool) error {
+			a := Ring
+			if odd {
+				a = Tree
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+		}},
+		{"root", "root", func(c *Communicator, odd bool) error {
+			root := 0
+			if odd {
+				root = 1
+			}
+			return c.Broadcast(testCtx(t), make([]byte, 100), root)
+		}},
+		{"collective", "collective", func(c *Communicator, odd bool) error {
+			if odd {
+				return c.Allgather(testCtx(t), make([]byte, 4000), make([]byte, 16000))
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum)
+		}},
+		{"sequence", "collective", func(c *Communicator, odd bool) error {
+			// rank 2 skips the second allreduce and is in the barrier
+			// while the others are in that allreduce
+			b := f32(10)
+			if err := c.Allreduce(testCtx(t), nil, b, Float32, Sum); err != nil {
+				return err
+			}
+			if !odd {
+				if err := c.Allreduce(testCtx(t), nil, b, Float32, Sum); err != nil {
+					return err
+				}
+			}
+			return c.Barrier(testCtx(t))
+		}},
+		{"settings", "settings", func(c *Communicator, odd bool) error {
+			return c.Allreduce(testCtx(t), nil, f32(100000), Float32, Sum)
+		}},
+	}
+	for _, k := range cases {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			ts := rank.NewLocalGroup(4, 2)
+			cfgs := make([]Config, 4)
+			if k.name == "settings" {
+				cfgs[2].SliceBytes = 1 << 10
+			}
+			errs := timedCfgs(t, ts, cfgs, 10*time.Second, func(c *Communicator) error {
+				err := k.call(c, c.Rank() == 2)
+				// the communicator stays failed; a rank that finished the
+				// call before another found the mismatch fails its next call
+				err2 := c.Barrier(testCtx(t))
+				if err2 == nil {
+					return fmt.Errorf("barrier after the mismatched call succeeded (error of that call: %v)", err)
+				}
+				if err == nil {
+					return err2
+				}
+				return err
+			})
+			for r, err := range errs {
+				if err == nil {
+					t.Fatalf("rank %d: no error", r)
+				}
+				t.Logf("rank %d: %v", r, err)
+				if !names(err, 2) {
+					t.Errorf("rank %d: error does not blame rank 2: %v", r, err)
+				}
+				if !strings.Contains(err.Error(), k.what) {
+					t.Errorf("rank %d: error does not say that the %s differs: %v", r, k.what, err)
+				}
+			}
+			n := 0
+			for _, err := range errs {
+				if err != nil {
+					n++
+				}
+			}
+			if n < 2 {
+				t.Fatalf("only %d ranks failed: %v", n, errs)
+			}
+		})
+	}
+}
+
+// TestPeerClosed: rank 3 closes its transport instead of calling; every
+// other rank fails at once, blaming rank 3 (ring and tree).
+func TestPeerClosed(t *testing.T) {
+	for _, a := range []Algorithm{Ring, Tree} {
+		t.Run(a.String(), func(t *testing.T) {
+			t.Parallel()
+			ts := rank.NewLocalGroup(4, 2)
+			errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
+				if c.Rank() == 3 {
+					return c.Transport().Close()
+				}
+				return c.Allreduce(testCtx(t), nil, make([]byte, 4<<20), Float32, Sum, WithAlgorithm(a))
+			})
+			for r := 0; r < 3; r++ {
+				if errs[r] == nil || !names(errs[r], 3) {
+					t.Errorf("rank %d: want an error blaming rank 3, got %v", r, errs[r])
+				}
+			}
+		})
+	}
+}
+
+// TestDeadline: rank 2 never calls; the others return by their context's
+// deadline (or the Config's Timeout), with an error, and rank 1 blames
+// rank 2 (ring: rank 0 waits on 2... every rank is blocked behind it).
+func TestDeadline(t *testing.T) {
+	for _, viaCfg := range []bool{false, true} {
+		t.Run(fmt.Sprint("config-timeout=", viaCfg), func(t *testing.T) {
+			t.Parallel()
+			ts := rank.NewLocalGroup(3, 2)
+			cfg := Config{}
+			if viaCfg {
+				cfg.Timeout = 300 * time.Millisecond
+			}
+			start := time.Now()
+			errs := timed(t, ts, cfg, 10*time.Second, func(c *Communicator) error {
+				if c.Rank() == 2 {
+					return nil
+				}
+				ctx := context.Background()
+				if !viaCfg {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+					defer cancel()
+				}
+				return c.Allreduce(ctx, nil, make([]byte, 4000), Float32, Sum, WithAlgorithm(Ring))
+			})
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took %v for a 300ms deadline", d)
+			}
+			for r := 0; r < 2; r++ {
+				var ab *AbortError
+				if errs[r] == nil || !(errors.Is(errs[r], context.DeadlineExceeded) || errors.As(errs[r], &ab)) {
+					t.Errorf("rank %d: want a deadline error, got %v", r, errs[r])
+				}
+			}
+			// rank 0 receives from rank 2 (its ring predecessor)
+			if !names(errs[0], 2) {
+				t.Errorf("rank 0: error does not blame rank 2: %v", errs[0])
+			}
+		})
+	}
+}
