@@ -103,9 +103,12 @@ type shmRing struct {
 	head *atomic.Uint64
 	ack  *atomic.Uint64 // single-copy messages the consumer finished (written by it)
 	ackc *atomic.Uint32 // 0: it read the sender's memory; 1: it could not, send through the ring
-	buf  []byte
-	mask uint64
-	hdr  [headerBytes]byte
+	// claim decides who owns a posted single-copy message: the receiver
+	// (0 -> 1, before it reads) or a sender that gives up (0 -> 2).
+	claim *atomic.Uint32
+	buf   []byte
+	mask  uint64
+	hdr   [headerBytes]byte
 }
 
 // shmPeer is the segment shared with one peer.
@@ -157,7 +160,7 @@ func newShmPeer(seg []byte, self, peer, channels int, lower bool) *shmPeer {
 		off := dataOff + i*shmRingBytes
 		return &shmRing{
 			tail: u64At(seg, ctrl), head: u64At(seg, ctrl+64),
-			ack: u64At(seg, ctrl+72), ackc: u32At(seg, ctrl+80),
+			ack: u64At(seg, ctrl+72), ackc: u32At(seg, ctrl+80), claim: u32At(seg, ctrl+84),
 			buf: seg[off : off+shmRingBytes : off+shmRingBytes], mask: shmRingBytes - 1,
 		}
 	}
@@ -739,6 +742,7 @@ func (sp *shmPeer) sendByAddress(r *shmRing, w *shmWait, ch int, tag Tag, payloa
 	var addr [8]byte
 	binary.LittleEndian.PutUint64(addr[:], uint64(uintptr(unsafe.Pointer(&payload[0]))))
 	want := r.ack.Load() + 1
+	r.claim.Store(0)
 	t := r.tail.Load()
 	if err := r.put(w, &t, r.hdr[:], false); err != nil {
 		return sp.fail(w, "send", ch, tag, err)
@@ -747,9 +751,23 @@ func (sp *shmPeer) sendByAddress(r *shmRing, w *shmWait, ch int, tag Tag, payloa
 		return sp.fail(w, "send", ch, tag, err)
 	}
 	for r.ack.Load() != want {
-		if err := w.pause(); err != nil {
+		err := w.pause()
+		if err == nil {
+			continue
+		}
+		// Giving up (cancelled, timed out, peer gone): retract the message
+		// so that the receiver never reads memory we no longer own. If it
+		// is copying already, the copy is short: wait for it.
+		if r.claim.CompareAndSwap(0, 2) || sp.dead.Load() || sp.closing.Load() {
 			return sp.fail(w, "send", ch, tag, err)
 		}
+		w2 := shmWait{sp: sp, ctx: context.Background()}
+		for r.ack.Load() != want {
+			if err2 := w2.pause(); err2 != nil {
+				return sp.fail(w, "send", ch, tag, err)
+			}
+		}
+		break
 	}
 	runtime.KeepAlive(payload)
 	if r.ackc.Load() != 0 {
@@ -803,6 +821,10 @@ func (sp *shmPeer) recvMsg(ctx context.Context, ch int, want Tag, dst []byte) er
 			return sp.fail(&w, "recv", ch, want, err)
 		}
 		sp.count.recv.Add(uint64(headerBytes + n))
+		if !r.claim.CompareAndSwap(0, 1) {
+			return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: "recv",
+				Err: fmt.Errorf("rank %d gave up sending this message (shared-memory channel %d, %v)", sp.peer, ch, got)}
+		}
 		if got != want || n != len(dst) {
 			r.ackc.Store(0)
 			r.ack.Add(1)

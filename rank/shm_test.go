@@ -200,6 +200,34 @@ func TestShmTimeoutAndCancel(t *testing.T) {
 	}
 }
 
+// A single-copy Send that gives up retracts its message: the receiver gets
+// an error, never bytes from memory the sender no longer owns, and the
+// channel keeps working.
+func TestShmSendCancelled(t *testing.T) {
+	g, _ := shmGroup(t, 2, Options{Timeout: 20 * time.Second})
+	if g[0].(*Mesh).shm[1].peerReads.Load() != 1 {
+		t.Skip("process_vm_readv is not allowed here: no single-copy path to test")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	big := pattern(5, 3*shmCMAMin)
+	if err := g[0].Send(ctx, 1, 0, Tag{Seq: 1}, big); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("want the send to time out, got %v", err)
+	}
+	err := g[1].Recv(context.Background(), 0, 0, Tag{Seq: 1}, make([]byte, len(big)))
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Peer != 0 || !strings.Contains(err.Error(), "gave up") {
+		t.Fatalf("want an error saying rank 0 gave up, got %v", err)
+	}
+	for i := 2; i < 5; i++ {
+		go g[0].Send(context.Background(), 1, 0, Tag{Seq: uint64(i)}, big)
+		got := make([]byte, len(big))
+		if err := g[1].Recv(context.Background(), 0, 0, Tag{Seq: uint64(i)}, got); err != nil || !bytes.Equal(got, big) {
+			t.Fatalf("message %d after a retracted one: %v", i, err)
+		}
+	}
+}
+
 // Messages sent before a Close are still delivered; after them the peer's
 // Recv fails naming the rank that closed, and so does a Send to it.
 func TestShmPeerClosed(t *testing.T) {
