@@ -6,26 +6,29 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/rank"
 )
 
 // BenchmarkP2PShm is BenchmarkP2P over the shared-memory lanes that ranks on
-// one host use (docs/shm.md), with the single-copy path for large messages
-// and without it (shm-ring): one-way throughput of 1-64 MiB messages striped
-// over the channels, and the round-trip time of an 8-byte message. Run it
+// one host use (docs/shm.md), through the ring (the default) and with the
+// single-copy path for large messages (shm-cma): one-way throughput of 1-64
+// MiB messages striped over the channels, and the round-trip time of an
+// 8-byte message. Unlike BenchmarkP2P it fills the source buffer, so that the
+// copies read real pages rather than the kernel's shared zero page. Run it
 // beside BenchmarkP2P (go test -bench 'P2P' ./bench/) to compare with QUIC
 // and TCP on loopback in one sitting.
 func BenchmarkP2PShm(b *testing.B) {
 	for _, c := range []struct {
-		nch  int
-		ring bool // GORUN_SHM_CMA=0: every byte through the ring (two copies)
+		nch int
+		cma bool // GORUN_SHM_CMA=1: single copy (process_vm_readv) from 64 KiB
 	}{{1, false}, {2, false}, {1, true}} {
 		nch := c.nch
 		name := fmt.Sprintf("shm-ch%d", nch)
-		if c.ring {
-			name = fmt.Sprintf("shm-ring-ch%d", nch)
-			os.Setenv("GORUN_SHM_CMA", "0") // read once, at the handshake
+		if c.cma {
+			name = fmt.Sprintf("shm-cma-ch%d", nch)
+			os.Setenv("GORUN_SHM_CMA", "1") // read once, at the handshake
 		}
 		g := pair(b, rank.Options{SharedMemory: "on", Channels: nch})
 		os.Unsetenv("GORUN_SHM_CMA")
@@ -99,6 +102,73 @@ func BenchmarkP2PShm(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/1e3/float64(b.N), "us/rtt")
 		})
+		rank.CloseAll(g)
+	}
+}
+
+// BenchmarkShmRing4 is the pattern of one ring-allreduce step with 4 ranks on
+// one host: every rank sends a message to the next rank while it receives
+// one from the previous, all at once (4 ranks on 2 cores here). It compares
+// the single-copy path (process_vm_readv) with the two-copy ring, and with
+// QUIC and TCP on loopback; GB/s is per rank.
+func BenchmarkShmRing4(b *testing.B) {
+	const n = 4
+	for _, c := range []struct {
+		name string
+		opt  rank.Options
+		env  string
+	}{
+		{"shm", rank.Options{SharedMemory: "on", Channels: 1}, "0"},
+		{"shm-cma", rank.Options{SharedMemory: "on", Channels: 1}, "1"},
+		{"quic", rank.Options{Transport: "quic", ConnsPerPeer: 1, Channels: 1}, ""},
+		{"tcp", rank.Options{Transport: "tcp", Channels: 1}, ""},
+	} {
+		if c.env != "" {
+			os.Setenv("GORUN_SHM_CMA", c.env)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c.opt.Timeout = 60 * time.Second
+		g, err := rank.LoopbackGroup(ctx, n, c.opt)
+		cancel()
+		os.Unsetenv("GORUN_SHM_CMA")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, size := range []int{1 << 20, 16 << 20} {
+			b.Run(fmt.Sprintf("%s/%dMiB", c.name, size>>20), func(b *testing.B) {
+				src := make([][]byte, n)
+				dst := make([][]byte, n)
+				for r := range src {
+					src[r], dst[r] = make([]byte, size), make([]byte, size)
+					for i := range src[r] {
+						src[r][i] = byte(i + r)
+					}
+				}
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					var wg sync.WaitGroup
+					for r := 0; r < n; r++ {
+						tag := rank.Tag{Seq: uint64(i)}
+						wg.Add(2)
+						go func() {
+							defer wg.Done()
+							if err := g[r].Send(context.Background(), (r+1)%n, 0, tag, src[r]); err != nil {
+								b.Error(err)
+							}
+						}()
+						go func() {
+							defer wg.Done()
+							if err := g[r].Recv(context.Background(), (r+n-1)%n, 0, tag, dst[r]); err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 		rank.CloseAll(g)
 	}
 }

@@ -79,8 +79,9 @@ const (
 	// receiver may read the sender's memory (process_vm_readv, Linux cross
 	// memory attach, as MPI's vader does): the ring carries only the header
 	// and the payload's address, the receiver copies straight into its
-	// buffer and acknowledges, and the Send returns. GORUN_SHM_CMA=0 keeps
-	// every byte in the ring.
+	// buffer and acknowledges, and the Send returns. It is off unless
+	// GORUN_SHM_CMA=1: on this 2-core machine the two-copy ring, whose two
+	// copies run in parallel on both cores, moved more (docs/shm.md).
 	shmCMAMin   = 64 << 10
 	shmCMAMagic = 0x434d4147 // "GAMC": a frame header whose payload stays with the sender
 	envShmCMA   = "GORUN_SHM_CMA"
@@ -279,7 +280,7 @@ type shmAnswer struct {
 }
 
 func probeAddr() uint64 {
-	if v := os.Getenv(envShmCMA); v == "0" || v == "off" || v == "false" {
+	if v := os.Getenv(envShmCMA); v != "1" && v != "on" && v != "true" {
 		return 0
 	}
 	return uint64(uintptr(unsafe.Pointer(&shmProbe[0])))

@@ -70,9 +70,7 @@ func pattern(seed, n int) []byte {
 func TestShmAllPairs(t *testing.T) {
 	for _, mode := range []string{"ring", "cma"} {
 		t.Run(mode, func(t *testing.T) {
-			if mode == "ring" {
-				t.Setenv(envShmCMA, "0")
-			}
+			t.Setenv(envShmCMA, map[string]string{"ring": "0", "cma": "1"}[mode])
 			testShmAllPairs(t, mode)
 		})
 	}
@@ -204,6 +202,7 @@ func TestShmTimeoutAndCancel(t *testing.T) {
 // an error, never bytes from memory the sender no longer owns, and the
 // channel keeps working.
 func TestShmSendCancelled(t *testing.T) {
+	t.Setenv(envShmCMA, "1")
 	g, _ := shmGroup(t, 2, Options{Timeout: 20 * time.Second})
 	if g[0].(*Mesh).shm[1].peerReads.Load() != 1 {
 		t.Skip("process_vm_readv is not allowed here: no single-copy path to test")
@@ -413,9 +412,7 @@ func TestShmTwoProcesses(t *testing.T) {
 }
 
 func testShmTwoProcesses(t *testing.T, mode string) {
-	if mode == "ring" {
-		t.Setenv(envShmCMA, "0") // the child inherits it
-	}
+	t.Setenv(envShmCMA, map[string]string{"ring": "0", "cma": "1"}[mode]) // the child inherits it
 	m, cmd, dir, out := startChild(t, "echo")
 	if got, want := m.shm[1].peerReads.Load() == 1, mode == "cma"; got != want {
 		t.Fatalf("single copy to the child in use: %v, want %v", got, want)
@@ -464,9 +461,7 @@ func TestShmPeerKilled(t *testing.T) {
 	for _, tc := range []string{"send/ring", "recv/ring", "send/cma", "recv/cma"} {
 		t.Run(tc, func(t *testing.T) {
 			side, copyMode, _ := strings.Cut(tc, "/")
-			if copyMode == "ring" {
-				t.Setenv(envShmCMA, "0")
-			}
+			t.Setenv(envShmCMA, map[string]string{"ring": "0", "cma": "1"}[copyMode])
 			mode := map[string]string{"send": "stall", "recv": "echo"}[side]
 			m, cmd, dir, out := startChild(t, mode)
 			ctx := context.Background()
