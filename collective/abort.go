@@ -175,8 +175,8 @@ const abortLinger = 30 * time.Second
 
 // abort tells every peer on every channel that call cl failed here, and
 // drains what the peers still send until each has aborted too (or the
-// linger time is over). It returns at once; the work runs in the
-// background.
+// linger time is over). It returns once the abort frames are sent (or
+// after abortSendWait); the draining goes on in the background.
 func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 	t := c.t
 	n, me := t.Size(), t.Rank()
@@ -190,15 +190,17 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 		linger = c.cfg.Timeout
 	}
 	actx, cancel := context.WithTimeout(context.Background(), linger)
-	var wg sync.WaitGroup
+	var wg, sends sync.WaitGroup
 	for p := 0; p < n; p++ {
 		if p == me {
 			continue
 		}
 		for ch := 0; ch < t.Channels(); ch++ {
 			wg.Add(2)
+			sends.Add(1)
 			go func(p, ch int) {
 				defer wg.Done()
+				defer sends.Done()
 				t.Send(actx, p, ch, tag, nil)
 			}(p, ch)
 			go func(p, ch int) {
@@ -214,4 +216,16 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 		}
 	}
 	go func() { wg.Wait(); cancel() }()
+	// Wait (briefly) until the abort frames are out, so that a process
+	// that exits on this error has told its peers first.
+	sent := make(chan struct{})
+	go func() { sends.Wait(); close(sent) }()
+	select {
+	case <-sent:
+	case <-time.After(min(linger, abortSendWait)):
+	}
 }
+
+// abortSendWait bounds how long a failing call waits for its abort frames
+// to be handed to the transport.
+const abortSendWait = 2 * time.Second

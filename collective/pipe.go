@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorun/gorun/rank"
 )
@@ -25,6 +26,8 @@ type run struct {
 	c        call
 	ctx      context.Context
 	cancel   context.CancelFunc
+	sctx     context.Context // for Sends: outlives a failure by sendGrace
+	scancel  context.CancelFunc
 	wg       sync.WaitGroup
 	once     sync.Once
 	err      error
@@ -42,8 +45,15 @@ func newRun(ctx context.Context, t rank.Transport, c call, settings []byte) *run
 	n, me := t.Size(), t.Rank()
 	r := &run{t: t, c: c, settings: settings, next: (me + 1) % n, prev: (me + n - 1) % n}
 	r.ctx, r.cancel = context.WithCancel(ctx)
+	r.sctx, r.scancel = context.WithCancel(ctx)
 	return r
 }
+
+// sendGrace is how long a message being sent when the run fails may take
+// to finish. Cutting it off would leave the link with half a message, and
+// the peer would blame this rank instead of reading the abort frame that
+// follows it and learning who really failed.
+const sendGrace = time.Second
 
 func (r *run) hdrTag() rank.Tag {
 	tg := r.c.tag(0)
@@ -54,7 +64,7 @@ func (r *run) hdrTag() rank.Tag {
 // sendHeader sends the call's header (the first message to next on
 // channel 0).
 func (r *run) sendHeader() error {
-	return r.t.Send(r.ctx, r.next, 0, r.hdrTag(), r.settings)
+	return r.t.Send(r.sctx, r.next, 0, r.hdrTag(), r.settings)
 }
 
 // recvHeader receives prev's header and compares the settings.
@@ -75,6 +85,7 @@ func (r *run) fail(err error) {
 	r.once.Do(func() {
 		r.err = explainMismatch(err)
 		r.cancel()
+		time.AfterFunc(sendGrace, r.scancel)
 	})
 }
 
@@ -101,6 +112,7 @@ func (r *run) wait() error {
 	}
 	r.wg.Wait()
 	r.cancel()
+	r.scancel()
 	return r.err
 }
 
@@ -134,7 +146,12 @@ func (r *run) newSender(peer, ch, queue int) *sender {
 		}
 		k := 0
 		for it := range s.q {
-			if err := r.t.Send(r.ctx, peer, ch, r.c.tag(k), it.buf); err != nil {
+			if r.ctx.Err() != nil { // the run failed: send nothing new
+				for range s.q {
+				}
+				return nil
+			}
+			if err := r.t.Send(r.sctx, peer, ch, r.c.tag(k), it.buf); err != nil {
 				for range s.q { // let producers finish
 				}
 				return err

@@ -1,0 +1,447 @@
+// Command allreduce-perf measures gorun's Allreduce the way nccl-tests'
+// all_reduce_perf measures NCCL's: for each size from -b to -e (times -f),
+// -w warm-up and -n timed iterations, out of place and in place, and one
+// row per size with the time, the algorithm bandwidth (size / time), the
+// bus bandwidth (algbw * 2(n-1)/n, what each link carries) and, with -c 1,
+// the number of wrong elements against a reference.
+//
+//	bin/gorun -np 4 bin/allreduce-perf -b 8 -e 256M -f 2 -d float -o sum -a auto
+//
+// Started without a launcher it is rank 0 of 1.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/rank"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+// usageError is a bad flag (exit status 2).
+type usageError struct{ error }
+
+type options struct {
+	minBytes, maxBytes int64
+	factor             int
+	iters, warmup      int
+	dtype, wire        collective.DType
+	op                 collective.Op
+	algo               collective.Algorithm
+	check              bool
+	timeout            time.Duration
+	inPlace, outPlace  bool
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	status := 0
+	app := &cli.App{
+		Name:            "allreduce-perf",
+		Usage:           "measure Allreduce bandwidth like nccl-tests' all_reduce_perf",
+		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree] [-c 1]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
+		HideHelpCommand: true,
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "minbytes", Aliases: []string{"b"}, Value: "8", Usage: "smallest size (bytes; K, M, G suffixes)"},
+			&cli.StringFlag{Name: "maxbytes", Aliases: []string{"e"}, Value: "64M", Usage: "largest size (bytes; K, M, G suffixes)"},
+			&cli.IntFlag{Name: "stepfactor", Aliases: []string{"f"}, Value: 2, Usage: "multiply the size by this between rows"},
+			&cli.IntFlag{Name: "iters", Aliases: []string{"n"}, Value: 20, Usage: "timed iterations per size"},
+			&cli.IntFlag{Name: "warmup_iters", Aliases: []string{"w"}, Value: 5, Usage: "untimed iterations per size"},
+			&cli.StringFlag{Name: "datatype", Aliases: []string{"d"}, Value: "float", Usage: "float, half or bfloat16"},
+			&cli.StringFlag{Name: "op", Aliases: []string{"o"}, Value: "sum", Usage: "sum, avg, min or max"},
+			&cli.StringFlag{Name: "algo", Aliases: []string{"a"}, Value: "auto", Usage: "auto, ring or tree (auto: the cost model, or GORUN_ALLREDUCE)"},
+			&cli.StringFlag{Name: "wire", Aliases: []string{"W"}, Value: "", Usage: "send float data as half or bfloat16 (default: the data type)"},
+			&cli.IntFlag{Name: "check", Aliases: []string{"c"}, Value: 1, Usage: "1: check the results and count wrong elements; 0: do not"},
+			&cli.IntFlag{Name: "inplace", Aliases: []string{"I"}, Value: 2, Usage: "0: out of place only, 1: in place only, 2: both"},
+			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 0, Usage: "give up on a peer after this long (default: the transport's, GORUN_TIMEOUT or 60s)"},
+		},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usageError{fmt.Errorf("unexpected argument %q", c.Args().First())}
+			}
+			o, err := parseOptions(c)
+			if err != nil {
+				return usageError{err}
+			}
+			return bench(o, stdout)
+		},
+	}
+	if err := app.Run(args); err != nil {
+		fmt.Fprintln(stderr, "allreduce-perf:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			status = 2
+		} else {
+			status = 1
+		}
+	}
+	return status
+}
+
+// parseSize reads a byte count with an optional K, M or G suffix (powers
+// of 1024; an optional trailing B or iB is accepted).
+func parseSize(flag, s string) (int64, error) {
+	v := strings.ToUpper(strings.TrimSpace(s))
+	v = strings.TrimSuffix(strings.TrimSuffix(v, "B"), "I")
+	mult := int64(1)
+	if v != "" {
+		switch v[len(v)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			v = v[:len(v)-1]
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("-%s %q: want a byte count such as 8, 64K, 256M or 1G", flag, s)
+	}
+	return n * mult, nil
+}
+
+func parseOptions(c *cli.Context) (options, error) {
+	var o options
+	var err error
+	if o.minBytes, err = parseSize("b", c.String("minbytes")); err != nil {
+		return o, err
+	}
+	if o.maxBytes, err = parseSize("e", c.String("maxbytes")); err != nil {
+		return o, err
+	}
+	if o.maxBytes < o.minBytes {
+		return o, fmt.Errorf("-e %s is smaller than -b %s", c.String("maxbytes"), c.String("minbytes"))
+	}
+	if o.factor = c.Int("stepfactor"); o.factor < 2 && o.minBytes != o.maxBytes {
+		return o, fmt.Errorf("-f %d: want a factor of at least 2", o.factor)
+	}
+	if o.iters = c.Int("iters"); o.iters < 1 {
+		return o, fmt.Errorf("-n %d: want at least 1 iteration", o.iters)
+	}
+	if o.warmup = c.Int("warmup_iters"); o.warmup < 0 {
+		return o, fmt.Errorf("-w %d: want 0 or more warm-up iterations", o.warmup)
+	}
+	if o.dtype, err = collective.ParseDType(c.String("datatype")); err != nil {
+		return o, fmt.Errorf("-d: %v", err)
+	}
+	o.wire = o.dtype
+	if w := c.String("wire"); w != "" {
+		if o.wire, err = collective.ParseDType(w); err != nil {
+			return o, fmt.Errorf("-W: %v", err)
+		}
+		if o.wire != o.dtype && o.dtype != collective.Float32 {
+			return o, fmt.Errorf("-W %s: only float data can be sent as half or bfloat16", w)
+		}
+	}
+	if o.op, err = collective.ParseOp(c.String("op")); err != nil {
+		return o, fmt.Errorf("-o: %v", err)
+	}
+	if o.algo, err = collective.ParseAlgorithm(c.String("algo")); err != nil {
+		return o, fmt.Errorf("-a: %v", err)
+	}
+	switch c.Int("check") {
+	case 0:
+	case 1:
+		o.check = true
+	default:
+		return o, fmt.Errorf("-c %d: want 0 or 1", c.Int("check"))
+	}
+	switch c.Int("inplace") {
+	case 0:
+		o.outPlace = true
+	case 1:
+		o.inPlace = true
+	case 2:
+		o.outPlace, o.inPlace = true, true
+	default:
+		return o, fmt.Errorf("-I %d: want 0, 1 or 2", c.Int("inplace"))
+	}
+	o.timeout = c.Duration("timeout")
+	return o, nil
+}
+
+func bench(o options, out io.Writer) error {
+	id, err := rank.FromEnv()
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	mesh, err := rank.Connect(ctx, id, rank.Options{Timeout: o.timeout})
+	if err != nil {
+		return err
+	}
+	defer mesh.Close()
+	comm, err := collective.New(mesh, collective.Config{Algorithm: o.algo})
+	if err != nil {
+		return err
+	}
+	defer comm.Close()
+	n, me := comm.Size(), comm.Rank()
+	es := int64(o.dtype.Size())
+	maxCount := o.maxBytes / es
+	send := make([]byte, maxCount*es)
+	recv := make([]byte, maxCount*es)
+	var opts []collective.CallOption
+	if o.wire != o.dtype {
+		opts = append(opts, collective.WithWire(o.wire))
+	}
+	if o.algo != collective.Auto {
+		opts = append(opts, collective.WithAlgorithm(o.algo))
+	}
+	p := func(format string, a ...any) {
+		if me == 0 {
+			fmt.Fprintf(out, format, a...)
+		}
+	}
+	algo := o.algo
+	if algo == collective.Auto {
+		if a, _ := collective.ParseAlgorithm(os.Getenv(collective.EnvAlgorithm)); a != collective.Auto {
+			algo = a
+		}
+	}
+	p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
+		n, transportName(), mesh.Channels(), o.dtype, o.wire, o.op, algo)
+	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
+	p("#\n")
+	p("# %10s %12s %8s %6s %5s", "", "", "", "", "")
+	if o.outPlace {
+		p("  %-33s", "             out-of-place")
+	}
+	if o.inPlace {
+		p("  %-33s", "               in-place")
+	}
+	p("\n# %10s %12s %8s %6s %5s", "size", "count", "type", "redop", "algo")
+	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
+		p("  %9s %7s %7s %6s", "time", "algbw", "busbw", "#wrong")
+	}
+	p("\n# %10s %12s %8s %6s %5s", "(B)", "(elements)", "", "", "")
+	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
+		p("  %9s %7s %7s %6s", "(us)", "(GB/s)", "(GB/s)", "")
+	}
+	p("\n")
+	var busSum float64
+	var rows int
+	wrongTotal := 0
+	for size := o.minBytes; size <= o.maxBytes; size *= int64(o.factor) {
+		count := size / es
+		b := count * es
+		chosen := algo
+		if chosen == collective.Auto {
+			chosen = collective.DefaultModel.Choose(int(count)*o.wire.Size(), n)
+		}
+		// the row is printed whole, so that an error never lands inside it
+		row := fmt.Sprintf("  %10d %12d %8s %6s %5s", b, count, typeName(o.dtype), o.op, chosen)
+		for _, inPlace := range []bool{false, true} {
+			if inPlace && !o.inPlace || !inPlace && !o.outPlace {
+				continue
+			}
+			s, r := send[:b], recv[:b]
+			if inPlace {
+				s = r
+			}
+			us, err := timeIt(ctx, comm, s, r, o, opts)
+			if err != nil {
+				return err
+			}
+			wrong := 0
+			if o.check {
+				if wrong, err = checkIt(ctx, comm, s, r, o, opts); err != nil {
+					return err
+				}
+			}
+			wrongTotal += wrong
+			algbw := float64(b) / us / 1e3
+			busbw := algbw * 2 * float64(n-1) / float64(n)
+			busSum += busbw
+			rows++
+			wr := "N/A"
+			if o.check {
+				wr = strconv.Itoa(wrong)
+			}
+			row += fmt.Sprintf("  %9s %7.3f %7.3f %6s", fmtTime(us), algbw, busbw, wr)
+		}
+		p("%s\n", row)
+		if o.factor < 2 {
+			break
+		}
+	}
+	p("# Out of bounds values : %d %s\n", wrongTotal, okText(wrongTotal))
+	if rows > 0 {
+		p("# Avg bus bandwidth    : %g\n", math.Round(busSum/float64(rows)*1e4)/1e4)
+	}
+	p("#\n")
+	if wrongTotal > 0 {
+		return fmt.Errorf("%d wrong elements", wrongTotal)
+	}
+	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func okText(w int) string {
+	if w == 0 {
+		return "OK"
+	}
+	return "FAILED"
+}
+
+func transportName() string {
+	if t := os.Getenv(rank.EnvTransport); t != "" {
+		return t
+	}
+	return "quic"
+}
+
+func typeName(d collective.DType) string {
+	switch d {
+	case collective.Float32:
+		return "float"
+	case collective.Float16:
+		return "half"
+	}
+	return "bfloat16"
+}
+
+func fmtTime(us float64) string {
+	if us >= 1e4 {
+		return strconv.FormatFloat(us, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(us, 'f', 1, 64)
+}
+
+// timeIt runs the warm-up and timed iterations and returns the time of one
+// allreduce in microseconds, averaged over the iterations and over the
+// ranks (as nccl-tests does by default).
+func timeIt(ctx context.Context, c *collective.Communicator, send, recv []byte, o options, opts []collective.CallOption) (float64, error) {
+	fill(send, c.Rank(), o.dtype)
+	for i := 0; i < o.warmup; i++ {
+		if err := c.Allreduce(ctx, send, recv, o.dtype, o.op, opts...); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	hs := make([]*collective.Handle, o.iters)
+	for i := range hs {
+		hs[i] = c.AllreduceAsync(ctx, send, recv, o.dtype, o.op, opts...)
+	}
+	for _, h := range hs {
+		if err := h.Wait(); err != nil {
+			return 0, err
+		}
+	}
+	us := []float32{float32(time.Since(start).Seconds() * 1e6 / float64(o.iters))}
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(us), collective.Float32, collective.Average); err != nil {
+		return 0, err
+	}
+	return float64(us[0]), nil
+}
+
+// value is rank r's element i: a small integer, so that sums are exact in
+// every data type and the reference is exact.
+func value(r, i int) float32 { return float32((r*7+i*13)%17 - 8) }
+
+func fill(b []byte, r int, dt collective.DType) {
+	switch dt {
+	case collective.Float32:
+		f := f32view(b)
+		for i := range f {
+			f[i] = value(r, i)
+		}
+	case collective.Float16:
+		u := u16view(b)
+		for i := range u {
+			u[i] = half.F32ToF16(value(r, i))
+		}
+	case collective.BFloat16:
+		u := u16view(b)
+		for i := range u {
+			u[i] = half.F32ToBF16(value(r, i))
+		}
+	}
+}
+
+func round(dt collective.DType, v float32) float32 {
+	switch dt {
+	case collective.Float16:
+		return half.F16ToF32(half.F32ToF16(v))
+	case collective.BFloat16:
+		return half.BF16ToF32(half.F32ToBF16(v))
+	}
+	return v
+}
+
+// checkIt refills the input, runs one allreduce and counts the elements
+// (over all ranks) that differ from the exact reference.
+func checkIt(ctx context.Context, c *collective.Communicator, send, recv []byte, o options, opts []collective.CallOption) (int, error) {
+	fill(send, c.Rank(), o.dtype)
+	if err := c.Allreduce(ctx, send, recv, o.dtype, o.op, opts...); err != nil {
+		return 0, err
+	}
+	n := c.Size()
+	count := len(recv) / o.dtype.Size()
+	wrong := 0
+	for i := 0; i < count; i++ {
+		var acc float32
+		for r := 0; r < n; r++ {
+			v := value(r, i)
+			switch {
+			case r == 0:
+				acc = v
+			case o.op == collective.Min:
+				acc = min(acc, v)
+			case o.op == collective.Max:
+				acc = max(acc, v)
+			default:
+				acc += v
+			}
+		}
+		if o.op == collective.Average {
+			acc /= float32(n)
+		}
+		want := round(o.dtype, round(o.wire, acc))
+		var got float32
+		switch o.dtype {
+		case collective.Float32:
+			got = f32view(recv)[i]
+		case collective.Float16:
+			got = half.F16ToF32(u16view(recv)[i])
+		default:
+			got = half.BF16ToF32(u16view(recv)[i])
+		}
+		if got != want {
+			wrong++
+		}
+	}
+	w := []float32{float32(wrong)}
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(w), collective.Float32, collective.Sum); err != nil {
+		return 0, err
+	}
+	return int(w[0]), nil
+}

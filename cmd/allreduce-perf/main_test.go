@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rank"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "arperf")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "allreduce-perf")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building allreduce-perf: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "GORUN_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") ||
+			k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "MASTER_ADDR" || k == "MASTER_PORT" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// launch starts n ranks by hand with the environment gorun gives them
+// (and a rendezvous served here, as gorun serves it), and waits for them.
+// extraEnv(r) adds variables for rank r; kill, if >= 0, is a rank killed
+// with SIGKILL after killAfter.
+func launch(t *testing.T, n int, args []string, extraEnv func(r int) []string, kill int, killAfter time.Duration) ([]string, []error) {
+	t.Helper()
+	secretHex := rank.NewSecret()
+	secret, _ := hex.DecodeString(secretHex)
+	rdv, err := rank.ListenRendezvous("127.0.0.1:0", n, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdv.Close()
+	outs := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := 0; r < n; r++ {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(cleanEnv(),
+			"GORUN_RANK="+strconv.Itoa(r), "GORUN_SIZE="+strconv.Itoa(n),
+			"GORUN_LOCAL_RANK="+strconv.Itoa(r), "GORUN_LOCAL_SIZE="+strconv.Itoa(n), "GORUN_NODE_RANK=0",
+			"GORUN_RENDEZVOUS="+rdv.Addr(), "GORUN_JOB_ID=perftest", "GORUN_SECRET="+secretHex)
+		if extraEnv != nil {
+			cmd.Env = append(cmd.Env, extraEnv(r)...)
+		}
+		var b bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &b, &b
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if r == kill {
+			go func() {
+				time.Sleep(killAfter)
+				cmd.Process.Kill()
+			}()
+		}
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			errs[r] = cmd.Wait()
+			outs[r] = b.String()
+		}(r)
+	}
+	wg.Wait()
+	return outs, errs
+}
+
+var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
+
+func TestRanksAsProcesses(t *testing.T) {
+	for _, k := range []struct {
+		n    int
+		args []string
+		rows int
+	}{
+		{3, []string{"-b", "8", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "-d", "float", "-o", "sum", "-a", "ring"}, 9},
+		{4, []string{"-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-d", "half", "-o", "avg", "-a", "tree"}, 3},
+		{2, []string{"-b", "100", "-e", "100", "-n", "2", "-w", "0", "-d", "bfloat16", "-o", "max"}, 1},
+		{3, []string{"-b", "4K", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-d", "float", "-o", "min", "-W", "half"}, 3},
+	} {
+		t.Run(strings.Join(append([]string{fmt.Sprint("np", k.n)}, k.args...), " "), func(t *testing.T) {
+			outs, errs := launch(t, k.n, k.args, nil, -1, 0)
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+				}
+			}
+			rows := rowRE.FindAllStringSubmatch(outs[0], -1)
+			if len(rows) != k.rows {
+				t.Fatalf("rank 0 printed %d rows, want %d:\n%s", len(rows), k.rows, outs[0])
+			}
+			for _, row := range rows {
+				size, _ := strconv.Atoi(row[1])
+				count, _ := strconv.Atoi(row[2])
+				es := map[string]int{"float": 4, "half": 2, "bfloat16": 2}[row[3]]
+				if size != count*es {
+					t.Errorf("size %d != count %d x %d", size, count, es)
+				}
+				for _, c := range []int{9, 13} {
+					if row[c] != "0" {
+						t.Errorf("wrong elements: %s", row[0])
+					}
+				}
+				for _, c := range []int{6, 10} {
+					us, _ := strconv.ParseFloat(row[c], 64)
+					algbw, _ := strconv.ParseFloat(row[c+1], 64)
+					busbw, _ := strconv.ParseFloat(row[c+2], 64)
+					if us <= 0 {
+						t.Errorf("time %v: %s", us, row[0])
+					}
+					want := algbw * 2 * float64(k.n-1) / float64(k.n)
+					if d := busbw - want; d > 0.002 || d < -0.002 {
+						t.Errorf("busbw %v, want algbw*2(n-1)/n = %v: %s", busbw, want, row[0])
+					}
+				}
+			}
+			if !strings.Contains(outs[0], "# Avg bus bandwidth") || !strings.Contains(outs[0], "Out of bounds values : 0 OK") {
+				t.Errorf("no summary:\n%s", outs[0])
+			}
+			for r := 1; r < k.n; r++ {
+				if strings.TrimSpace(outs[r]) != "" {
+					t.Errorf("rank %d printed: %s", r, outs[r])
+				}
+			}
+		})
+	}
+}
+
+// TestKilledRank: kill -9 of one rank makes the others exit with an error
+// naming it, well before the timeout... or at the latest at it.
+func TestKilledRank(t *testing.T) {
+	start := time.Now()
+	outs, errs := launch(t, 3, []string{"-b", "64M", "-e", "64M", "-n", "1000", "-w", "0", "-c", "0", "-t", "10s"}, nil, 2, 1500*time.Millisecond)
+	if d := time.Since(start); d > 25*time.Second {
+		t.Errorf("took %v", d)
+	}
+	for r := 0; r < 2; r++ {
+		if errs[r] == nil {
+			t.Fatalf("rank %d succeeded:\n%s", r, outs[r])
+		}
+		if !strings.Contains(outs[r], "rank 2") || strings.Contains(outs[r], "goroutine") {
+			t.Errorf("rank %d: error does not name rank 2 in one line:\n%s", r, outs[r])
+		}
+		t.Logf("rank %d: %s", r, strings.TrimSpace(outs[r]))
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-b", "12X"}, {"-e", "-5"}, {"-b", "1M", "-e", "1K"}, {"-d", "double"}, {"-o", "prod"},
+		{"-a", "butterfly"}, {"-c", "7"}, {"-n", "0"}, {"-f", "1", "-b", "8", "-e", "16"}, {"-d", "half", "-W", "bfloat16"}, {"--nope"}, {"extra"},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = cleanEnv()
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 {
+			t.Errorf("%v: want exit status 2, got %v: %s", args, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "allreduce-perf: ") {
+			t.Errorf("%v: want one error line, got:\n%s", args, out)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for s, want := range map[string]int64{"8": 8, "1K": 1024, "64k": 65536, "256M": 256 << 20, "1G": 1 << 30, "2KiB": 2048, "3MB": 3 << 20, "0": 0} {
+		got, err := parseSize("b", s)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "K", "1.5M", "-1", "1T", "99999999999G"} {
+		if _, err := parseSize("b", s); err == nil {
+			t.Errorf("parseSize(%q) accepted", s)
+		}
+	}
+}
