@@ -47,6 +47,8 @@ unshape_link() {
   ip netns exec "$1" tc qdisc del dev eth0 root 2>/dev/null || true
   tc qdisc del dev "$2" root 2>/dev/null || true
   ip netns exec "$1" nft delete table inet gorunloss 2>/dev/null || true
+  ip -n "$1" link set dev eth0 gso_max_segs 65535 2>/dev/null || true
+  ip link set dev "$2" gso_max_segs 65535 2>/dev/null || true
 }
 # shape_link ns veth: apply RATE/DELAY/LOSS (from parse_link) to host ns.
 shape_link() {
@@ -71,11 +73,16 @@ shape_link() {
     # Drop LOSS% of the packets the host receives, at random (numgen:
     # 0..9999). On the receiving side, because a drop in the sender's own
     # output hook is not silent: sendmsg fails with EPERM, which no wire does.
+    # One packet at a time on the wire: without this, a UDP GSO send (quic-go
+    # uses it) crosses the veth and the bridge as one buffer of up to 64 KB,
+    # and the rule would drop ~45 packets at once, 1 % of the buffers.
+    ip -n "$ns" link set dev eth0 gso_max_segs 1
+    ip link set dev "$outer" gso_max_segs 1
     local per10k
     per10k=$(awk -v l="$LOSS" 'BEGIN{printf "%d", l*100}')
     ip netns exec "$ns" nft -f - <<NFT
 table inet gorunloss {
-  chain in { type filter hook input priority 0; numgen random mod 10000 < $per10k drop; }
+  chain in { type filter hook input priority 0; numgen random mod 10000 < $per10k counter drop; }
 }
 NFT
   fi

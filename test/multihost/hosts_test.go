@@ -214,8 +214,18 @@ func setUp() (*env, func(), error) {
 	if err != nil {
 		return nil, teardown, fmt.Errorf("test/hosts/up.sh: %v\n%s", err, out)
 	}
-	e.netem = !strings.Contains(out, "no sch_netem")
+	e.netem = haveNetem(e.veth + "probe")
 	return e, teardown, nil
+}
+
+// haveNetem reports whether this kernel can make a netem qdisc (tried on a
+// dummy link of that name).
+func haveNetem(dev string) bool {
+	if exec.Command("ip", "link", "add", dev, "type", "dummy").Run() != nil {
+		return false
+	}
+	defer exec.Command("ip", "link", "del", dev).Run()
+	return exec.Command("tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", "1ms").Run() == nil
 }
 
 func lookPath(name string) (string, bool) {

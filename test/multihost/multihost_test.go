@@ -81,7 +81,7 @@ func TestAllreduceShapedLink(t *testing.T) {
 		t.Run(algo+"/busbw", func(t *testing.T) {
 			var got []string
 			best := 0.0
-			for attempt := 0; attempt < 3; attempt++ {
+			for attempt := 0; attempt < 4; attempt++ {
 				out, code := e.run(t, 90*time.Second, "-np", "2", "--map-by", "node", "-x", "GORUN_ALLREDUCE="+algo, e.archeck, "-bytes", "64M", "-iters", "4")
 				if code != 0 {
 					t.Fatalf("allreduce %s of 64 MiB on 2 hosts: exit status %d; output:\n%s", algo, code, out)
@@ -110,43 +110,76 @@ func TestAllreduceShapedLink(t *testing.T) {
 
 // 1 % packet loss (and 5 ms delay where the kernel has netem): allreduce
 // results stay correct, and the slowdown against the lossless link is
-// reported.
+// reported (lossless and lossy runs alternate, so that both see the same
+// load on the shared cores).
 func TestLossyLink(t *testing.T) {
 	e := need(t)
 	if !e.netem && !e.nft {
 		t.Skip("packet loss needs sch_netem or nftables (apt-get install nftables); neither is here")
 	}
 	const size = "16M"
-	measure := func(t *testing.T, what string) (float64, float64) {
-		out, code := e.run(t, 120*time.Second, "-np", "2", "--map-by", "node", "-x", "GORUN_ALLREDUCE=ring", e.archeck, "-bytes", size, "-iters", "3")
+	lossy := baseLink + " delay 5ms loss 1%"
+	t.Cleanup(func() { e.link(t, baseLink) })
+	measure := func(t *testing.T, what string) (best, median float64) {
+		out, code := e.run(t, 120*time.Second, "-np", "2", "--map-by", "node", "-x", "GORUN_ALLREDUCE=ring", e.archeck, "-bytes", size, "-iters", "5")
 		if code != 0 {
 			t.Fatalf("allreduce of %s on %s: exit status %d; output:\n%s", size, what, code, out)
 		}
-		line, bus, avg := archeckResult(t, out)
+		line, _, _ := archeckResult(t, out)
 		if field(line, "wrong") != "0" {
 			t.Fatalf("wrong results on %s: %q", what, line)
 		}
-		return bus, avg
+		best, _ = strconv.ParseFloat(field(line, "best_s"), 64)
+		median, _ = strconv.ParseFloat(field(line, "median_s"), 64)
+		return best, median
 	}
-	cleanBus, cleanAvg := measure(t, "the lossless link")
-	lossy := baseLink + " delay 5ms loss 1%"
-	msg := e.link(t, lossy)
-	t.Cleanup(func() { e.link(t, baseLink) })
+	var clean, lost []float64 // medians, ms
+	var cleanBest, lostBest float64
+	for round := 0; round < 2; round++ {
+		e.link(t, baseLink)
+		b, m := measure(t, "the lossless link")
+		clean = append(clean, m*1e3)
+		if cleanBest == 0 || b < cleanBest {
+			cleanBest = b
+		}
+		msg := e.link(t, lossy)
+		if round == 0 && !e.netem {
+			t.Logf("LINK=%q: this kernel has no sch_netem, so the 5 ms delay is left out (loss is an nftables rule): %s", lossy, strings.TrimSpace(msg))
+		}
+		if round == 0 {
+			for _, algo := range []string{"ring", "tree"} {
+				out, code := e.run(t, 120*time.Second, "-np", "4", "-x", "GORUN_ALLREDUCE="+algo, e.archeck, "-bytes", "4M", "-iters", "2")
+				if code != 0 {
+					t.Fatalf("allreduce %s on 4 ranks with loss: exit status %d; output:\n%s", algo, code, out)
+				}
+				if line, _, _ := archeckResult(t, out); field(line, "wrong") != "0" {
+					t.Errorf("allreduce %s with loss: %q", algo, line)
+				}
+			}
+		}
+		b, m = measure(t, "the lossy link")
+		lost = append(lost, m*1e3)
+		if lostBest == 0 || b < lostBest {
+			lostBest = b
+		}
+	}
 	if !e.netem {
-		t.Logf("LINK=%q: this kernel has no sch_netem, so the 5 ms delay is left out (loss is an nftables rule): %s", lossy, strings.TrimSpace(msg))
-	}
-	for _, algo := range []string{"ring", "tree"} {
-		out, code := e.run(t, 120*time.Second, "-np", "4", "-x", "GORUN_ALLREDUCE="+algo, e.archeck, "-bytes", "4M", "-iters", "2")
-		if code != 0 {
-			t.Fatalf("allreduce %s on 4 ranks with loss: exit status %d; output:\n%s", algo, code, out)
+		// The nftables rule counts what it dropped: proof that loss happened.
+		var drops []string
+		for i := 1; i <= hostsPerTest; i++ {
+			out, _ := exec.Command("ip", "netns", "exec", e.ns(i), "nft", "list", "table", "inet", "gorunloss").Output()
+			m := regexp.MustCompile(`counter packets (\d+)`).FindStringSubmatch(string(out))
+			if m == nil || m[1] == "0" {
+				t.Errorf("host %d: the loss rule dropped nothing (nft list: %q)", i, out)
+				continue
+			}
+			drops = append(drops, fmt.Sprintf("host %d dropped %s packets", i, m[1]))
 		}
-		if line, _, _ := archeckResult(t, out); field(line, "wrong") != "0" {
-			t.Errorf("allreduce %s with loss: %q", algo, line)
-		}
+		t.Logf("loss rule: %s (in the last lossy run)", strings.Join(drops, ", "))
 	}
-	lossBus, lossAvg := measure(t, "the lossy link")
-	t.Logf("allreduce ring %s, np 2 across 2 hosts: lossless %.4f GB/s best, %.1f ms avg; %s: %.4f GB/s best, %.1f ms avg; slowdown (avg time) x%.2f",
-		size, cleanBus, cleanAvg*1e3, lossy, lossBus, lossAvg*1e3, lossAvg/cleanAvg)
+	avg := func(v []float64) float64 { return (v[0] + v[1]) / 2 }
+	t.Logf("allreduce ring %s, np 2 across 2 hosts, median of 5 per run: lossless %.1f, %.1f ms (best %.1f ms); %s: %.1f, %.1f ms (best %.1f ms); slowdown x%.2f (medians), x%.2f (best)",
+		size, clean[0], clean[1], cleanBest*1e3, lossy, lost[0], lost[1], lostBest*1e3, avg(lost)/avg(clean), lostBest/cleanBest)
 }
 
 // One host lost mid-run (its link cut, or its ranks killed with SIGKILL):
