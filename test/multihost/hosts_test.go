@@ -43,6 +43,7 @@ type env struct {
 	bin                    string // directory of the built binaries
 	gorun, ring            string
 	archeck, intruder      string
+	perf                   string // bin/allreduce-perf
 	state                  string // GORUN_HOSTS_STATE
 	hostfile, sshConfig    string
 	name, veth, bridge, nt string // GORUN_HOSTS_NAME, _VETH, _BRIDGE, _NET
@@ -197,7 +198,7 @@ func setUp() (*env, func(), error) {
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"
 	}
-	build := exec.Command(goTool, "build", "-o", e.bin+"/", "./cmd/gorun", "./examples/ring", "./test/multihost/archeck", "./test/multihost/intruder")
+	build := exec.Command(goTool, "build", "-o", e.bin+"/", "./cmd/gorun", "./examples/ring", "./cmd/allreduce-perf", "./test/multihost/archeck", "./test/multihost/intruder")
 	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -207,6 +208,7 @@ func setUp() (*env, func(), error) {
 	e.ring = filepath.Join(e.bin, "ring")
 	e.archeck = filepath.Join(e.bin, "archeck")
 	e.intruder = filepath.Join(e.bin, "intruder")
+	e.perf = filepath.Join(e.bin, "allreduce-perf")
 
 	up := exec.Command(filepath.Join(root, "test/hosts/up.sh"))
 	up.Env = append(e.hostEnv(), fmt.Sprintf("HOSTS=%d", hostsPerTest), "LINK="+baseLink)
