@@ -10,9 +10,9 @@
 #        ITERS (gorun timed allreduces per size, 5), MPI_BUDGET (s per size, 3),
 #        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), OUT (results dir)
 #
-# gorun side: bin/allreduce-perf when cmd/allreduce-perf exists, else
-# test/multihost/archeck (median and best of ITERS allreduces after one
-# warm-up). OpenMPI side: /work/shared/peers/src/mpi_allreduce.c (the
+# gorun side: bin/allreduce-perf (-I 0 -c 1 -w 1 -n ITERS: the mean of
+# ITERS out-of-place allreduces, checked) when cmd/allreduce-perf exists,
+# else test/multihost/archeck (median and best of ITERS). OpenMPI side: /work/shared/peers/src/mpi_allreduce.c (the
 # project's peer baseline, compiled from where it lies), pml ob1, btl
 # tcp,self: not vader, because every namespace has the same host name, so
 # OpenMPI takes ranks on different "hosts" for neighbours and its shared
@@ -72,10 +72,9 @@ gorun_busbw() {
   local np=$1 size=$2 map=()
   [ "$np" = 2 ] && map=(--map-by node)
   if [ "$PERF" = allreduce-perf ]; then
-    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$ITERS" -w 1 -c 1 >"$OUT/gorun_np${np}_${size}_$LINKNAME.txt" 2>&1
-    # nccl-tests-like table: the row of SIZE; busbw is the column under the header's first "busbw".
-    awk -v s="$size" '/busbw/ && !col { for (i = 1; i <= NF; i++) if ($i == "busbw") { col = i - (($1 == "#") ? 1 : 0); break } }
-      $1 == "[0]" { $1 = ""; $0 = $0 } $1 == s && col { print $col, $col; exit }' "$OUT/gorun_np${np}_${size}_$LINKNAME.txt"
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$ITERS" -w 1 -I 0 -c 1 >"$OUT/gorun_np${np}_${size}_$LINKNAME.txt" 2>&1
+    # Rank 0's row: size count type redop algo time algbw busbw #wrong (the mean of ITERS).
+    awk -v s="$size" '{ sub(/^\[0\] */, "") } $1 == s && $9 == 0 { print $8, "-" }' "$OUT/gorun_np${np}_${size}_$LINKNAME.txt"
   else
     "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/archeck" -bytes "$size" -iters "$ITERS" >"$OUT/gorun_np${np}_${size}_$LINKNAME.txt" 2>&1
     awk '/archeck: np/ { for (i = 1; i < NF; i++) { if ($i == "busbw_median_GBps") m = $(i + 1); if ($i == "busbw_best_GBps") b = $(i + 1) } print m, b }' "$OUT/gorun_np${np}_${size}_$LINKNAME.txt"
@@ -99,7 +98,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%
 
 ROWS="$OUT/busbw.md"
 {
-  echo "| link | iperf3 Gbit/s | np | size | gorun busbw median / best GB/s | OpenMPI busbw median / best GB/s | gorun/OpenMPI (median) | gorun median / link rate | gorun median / iperf3 |"
+  if [ "$PERF" = allreduce-perf ]; then g="gorun busbw GB/s (allreduce-perf, mean of $ITERS)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
+  echo "| link | iperf3 Gbit/s | np | size | $g | OpenMPI busbw median / best GB/s | gorun/OpenMPI | gorun / link rate | gorun / iperf3 |"
   echo "|---|---|---|---|---|---|---|---|---|"
 } >"$ROWS"
 for l in $LINKS; do
@@ -112,7 +112,9 @@ for l in $LINKS; do
       read -r mm mb < <(mpi_busbw "$np" "$s")
       vs_rate=-
       [ -n "$rate" ] && vs_rate=$(ratio "$gm" "$rate")
-      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $gm / $gb | $mm / $mb | $(ratio "$gm" "$mm") | $vs_rate | $(ratio "$gm" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
+      gcell=$gm
+      [ "$gb" != - ] && gcell="$gm / $gb"
+      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $gcell | $mm / $mb | $(ratio "$gm" "$mm") | $vs_rate | $(ratio "$gm" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
       echo "$row" | tee -a "$ROWS"
     done
   done
