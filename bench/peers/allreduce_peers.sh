@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Side-by-side allreduce comparison on this machine, in one sitting:
+# OpenMPI (shared memory "vader" and TCP on loopback) and torch gloo, run by
+# the project's shared peer scripts (../shared/peers, called, not copied),
+# then gorun's allreduce-perf under bin/gorun over shared memory, QUIC and
+# TLS/TCP, for the same sizes and world sizes (float32, sum).
+#
+# Usage: bench/peers/allreduce_peers.sh
+#   env: NPS ("2 4"), SIZES (bytes, "4096 65536 1048576 16777216 67108864"),
+#        BUDGET (seconds per size for the peers, default 3), ALGOS ("ring tree"),
+#        TRANSPORTS ("shm quic tcp"), PEERS (dir of the shared peer scripts),
+#        SKIP_PEERS=1 (gorun only), OUT (results dir)
+# Prints a markdown table of busbw (GB/s) and median time per op (us).
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+PEERS=${PEERS:-$REPO/../shared/peers}
+NPS=${NPS:-"2 4"}
+SIZES=${SIZES:-"4096 65536 1048576 16777216 67108864"}
+BUDGET=${BUDGET:-3}
+ALGOS=${ALGOS:-"ring tree"}
+TRANSPORTS=${TRANSPORTS:-"shm quic tcp"}
+OUT=${OUT:-$REPO/bench/peers/results/allreduce-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+echo "# allreduce side by side, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/README.txt"
+
+if [ "${SKIP_PEERS:-0}" != 1 ]; then
+  [ -x "$PEERS/02_mpi_allreduce.sh" ] || { echo "allreduce_peers.sh: no peer scripts in $PEERS (set PEERS=)" >&2; exit 1; }
+  OUT=$OUT/peers BUDGET=$BUDGET NPS=$NPS SIZES=$SIZES CONFIGS="vader tcp" "$PEERS/02_mpi_allreduce.sh"
+  OUT=$OUT/peers BUDGET=$BUDGET NPS=$NPS SIZES=$SIZES "$PEERS/03_gloo_allreduce.sh"
+fi
+
+(cd "$REPO" && go build -o "$TMP/gorun" ./cmd/gorun && go build -o "$TMP/allreduce-perf" ./cmd/allreduce-perf)
+: > "$OUT/gorun_rows"
+for np in $NPS; do for tr in $TRANSPORTS; do for algo in $ALGOS; do
+  case $tr in
+    shm)  env=(-x GORUN_SHM=on -x GORUN_TRANSPORT=quic) ;;
+    quic) env=(-x GORUN_SHM=off -x GORUN_TRANSPORT=quic) ;;
+    tcp)  env=(-x GORUN_SHM=off -x GORUN_TRANSPORT=tcp) ;;
+  esac
+  for size in $SIZES; do
+    # about the same work per size: many iterations when small, few when large
+    n=$(( 268435456 / size / 4 )); [ $n -gt 200 ] && n=200; [ $n -lt 5 ] && n=5
+    w=$(( n / 10 + 1 ))
+    cmd=("$TMP/gorun" -np "$np" "${env[@]}" "$TMP/allreduce-perf" -b "$size" -e "$size" -n "$n" -w "$w" -d float -o sum -a "$algo" -I 0 -c 1)
+    echo "+ ${cmd[*]}" | sed "s#$TMP/##g" >> "$OUT/gorun_${tr}_np${np}_${algo}.txt"
+    timeout 600 "${cmd[@]}" 2>&1 | tee -a "$OUT/gorun_${tr}_np${np}_${algo}.txt" | sed 's/^\[[0-9]*\] //' | grep -E '^ +[0-9]' |
+      awk -v np="$np" -v p="gorun-$tr-$algo" '{print $1, np, p, $6, $7, $8, $8, $9}' >> "$OUT/gorun_rows"
+  done
+done; done; done
+
+# one table: rows from the peers' markdown and from gorun
+{
+  cat "$OUT"/peers/02_mpi_allreduce.md "$OUT"/peers/03_gloo_allreduce.md 2>/dev/null | grep -E '^\| [0-9]' |
+    awk -F'|' '{gsub(/ /,""); s=$2; m=1; if (s ~ /MiB$/) {m=1048576} else if (s ~ /KiB$/) {m=1024}; sub(/[KM]iB$/,"",s); print s*m, $3, $4, $5, $6, $7, $8, $9}' || true
+  cat "$OUT/gorun_rows"
+} > "$TMP/all"
+/usr/bin/python3 - "$TMP/all" <<'PY' | tee "$OUT/SUMMARY.md"
+import sys, collections
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+peers, cell = [], {}
+for size, np, peer, us, algbw, busbw, *_ in rows:
+    if peer not in peers: peers.append(peer)
+    cell[(int(size), int(np), peer)] = (float(us), float(busbw))
+keys = sorted({(s, n) for s, n, _ in cell})
+def name(b): return f"{b>>20}MiB" if b >= 1 << 20 else f"{b>>10}KiB"
+print("busbw GB/s (time per op, us); float32 sum; GB = 1e9 B; busbw = algbw*2(n-1)/n")
+print()
+print("| size | np | " + " | ".join(peers) + " |")
+print("|---|---|" + "---|" * len(peers))
+for s, n in keys:
+    out = []
+    for p in peers:
+        v = cell.get((s, n, p))
+        out.append(f"{v[1]:.3f} ({v[0]:.0f})" if v else "")
+    print(f"| {name(s)} | {n} | " + " | ".join(out) + " |")
+PY
+echo "results in $OUT"
