@@ -36,7 +36,7 @@ func shmGroup(t *testing.T, n int, opt Options) ([]Transport, string) {
 	return g, dir
 }
 
-func shmFiles(t *testing.T, dir string) []string {
+func shmFiles(t testing.TB, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -312,13 +312,37 @@ func shmChild(mode string) error {
 		return err
 	}
 	ctx := context.Background()
-	m, err := Connect(ctx, id, Options{SharedMemory: "on", Timeout: 20 * time.Second})
+	m, err := Connect(ctx, id, Options{Timeout: 20 * time.Second}) // GORUN_SHM from the parent
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if tr := m.PeerTransport(0); tr != "shm" {
-		return fmt.Errorf("reaches rank 0 over %s", tr)
+	if want, _ := shmEnabled(""); want && m.PeerTransport(0) != "shm" {
+		return fmt.Errorf("reaches rank 0 over %s", m.PeerTransport(0))
+	}
+	switch mode {
+	case "pong": // 8-byte ping-pong on channel 0 until the parent hangs up
+		var b [8]byte
+		for i := 0; ; i++ {
+			if err := m.Recv(ctx, 0, 0, Tag{Seq: uint64(i)}, b[:]); err != nil {
+				return nil
+			}
+			if err := m.Send(ctx, 0, 0, Tag{Seq: uint64(i)}, b[:]); err != nil {
+				return nil
+			}
+		}
+	case "sink": // receive GORUN_SHM_TEST_SIZE-byte messages, acknowledge each
+		var n int
+		fmt.Sscan(os.Getenv("GORUN_SHM_TEST_SIZE"), &n)
+		buf := make([]byte, n)
+		for i := 0; ; i++ {
+			if err := m.Recv(ctx, 0, 0, Tag{Seq: uint64(i)}, buf); err != nil {
+				return nil
+			}
+			if err := m.Send(ctx, 0, 1, Tag{Seq: uint64(i)}, buf[:1]); err != nil {
+				return nil
+			}
+		}
 	}
 	buf := make([]byte, 8<<20)
 	for i := 0; ; i++ {
@@ -358,10 +382,13 @@ func putU64(b []byte, v uint64) {
 
 // startChild serves a rendezvous, starts rank 1 in a child process and
 // connects as rank 0.
-func startChild(t *testing.T, mode string) (*Mesh, *exec.Cmd, string, *bytes.Buffer) {
+func startChild(t testing.TB, mode string) (*Mesh, *exec.Cmd, string, *bytes.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("GORUN_SHM_DIR", dir)
+	if os.Getenv(EnvShm) == "" {
+		t.Setenv(EnvShm, "1")
+	}
 	secretHex := NewSecret()
 	secret, _ := hex.DecodeString(secretHex)
 	rdv, err := ListenRendezvous("127.0.0.1:0", 2, secret)
@@ -384,13 +411,13 @@ func startChild(t *testing.T, mode string) (*Mesh, *exec.Cmd, string, *bytes.Buf
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	id := Identity{Rank: 0, Size: 2, LocalSize: 2, Rendezvous: rdv.Addr(), Secret: secret, JobID: "shmtest", Launcher: "test", Host: "localhost"}
-	m, err := Connect(ctx, id, Options{SharedMemory: "on", Timeout: 20 * time.Second})
+	m, err := Connect(ctx, id, Options{Timeout: 20 * time.Second})
 	if err != nil {
 		t.Fatalf("%v\nchild: %s", err, out.String())
 	}
 	t.Cleanup(func() { m.Close() })
-	if tr := m.PeerTransport(1); tr != "shm" {
-		t.Fatalf("rank 0 reaches rank 1 over %s", tr)
+	if want, _ := shmEnabled(""); want && m.PeerTransport(1) != "shm" {
+		t.Fatalf("rank 0 reaches rank 1 over %s", m.PeerTransport(1))
 	}
 	if f := shmFiles(t, dir); len(f) != 0 {
 		t.Errorf("segments left in %s after the handshake: %v", dir, f)
@@ -502,5 +529,59 @@ func TestShmPeerKilled(t *testing.T) {
 				t.Errorf("segments left in %s after kill -9: %v", dir, f)
 			}
 		})
+	}
+}
+
+// BenchmarkShmTwoProcesses measures what BenchmarkP2PShm measures, but
+// between two processes (this binary re-executed as rank 1), for shared
+// memory and for QUIC and TCP on loopback, side by side:
+//
+//	go test -run '^$' -bench ShmTwoProcesses ./rank/
+func BenchmarkShmTwoProcesses(b *testing.B) {
+	for _, tr := range []struct{ name, shm, transport, cma string }{
+		{"shm", "1", "quic", "0"}, {"shm-cma", "1", "quic", "1"}, {"quic", "0", "quic", "0"}, {"tcp", "0", "tcp", "0"},
+	} {
+		b.Run(tr.name+"/rtt-8B", func(b *testing.B) {
+			b.Setenv(EnvShm, tr.shm)
+			b.Setenv(EnvTransport, tr.transport)
+			b.Setenv(envShmCMA, tr.cma)
+			m, _, _, _ := startChild(b, "pong")
+			var buf [8]byte
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := m.Send(context.Background(), 1, 0, Tag{Seq: uint64(i)}, buf[:]); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Recv(context.Background(), 1, 0, Tag{Seq: uint64(i)}, buf[:]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/1e3/float64(b.N), "us/rtt")
+		})
+		for _, size := range []int{1 << 20, 16 << 20} {
+			b.Run(fmt.Sprintf("%s/%dMiB", tr.name, size>>20), func(b *testing.B) {
+				b.Setenv(EnvShm, tr.shm)
+				b.Setenv(EnvTransport, tr.transport)
+				b.Setenv(envShmCMA, tr.cma)
+				b.Setenv("GORUN_SHM_TEST_SIZE", fmt.Sprint(size))
+				m, _, _, _ := startChild(b, "sink")
+				src := make([]byte, size)
+				for i := range src {
+					src[i] = byte(i)
+				}
+				var ack [1]byte
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := m.Send(context.Background(), 1, 0, Tag{Seq: uint64(i)}, src); err != nil {
+						b.Fatal(err)
+					}
+					if err := m.Recv(context.Background(), 1, 1, Tag{Seq: uint64(i)}, ack[:]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 	}
 }
