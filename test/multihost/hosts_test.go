@@ -106,6 +106,13 @@ func preconditions() string {
 	if out, err := exec.Command("ip", "netns", "list").CombinedOutput(); err != nil {
 		return fmt.Sprintf("multi-host tests need `ip netns`, which fails here: %v: %s", err, strings.TrimSpace(string(out)))
 	}
+	// Root without CAP_SYS_ADMIN/CAP_NET_ADMIN (an unprivileged container)
+	// lists namespaces but cannot make one.
+	probe := fmt.Sprintf("gorun-probe-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
+		return fmt.Sprintf("multi-host tests need to create network namespaces, which fails here (`ip netns add`: %v: %s)", err, strings.TrimSpace(string(out)))
+	}
+	exec.Command("ip", "netns", "del", probe).Run()
 	return ""
 }
 
