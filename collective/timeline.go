@@ -142,8 +142,11 @@ func (t *Timeline) Begin(track, name string) func() {
 
 // LayerHook adapts the timeline to a model's per-layer trace hook
 // (transformer.Model.Trace): phase ("forward", "backward") is the track and
-// layer the span's name.
+// layer the span's name. A nil Timeline gives a nil hook (no tracing cost).
 func (t *Timeline) LayerHook() func(layer, phase string, start, end time.Time) {
+	if t == nil {
+		return nil
+	}
 	return func(layer, phase string, start, end time.Time) { t.Span(phase, layer, start, end) }
 }
 

@@ -96,6 +96,9 @@ func TestTimelineSpans(t *testing.T) {
 	var nilTL *Timeline
 	nilTL.Span("x", "y", t0, t0)
 	nilTL.Begin("x", "y")()
+	if nilTL.LayerHook() != nil {
+		t.Fatal("a nil timeline's layer hook is not nil")
+	}
 	if nilTL.Close() != nil {
 		t.Fatal("nil timeline")
 	}
