@@ -16,9 +16,9 @@ import (
 	"github.com/gorun/gorun/rank"
 )
 
-// onRanks runs f on every rank of ts concurrently, each with its own
+// bkOnRanks runs f on every rank of ts concurrently, each with its own
 // Communicator, and returns the errors by rank.
-func onRanks(ts []rank.Transport, f func(r int, c *Communicator) error) []error {
+func bkOnRanks(ts []rank.Transport, f func(r int, c *Communicator) error) []error {
 	errs := make([]error, len(ts))
 	var wg sync.WaitGroup
 	for r, t := range ts {
@@ -38,7 +38,7 @@ func onRanks(ts []rank.Transport, f func(r int, c *Communicator) error) []error 
 	return errs
 }
 
-func noErrs(t *testing.T, errs []error) {
+func bkNoErrs(t *testing.T, errs []error) {
 	t.Helper()
 	for r, err := range errs {
 		if err != nil {
@@ -47,14 +47,14 @@ func noErrs(t *testing.T, errs []error) {
 	}
 }
 
-// exactVal is rank r's gradient element i of parameter p: a multiple of
+// bkExactVal is rank r's gradient element i of parameter p: a multiple of
 // 1/16 in [-2, 2], so sums over a few ranks are exact in float32 in any
 // order, and a bucketed result must equal a plain one bit for bit.
-func exactVal(r, p, i int) float32 { return float32((r*37+p*11+i*5)%61-30) / 16 }
+func bkExactVal(r, p, i int) float32 { return float32((r*37+p*11+i*5)%61-30) / 16 }
 
-// oddParams: odd sizes, an empty one, and one (5000 floats = 20000 bytes)
+// bkOddParams: odd sizes, an empty one, and one (5000 floats = 20000 bytes)
 // larger than the 4 KiB cap used below.
-func oddParams() []ParamInfo {
+func bkOddParams() []ParamInfo {
 	lens := []int{1, 7, 300, 1023, 5000, 3, 0, 129, 64, 2}
 	ps := make([]ParamInfo, len(lens))
 	for i, n := range lens {
@@ -63,18 +63,18 @@ func oddParams() []ParamInfo {
 	return ps
 }
 
-// fp16Params is oddParams with every bucket (caps 4096/512) holding at
+// bkFP16Params is bkOddParams with every bucket (caps 4096/512) holding at
 // least 64 elements: a float16-wire message with a 1-element slice trips
 // the communicator bug that TestFP16WireOneElementSliceUnderRace shows, which
-// would crash this whole test binary under -race. Use oddParams for the
+// would crash this whole test binary under -race. Use bkOddParams for the
 // float16 cases too once it is fixed.
-func fp16Params() []ParamInfo {
-	ps := oddParams()
+func bkFP16Params() []ParamInfo {
+	ps := bkOddParams()
 	ps[0].Len, ps[5].Len = 100, 200
 	return ps
 }
 
-func totalLen(ps []ParamInfo) int {
+func bkTotalLen(ps []ParamInfo) int {
 	n := 0
 	for _, p := range ps {
 		n += p.Len
@@ -83,7 +83,7 @@ func totalLen(ps []ParamInfo) int {
 }
 
 // fill writes rank r's values into flat (parameters laid out in order).
-func fill(flat []float32, ps []ParamInfo, r int, val func(r, p, i int) float32) {
+func bkFill(flat []float32, ps []ParamInfo, r int, val func(r, p, i int) float32) {
 	o := 0
 	for p, pi := range ps {
 		for i := 0; i < pi.Len; i++ {
@@ -93,7 +93,7 @@ func fill(flat []float32, ps []ParamInfo, r int, val func(r, p, i int) float32) 
 	}
 }
 
-func views(flat []float32, ps []ParamInfo) [][]float32 {
+func bkViews(flat []float32, ps []ParamInfo) [][]float32 {
 	out := make([][]float32, len(ps))
 	o := 0
 	for p, pi := range ps {
@@ -104,7 +104,7 @@ func views(flat []float32, ps []ParamInfo) [][]float32 {
 }
 
 func TestBucketLayout(t *testing.T) {
-	ps := oddParams()
+	ps := bkOddParams()
 	b, err := NewBucketer(nil, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func TestBucketLayout(t *testing.T) {
 	bs := b.Buckets()
 	// Buckets cover the parameters once, in readiness (reverse) order.
 	next := len(ps) - 1
-	off := totalLen(ps)
+	off := bkTotalLen(ps)
 	for k, bk := range bs {
 		if bk.Index != k || bk.Hi != next || bk.Lo > bk.Hi {
 			t.Fatalf("bucket %d = %+v, want it to start at parameter %d", k, bk, next)
@@ -156,21 +156,21 @@ func TestBucketLayout(t *testing.T) {
 		t.Fatalf("parameter larger than the cap shares bucket %+v", bk)
 	}
 	// Pure function of the list.
-	b2, _ := NewBucketer(nil, oddParams(), BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
+	b2, _ := NewBucketer(nil, bkOddParams(), BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
 	if fmt.Sprint(b2.Buckets()) != fmt.Sprint(bs) {
 		t.Fatalf("layout not reproducible: %v vs %v", b2.Buckets(), bs)
 	}
 	// Defaults: one bucket for a small model, 25 MiB caps.
-	b3, _ := NewBucketer(nil, oddParams(), BucketConfig{})
+	b3, _ := NewBucketer(nil, bkOddParams(), BucketConfig{})
 	if len(b3.Buckets()) != 1 {
-		t.Fatalf("default caps give %d buckets for %d bytes", len(b3.Buckets()), 4*totalLen(ps))
+		t.Fatalf("default caps give %d buckets for %d bytes", len(b3.Buckets()), 4*bkTotalLen(ps))
 	}
 	if _, err := NewBucketer(nil, []ParamInfo{{"x", -1}}, BucketConfig{}); err == nil || !strings.Contains(err.Error(), `"x"`) {
 		t.Fatalf("negative length: %v", err)
 	}
 }
 
-type reduceCase struct {
+type bucketReduceCase struct {
 	np     int
 	comp   Compression
 	avg    bool
@@ -179,30 +179,30 @@ type reduceCase struct {
 }
 
 func TestBucketerMatchesPlainAllreduce(t *testing.T) {
-	var cases []reduceCase
+	var cases []bucketReduceCase
 	for np := 1; np <= 4; np++ {
-		cases = append(cases, reduceCase{np: np}, reduceCase{np: np, avg: true}, reduceCase{np: np, comp: CompressFP16, avg: true})
+		cases = append(cases, bucketReduceCase{np: np}, bucketReduceCase{np: np, avg: true}, bucketReduceCase{np: np, comp: CompressFP16, avg: true})
 	}
-	cases = append(cases, reduceCase{np: 3, scale: 0.125}, reduceCase{np: 3, attach: true, avg: true},
-		reduceCase{np: 2, comp: CompressBF16}, reduceCase{np: 4, comp: CompressFP16, scale: 0.5, attach: true})
+	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125}, bucketReduceCase{np: 3, attach: true, avg: true},
+		bucketReduceCase{np: 2, comp: CompressBF16}, bucketReduceCase{np: 4, comp: CompressFP16, scale: 0.5, attach: true})
 	for _, tc := range cases {
 		name := fmt.Sprintf("np%d/%v/avg=%v/scale=%v/attach=%v", tc.np, tc.comp, tc.avg, tc.scale, tc.attach)
-		t.Run(name, func(t *testing.T) { checkReduce(t, tc) })
+		t.Run(name, func(t *testing.T) { checkBucketReduce(t, tc) })
 	}
 }
 
-func checkReduce(t *testing.T, tc reduceCase) {
-	ps := oddParams()
+func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
+	ps := bkOddParams()
 	if tc.comp != CompressNone {
-		ps = fp16Params()
+		ps = bkFP16Params()
 	}
-	n := totalLen(ps)
+	n := bkTotalLen(ps)
 	ts := rank.NewLocalGroup(tc.np, 2)
 	defer rank.CloseAll(ts)
 	results := make([][]float32, tc.np)
 	refs := make([][]float32, tc.np)
 	nbs := make([]int, tc.np)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: tc.comp, Average: tc.avg, Timeout: 10 * time.Second})
 		if err != nil {
 			return err
@@ -211,7 +211,7 @@ func checkReduce(t *testing.T, tc reduceCase) {
 		nbs[r] = len(b.Buckets())
 		flat := make([]float32, n)
 		if tc.attach {
-			err = b.Attach(views(flat, ps))
+			err = b.Attach(bkViews(flat, ps))
 		} else {
 			err = b.AttachFlat(flat)
 		}
@@ -223,7 +223,7 @@ func checkReduce(t *testing.T, tc reduceCase) {
 		}
 		// Two steps: the second must not see the first's state.
 		for step := 0; step < 2; step++ {
-			fill(flat, ps, r+step, exactVal)
+			bkFill(flat, ps, r+step, bkExactVal)
 			for i := len(ps) - 1; i >= 0; i-- {
 				b.MarkReady(i)
 			}
@@ -239,12 +239,12 @@ func checkReduce(t *testing.T, tc reduceCase) {
 		results[r] = flat
 		// Reference: one plain allreduce per parameter.
 		ref := make([]float32, n)
-		fill(ref, ps, r+1, exactVal)
+		bkFill(ref, ps, r+1, bkExactVal)
 		op := Sum
 		if tc.avg {
 			op = Average
 		}
-		for _, v := range views(ref, ps) {
+		for _, v := range bkViews(ref, ps) {
 			if err := c.Allreduce(context.Background(), nil, Float32Bytes(v), Float32, op); err != nil {
 				return err
 			}
@@ -257,7 +257,7 @@ func checkReduce(t *testing.T, tc reduceCase) {
 		refs[r] = ref
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	if nbs[0] < 4 {
 		t.Fatalf("only %d buckets: the test needs several", nbs[0])
 	}
@@ -269,7 +269,7 @@ func checkReduce(t *testing.T, tc reduceCase) {
 		}
 	}
 	got, ref := results[0], refs[0]
-	for p, v := range views(got, ps) {
+	for p, v := range bkViews(got, ps) {
 		o := 0
 		for q := 0; q < p; q++ {
 			o += ps[q].Len
@@ -286,7 +286,7 @@ func checkReduce(t *testing.T, tc reduceCase) {
 			// sums bounded by the sum of magnitudes.
 			abs := 0.0
 			for r := 0; r < tc.np; r++ {
-				abs += math.Abs(float64(exactVal(r+1, p, i)))
+				abs += math.Abs(float64(bkExactVal(r+1, p, i)))
 			}
 			f := 1.0
 			if tc.avg {
@@ -310,12 +310,12 @@ func checkReduce(t *testing.T, tc reduceCase) {
 // buckets still launch in index order and the sums are right.
 func TestBucketerMarkOrders(t *testing.T) {
 	const np = 3
-	ps := oddParams()
-	n := totalLen(ps)
+	ps := bkOddParams()
+	n := bkTotalLen(ps)
 	ts := rank.NewLocalGroup(np, 2)
 	defer rank.CloseAll(ts)
 	results := make([][]float32, np)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
 		if err != nil {
 			return err
@@ -324,7 +324,7 @@ func TestBucketerMarkOrders(t *testing.T) {
 		if err := b.AttachFlat(flat); err != nil {
 			return err
 		}
-		fill(flat, ps, r, exactVal)
+		bkFill(flat, ps, r, bkExactVal)
 		order := rand.New(rand.NewPCG(uint64(r), 7)).Perm(len(ps))
 		if r == 0 {
 			for i := range order { // forward order: the last bucket is ready first
@@ -361,12 +361,12 @@ func TestBucketerMarkOrders(t *testing.T) {
 		results[r] = flat
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	for r := 0; r < np; r++ {
 		o := 0
 		for p, pi := range ps {
 			for i := 0; i < pi.Len; i++ {
-				want := exactVal(0, p, i) + exactVal(1, p, i) + exactVal(2, p, i)
+				want := bkExactVal(0, p, i) + bkExactVal(1, p, i) + bkExactVal(2, p, i)
 				if results[r][o+i] != want {
 					t.Fatalf("rank %d parameter %d element %d = %v, want %v", r, p, i, results[r][o+i], want)
 				}
@@ -377,16 +377,16 @@ func TestBucketerMarkOrders(t *testing.T) {
 }
 
 func TestBucketerUnmarkedParameterTimesOut(t *testing.T) {
-	ps := oddParams()
+	ps := bkOddParams()
 	ts := rank.NewLocalGroup(2, 1)
 	defer rank.CloseAll(ts)
 	start := time.Now()
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Timeout: 300 * time.Millisecond})
 		if err != nil {
 			return err
 		}
-		if err := b.AttachFlat(make([]float32, totalLen(ps))); err != nil {
+		if err := b.AttachFlat(make([]float32, bkTotalLen(ps))); err != nil {
 			return err
 		}
 		for i := len(ps) - 1; i >= 0; i-- {
@@ -411,7 +411,7 @@ func TestBucketerUnmarkedParameterTimesOut(t *testing.T) {
 		t.Logf("rank %d: %v", r, err)
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("failing took %v", d)
 	}
@@ -445,14 +445,14 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := rank.NewLocalGroup(3, 1)
 			defer rank.CloseAll(ts)
-			errs := onRanks(ts, func(r int, c *Communicator) error {
+			errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 				cfg := BucketConfig{CapBytes: 4096, FirstCapBytes: 512}
-				ps := tc.edit(r, oddParams(), &cfg)
+				ps := tc.edit(r, bkOddParams(), &cfg)
 				b, err := NewBucketer(c, ps, cfg)
 				if err != nil {
 					return err
 				}
-				if err := b.AttachFlat(make([]float32, totalLen(ps))); err != nil {
+				if err := b.AttachFlat(make([]float32, bkTotalLen(ps))); err != nil {
 					return err
 				}
 				for i := len(ps) - 1; i >= 0; i-- {
@@ -464,19 +464,19 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 				}
 				return nil
 			})
-			noErrs(t, errs)
+			bkNoErrs(t, errs)
 		})
 	}
 }
 
 func TestBucketerBackwardPassesPerStep(t *testing.T) {
 	const np, k = 2, 3
-	ps := oddParams()
-	n := totalLen(ps)
+	ps := bkOddParams()
+	n := bkTotalLen(ps)
 	ts := rank.NewLocalGroup(np, 1)
 	defer rank.CloseAll(ts)
 	results := make([][]float32, np)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, BackwardPassesPerStep: k})
 		if err != nil {
 			return err
@@ -491,7 +491,7 @@ func TestBucketerBackwardPassesPerStep(t *testing.T) {
 			if b.Communicating() != (pass == k-1) {
 				return fmt.Errorf("pass %d: Communicating() = %v", pass, b.Communicating())
 			}
-			fill(one, ps, r+pass, exactVal)
+			bkFill(one, ps, r+pass, bkExactVal)
 			for i := range flat {
 				flat[i] += one[i] // the model accumulates
 			}
@@ -517,14 +517,14 @@ func TestBucketerBackwardPassesPerStep(t *testing.T) {
 		results[r] = flat
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	o := 0
 	for p, pi := range ps {
 		for i := 0; i < pi.Len; i++ {
 			var want float32
 			for r := 0; r < np; r++ {
 				for pass := 0; pass < k; pass++ {
-					want += exactVal(r+pass, p, i)
+					want += bkExactVal(r+pass, p, i)
 				}
 			}
 			want *= 1.0 / k
@@ -537,20 +537,20 @@ func TestBucketerBackwardPassesPerStep(t *testing.T) {
 }
 
 func TestBucketerOverflow(t *testing.T) {
-	ps := fp16Params()
+	ps := bkFP16Params()
 	ts := rank.NewLocalGroup(2, 1)
 	defer rank.CloseAll(ts)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: CompressFP16, Average: true})
 		if err != nil {
 			return err
 		}
-		flat := make([]float32, totalLen(ps))
+		flat := make([]float32, bkTotalLen(ps))
 		if err := b.AttachFlat(flat); err != nil {
 			return err
 		}
 		for step, bad := range []float32{float32(math.Inf(1)), float32(math.NaN()), 0, 2e5} {
-			fill(flat, ps, r, exactVal)
+			bkFill(flat, ps, r, bkExactVal)
 			if r == 1 && bad != 0 {
 				flat[1234] = bad // 2e5 (average 1e5) is finite in float32, not in float16
 			}
@@ -567,7 +567,7 @@ func TestBucketerOverflow(t *testing.T) {
 		}
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 
 	for _, x := range [][]float32{{1, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {}} {
 		if scaleAndCheck(x, 1) {
@@ -621,12 +621,12 @@ func TestBucketerOverlap(t *testing.T) {
 	}
 	ts := rank.NewLocalGroup(2, 2)
 	defer rank.CloseAll(ts)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4 * per, FirstCapBytes: 4 * per})
 		if err != nil {
 			return err
 		}
-		flat := make([]float32, totalLen(ps))
+		flat := make([]float32, bkTotalLen(ps))
 		if err := b.AttachFlat(flat); err != nil {
 			return err
 		}
@@ -655,7 +655,7 @@ func TestBucketerOverlap(t *testing.T) {
 		}
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 }
 
 // The cycle-time rebuild: after the first step, rank 0's readiness times
@@ -669,12 +669,12 @@ func TestBucketerCycleTimeRebuild(t *testing.T) {
 	ts := rank.NewLocalGroup(2, 1)
 	defer rank.CloseAll(ts)
 	layouts := make([][]Bucket, 2)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CycleTime: 40 * time.Millisecond})
 		if err != nil {
 			return err
 		}
-		flat := make([]float32, totalLen(ps))
+		flat := make([]float32, bkTotalLen(ps))
 		if err := b.AttachFlat(flat); err != nil {
 			return err
 		}
@@ -682,7 +682,7 @@ func TestBucketerCycleTimeRebuild(t *testing.T) {
 			return fmt.Errorf("%d buckets before the rebuild", len(b.Buckets()))
 		}
 		for step := 0; step < 2; step++ {
-			fill(flat, ps, r, exactVal)
+			bkFill(flat, ps, r, bkExactVal)
 			for l := layers - 1; l >= 0; l-- {
 				if r == 0 {
 					time.Sleep(120 * time.Millisecond) // only rank 0's times count
@@ -694,7 +694,7 @@ func TestBucketerCycleTimeRebuild(t *testing.T) {
 				return err
 			}
 			for i := range flat[:100] {
-				if want := exactVal(0, 0, i) + exactVal(1, 0, i); flat[i] != want {
+				if want := bkExactVal(0, 0, i) + bkExactVal(1, 0, i); flat[i] != want {
 					return fmt.Errorf("step %d: element %d = %v, want %v", step, i, flat[i], want)
 				}
 			}
@@ -702,7 +702,7 @@ func TestBucketerCycleTimeRebuild(t *testing.T) {
 		layouts[r] = b.Buckets()
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	if len(layouts[0]) != layers || fmt.Sprint(layouts[0]) != fmt.Sprint(layouts[1]) {
 		t.Fatalf("rebuilt layouts: rank 0 %v, rank 1 %v; want one bucket per layer on both", layouts[0], layouts[1])
 	}
@@ -723,17 +723,17 @@ func TestBucketerQUIC(t *testing.T) {
 		ps = append(ps, ParamInfo{fmt.Sprintf("p%d", i), 20000 + 7*i})
 	}
 	sent := make([][2]uint64, np)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		for ci, comp := range []Compression{CompressNone, CompressFP16} {
 			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 200 << 10, FirstCapBytes: 64 << 10, Compression: comp})
 			if err != nil {
 				return err
 			}
-			flat := make([]float32, totalLen(ps))
+			flat := make([]float32, bkTotalLen(ps))
 			if err := b.AttachFlat(flat); err != nil {
 				return err
 			}
-			fill(flat, ps, r, exactVal)
+			bkFill(flat, ps, r, bkExactVal)
 			for i := len(ps) - 1; i >= 0; i-- {
 				b.MarkReady(i)
 			}
@@ -745,7 +745,7 @@ func TestBucketerQUIC(t *testing.T) {
 			o := 0
 			for p, pi := range ps {
 				for i := 0; i < pi.Len; i++ {
-					want := exactVal(0, p, i) + exactVal(1, p, i) + exactVal(2, p, i)
+					want := bkExactVal(0, p, i) + bkExactVal(1, p, i) + bkExactVal(2, p, i)
 					if d := math.Abs(float64(flat[o+i] - want)); d > 3*6*math.Ldexp(1, -11) {
 						return fmt.Errorf("%v: parameter %d element %d = %v, want %v", comp, p, i, flat[o+i], want)
 					}
@@ -755,7 +755,7 @@ func TestBucketerQUIC(t *testing.T) {
 		}
 		return nil
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	for r := range sent {
 		ratio := float64(sent[r][1]) / float64(sent[r][0])
 		t.Logf("rank %d: %d bytes sent with fp32, %d with fp16 (%.3f)", r, sent[r][0], sent[r][1], ratio)
@@ -780,12 +780,12 @@ func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 			for _, algo := range []Algorithm{Ring, Tree} {
 				for count := 1; count <= 4; count++ {
 					ts := rank.NewLocalGroup(np, 2)
-					errs := onRanks(ts, func(r int, c *Communicator) error {
+					errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 						buf := make([]float32, count)
 						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), Float32, Sum, WithWire(Float16), WithAlgorithm(algo))
 					})
 					rank.CloseAll(ts)
-					noErrs(t, errs)
+					bkNoErrs(t, errs)
 				}
 			}
 		}

@@ -108,12 +108,12 @@ func TestTimelineSpans(t *testing.T) {
 // bucket, merged into one file, and a file cut short still merges.
 func TestTimelineBucketerAndMerge(t *testing.T) {
 	dir := t.TempDir()
-	ps := oddParams()
+	ps := bkOddParams()
 	ts := rank.NewLocalGroup(2, 1)
 	defer rank.CloseAll(ts)
 	paths := []string{filepath.Join(dir, "rank0.json"), filepath.Join(dir, "rank1.json")}
 	nbs := make([]int, 2)
-	errs := onRanks(ts, func(r int, c *Communicator) error {
+	errs := bkOnRanks(ts, func(r int, c *Communicator) error {
 		tl, err := CreateTimeline(paths[r], r)
 		if err != nil {
 			return err
@@ -123,7 +123,7 @@ func TestTimelineBucketerAndMerge(t *testing.T) {
 			return err
 		}
 		nbs[r] = len(b.Buckets())
-		if err := b.Attach(views(make([]float32, totalLen(ps)), ps)); err != nil {
+		if err := b.Attach(bkViews(make([]float32, bkTotalLen(ps)), ps)); err != nil {
 			return err
 		}
 		for i := len(ps) - 1; i >= 0; i-- {
@@ -136,7 +136,7 @@ func TestTimelineBucketerAndMerge(t *testing.T) {
 		}
 		return tl.Close()
 	})
-	noErrs(t, errs)
+	bkNoErrs(t, errs)
 	for r, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
