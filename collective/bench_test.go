@@ -46,3 +46,22 @@ func BenchmarkLocalAllreduce(b *testing.B) {
 		}
 	}
 }
+
+// TestModelChoice: Choose takes the algorithm Predict says is faster: with
+// a cheap tree hop and a slow tree per byte, the tree for small calls and
+// the ring for large ones, more so with more ranks; the ring at 2 ranks.
+func TestModelChoice(t *testing.T) {
+	m := CostModel{RingStepUs: 50, TreeHopUs: 50, RingGBs: 1, TreeGBs: 0.5}
+	for _, k := range []struct {
+		bytes, n int
+		want     Algorithm
+	}{{4 << 10, 8, Tree}, {64 << 20, 8, Ring}, {4 << 10, 2, Ring}, {1 << 10, 4, Tree}, {1 << 20, 4, Ring}} {
+		if a := m.Choose(k.bytes, k.n); a != k.want {
+			t.Errorf("%d bytes on %d ranks: %v (ring %.0f us, tree %.0f us)", k.bytes, k.n, a,
+				m.Predict(Ring, k.bytes, k.n), m.Predict(Tree, k.bytes, k.n))
+		}
+	}
+	if DefaultModel.RingGBs <= 0 || DefaultModel.TreeGBs <= 0 {
+		t.Fatal("DefaultModel has no bandwidths")
+	}
+}

@@ -10,11 +10,17 @@ import (
 	"github.com/gorun/gorun/rank"
 )
 
+// loopback returns n meshes over transport: "quic", "tcp", or "shm"
+// (shared memory between the ranks, QUIC for the rest).
 func loopback(t *testing.T, n int, transport string) []rank.Transport {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ts, err := rank.LoopbackGroup(ctx, n, rank.Options{Transport: transport, Timeout: 10 * time.Second})
+	opt := rank.Options{Transport: transport, Timeout: 10 * time.Second}
+	if transport == "shm" {
+		opt.Transport, opt.SharedMemory = "quic", "on"
+	}
+	ts, err := rank.LoopbackGroup(ctx, n, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,12 +29,12 @@ func loopback(t *testing.T, n int, transport string) []rank.Transport {
 }
 
 // TestLoopback: a smaller set of the property tests over real QUIC and
-// TLS/TCP meshes on 127.0.0.1.
+// TLS/TCP meshes on 127.0.0.1, and over shared memory.
 func TestLoopback(t *testing.T) {
 	for _, k := range []struct {
 		transport string
 		n         int
-	}{{"quic", 2}, {"quic", 3}, {"tcp", 3}} {
+	}{{"quic", 2}, {"quic", 3}, {"tcp", 3}, {"shm", 4}} {
 		t.Run(fmt.Sprintf("%s-N%d", k.transport, k.n), func(t *testing.T) {
 			ts := loopback(t, k.n, k.transport)
 			var cases []arCase

@@ -7,15 +7,21 @@ package collective
 //
 // (times in microseconds, bandwidths in GB/s = 1e3 bytes per microsecond),
 // and Choose picks the cheaper. The constants come from allreduce-perf runs
-// (docs/collectives.md has the measurements).
+// (docs/collective.md has the measurements and the fit).
 type CostModel struct {
 	RingStepUs, TreeHopUs float64
 	RingGBs, TreeGBs      float64
 }
 
-// DefaultModel was fitted to allreduce-perf over loopback QUIC on the
-// 2-core development box (see docs/collectives.md).
-var DefaultModel = CostModel{RingStepUs: 60, TreeHopUs: 60, RingGBs: 0.5, TreeGBs: 0.35}
+// DefaultModel was fitted (weighted least squares on relative error) to
+// allreduce-perf over QUIC between 4 processes on the 2-core development
+// box, 4 KiB to 64 MiB, ring and tree (bench/peers/allreduce_peers.sh,
+// docs/collective.md). On that box the two algorithms were within 10 % of
+// each other at 4 ranks from 1 MiB up, and the tree 10-15 % faster below,
+// so Auto picks the tree at 3 ranks and more (the two per-byte terms are
+// within 2 %: the choice at large sizes is a coin toss the data cannot
+// settle); two ranks always use the ring.
+var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374}
 
 func treeDepth(n int) int {
 	d := 0
