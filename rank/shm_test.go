@@ -382,7 +382,25 @@ func putU64(b []byte, v uint64) {
 
 // startChild serves a rendezvous, starts rank 1 in a child process and
 // connects as rank 0.
-func startChild(t testing.TB, mode string) (*Mesh, *exec.Cmd, string, *bytes.Buffer) {
+// lockedBuffer collects a child's output while the test may read it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startChild(t testing.TB, mode string) (*Mesh, *exec.Cmd, string, *lockedBuffer) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("GORUN_SHM_DIR", dir)
@@ -402,7 +420,7 @@ func startChild(t testing.TB, mode string) (*Mesh, *exec.Cmd, string, *bytes.Buf
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), shmChildEnv+"="+mode, EnvSecret+"="+secretHex, EnvRendezvous+"="+rdv.Addr(), "GORUN_SHM_DIR="+dir)
-	var out bytes.Buffer
+	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -509,6 +527,7 @@ func TestShmPeerKilled(t *testing.T) {
 			}
 			time.Sleep(300 * time.Millisecond)
 			cmd.Process.Signal(syscall.SIGKILL)
+			cmd.Wait() // gone: a message it posted whole could still be read until then
 			start := time.Now()
 			if side == "recv" {
 				go func() { errc <- m.Recv(ctx, 1, 1, Tag{Seq: 0, Chunk: 2}, make([]byte, n)) }()
