@@ -455,7 +455,9 @@ func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, er
 	switch {
 	case !want:
 		ans.Why = fmt.Sprintf("rank %d has %s off", m.id.Rank, EnvShm)
-		os.Remove(filepath.Join(shmDir(), filepath.Base(off.Name)))
+		if shmNameRE.MatchString(off.Name) {
+			os.Remove(filepath.Join(shmDir(), off.Name))
+		}
 	case off.PidNS != pidNS():
 		ans.Why = "the ranks are in different pid namespaces"
 	case off.Channels != m.opt.Channels || off.RingBytes != shmRingBytes:
