@@ -256,6 +256,15 @@ func (r *run) tree(sp treeSpec) {
 				}
 				continue
 			}
+			if upSnd != nil {
+				// Our slice k went up before the parent's result for it
+				// could come down, so this hardly ever waits; it makes that
+				// order visible to the race detector, which cannot see it
+				// through a shared-memory transport.
+				if upSnd.waitSent(k+1) != nil {
+					return nil
+				}
+			}
 			red.fromWire(sl(k), it.buf)
 			if !down(k, true, it.buf, func() { prv.release(it) }) {
 				return nil
