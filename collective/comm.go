@@ -70,6 +70,7 @@ type Communicator struct {
 	once  sync.Once
 	// settings go in every call's header (see run)
 	settings []byte
+	hier     *hier // two-level allreduce layout, nil: flat
 }
 
 // Handle is a queued or running call.
@@ -145,7 +146,8 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 		cfg.Model = DefaultModel
 	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
-		settings: settings(cfg.SliceBytes, cfg.Channels, t.Channels())}
+		hier: hierFor(t)}
+	c.settings = settings(cfg.SliceBytes, cfg.Channels, t.Channels(), c.hier != nil)
 	go c.loop()
 	return c, nil
 }
@@ -336,14 +338,11 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 		if n == 1 {
 			return nil
 		}
-		r := newRun(ctx, c.t, cl, c.settings)
-		if algo == Tree {
-			c.treeAllreduce(r, recv, count, cl)
-		} else {
-			r.ring(ringSpec{acc: recv, chunks: split(count, n), rs: true, ag: true,
-				nch: c.channelsFor(len(recv)), sliceBytes: c.sliceFor(count*cl.wire.Size(), n),
-				dtype: dt, wire: cl.wire, op: op, roundOwn: cl.wire != dt})
+		if c.hier != nil {
+			return c.hierAllreduce(ctx, recv, count, cl)
 		}
+		r := newRun(ctx, c.t, cl, c.settings)
+		c.allreduceOn(r, c.t, recv, 0, count, cl, n)
 		return r.wait()
 	})
 }
@@ -361,23 +360,6 @@ func (c *Communicator) channelsFor(bytes int) int {
 func (c *Communicator) sliceFor(bytes, n int) int {
 	per := bytes / max(1, n) / 4
 	return max(min(c.cfg.SliceBytes, per), min(c.cfg.SliceBytes, 8<<10))
-}
-
-func (c *Communicator) treeAllreduce(r *run, acc []byte, count int, cl call) {
-	n := c.t.Size()
-	me := c.t.Rank()
-	if c.t.Channels() < 2 {
-		sh := inorderTree(n)
-		r.tree(treeSpec{acc: acc, lo: 0, hi: count, ch: 0, shape: sh[me], up: true,
-			sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op})
-		return
-	}
-	trees := doubleTree(n)
-	half := split(count, 2)
-	for i := 0; i < 2; i++ {
-		r.tree(treeSpec{acc: acc, lo: half[i], hi: half[i+1], ch: i, shape: trees[i][me], up: true,
-			sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op})
-	}
 }
 
 // Broadcast copies root's buf into buf on every rank (pipelined down a

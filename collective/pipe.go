@@ -75,7 +75,7 @@ func (r *run) recvHeader() error {
 	}
 	if string(got) != string(r.settings) {
 		return &MismatchError{Rank: r.t.Rank(), Peer: r.prev, Mine: r.c.String(), Peers: r.c.String(), bits: dSize,
-			What: fmt.Sprintf("settings (rank %d: %s; rank %d: %s; set GORUN_SLICE_BYTES, GORUN_RINGS and the transport's channels the same on every rank)",
+			What: fmt.Sprintf("settings (rank %d: %s; rank %d: %s; set GORUN_SLICE_BYTES, GORUN_RINGS, GORUN_HIERARCHICAL and the transport's channels the same on every rank)",
 				r.t.Rank(), describeSettings(r.settings), r.prev, describeSettings(got))}
 	}
 	return nil
@@ -361,18 +361,25 @@ func slices(ne, ws, sliceBytes int) int {
 
 // settings encodes what, besides the call, decides a call's messages:
 // the slice size and the channels used.
-func settings(sliceBytes, channels, transportChannels int) []byte {
-	b := make([]byte, 8)
+func settings(sliceBytes, channels, transportChannels int, hier bool) []byte {
+	b := make([]byte, 9)
 	binary.LittleEndian.PutUint32(b, uint32(sliceBytes))
 	binary.LittleEndian.PutUint16(b[4:], uint16(channels))
 	binary.LittleEndian.PutUint16(b[6:], uint16(transportChannels))
+	if hier {
+		b[8] = 1
+	}
 	return b
 }
 
 func describeSettings(b []byte) string {
-	if len(b) != 8 {
+	if len(b) != 9 {
 		return fmt.Sprintf("%d bytes of settings", len(b))
 	}
-	return fmt.Sprintf("slices of %d bytes, %d of %d channels", binary.LittleEndian.Uint32(b),
+	s := fmt.Sprintf("slices of %d bytes, %d of %d channels", binary.LittleEndian.Uint32(b),
 		binary.LittleEndian.Uint16(b[4:]), binary.LittleEndian.Uint16(b[6:]))
+	if b[8] == 1 {
+		s += ", hierarchical"
+	}
+	return s
 }

@@ -15,6 +15,8 @@ type ringSpec struct {
 	wire       DType
 	op         Op
 	roundOwn   bool // allreduce with wire != dtype: the owner's result goes through the wire format too
+	noFinish   bool // reduce-scatter leaves partial results (no Average division)
+	div        int  // Average divides by this (0: the ring's size)
 }
 
 // ring runs reduce-scatter and/or allgather around the ring
@@ -134,7 +136,11 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 		slotBytes: min(sp.sliceBytes, (sp.chunks[n]-sp.chunks[0])*ws+1),
 		depth:     depth,
 	})
-	red := newReducer(sp.dtype, sp.wire, sp.op, n)
+	div := sp.div
+	if div == 0 {
+		div = n
+	}
+	red := newReducer(sp.dtype, sp.wire, sp.op, div)
 	r.goFn(func() error {
 		defer snd.close()
 		// send pushes acc[lo:hi] in wire format.
@@ -174,7 +180,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 					if t < nRS {
 						red.combine(a, it.buf)
 						rv.release(it)
-						if t == nRS-1 { // this rank's own chunk is complete
+						if t == nRS-1 && !sp.noFinish { // this rank's own chunk is complete
 							red.finish(a)
 							if sp.roundOwn && sp.ag {
 								w, ok := pool.get(r.ctx, (hi-lo)*ws)

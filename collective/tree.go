@@ -99,6 +99,7 @@ type treeSpec struct {
 	dtype      DType
 	wire       DType
 	op         Op
+	div        int // Average divides by this (0: the transport's size)
 }
 
 // tree runs a pipelined reduce-up / broadcast-down over one tree on one
@@ -117,7 +118,11 @@ func (r *run) tree(sp treeSpec) {
 	wlen := func(k int) int { return (bounds[k+1] - bounds[k]) * ws }
 	depth := ringGroup + 2
 	slotBytes := min(sp.sliceBytes, (sp.hi-sp.lo)*ws+1)
-	red := newReducer(sp.dtype, sp.wire, sp.op, r.t.Size())
+	div := sp.div
+	if div == 0 {
+		div = r.t.Size()
+	}
+	red := newReducer(sp.dtype, sp.wire, sp.op, div)
 	sh := sp.shape
 	root := sh.parent < 0
 	kids := make([]*sender, len(sh.children))

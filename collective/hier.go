@@ -1,0 +1,175 @@
+package collective
+
+import (
+	"context"
+	"os"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// EnvHierarchical set to 0 turns the hierarchical allreduce off.
+const EnvHierarchical = "GORUN_HIERARCHICAL"
+
+// Hierarchical allreduce (Horovod's, for jobs with several ranks on each
+// of several hosts): the ranks of a host reduce-scatter among themselves
+// (through shared memory when the transport has it), so that local rank i
+// holds part i of the host's sum; the ranks with the same local index on
+// every host allreduce their part across hosts (ring or tree), so the
+// bytes that cross hosts are spread over every local rank's links; then
+// each host allgathers the parts. Used when the transport reports hosts
+// (rank.Mesh.Hosts), there are two hosts or more, and every host has the
+// same number (at least two) of ranks; otherwise calls stay flat.
+
+// hier is this rank's place in the two-level layout.
+type hier struct {
+	local []int // global ranks on this host, in rank order
+	cross []int // global ranks with this rank's local index, one per host, in host order
+	idx   int   // this rank's index in local
+	hidx  int   // this host's index in cross
+}
+
+// newHier groups ranks by host key; nil when the layout does not fit.
+func newHier(hosts []string, me int) *hier {
+	if len(hosts) < 4 || me < 0 || me >= len(hosts) {
+		return nil
+	}
+	var order []string
+	groups := map[string][]int{}
+	for r, h := range hosts {
+		if _, ok := groups[h]; !ok {
+			order = append(order, h)
+		}
+		groups[h] = append(groups[h], r)
+	}
+	m := len(groups[order[0]])
+	if len(order) < 2 || m < 2 {
+		return nil
+	}
+	for _, h := range order {
+		if len(groups[h]) != m {
+			return nil
+		}
+	}
+	hs := &hier{local: groups[hosts[me]]}
+	for i, r := range hs.local {
+		if r == me {
+			hs.idx = i
+		}
+	}
+	for i, h := range order {
+		hs.cross = append(hs.cross, groups[h][hs.idx])
+		if h == hosts[me] {
+			hs.hidx = i
+		}
+	}
+	return hs
+}
+
+func hierFor(t rank.Transport) *hier {
+	if os.Getenv(EnvHierarchical) == "0" {
+		return nil
+	}
+	h, ok := t.(interface{ Hosts() []string })
+	if !ok {
+		return nil
+	}
+	return newHier(h.Hosts(), t.Rank())
+}
+
+// subTransport is a subset of a transport's ranks, renumbered 0..len-1.
+// It shares the parent's lanes: phases that use it run one after another,
+// in the same order on every rank, so each lane's messages stay in order.
+type subTransport struct {
+	t       rank.Transport
+	members []int
+	me      int
+}
+
+func (s *subTransport) Rank() int     { return s.me }
+func (s *subTransport) Size() int     { return len(s.members) }
+func (s *subTransport) Channels() int { return s.t.Channels() }
+func (s *subTransport) Send(ctx context.Context, peer, ch int, tag rank.Tag, p []byte) error {
+	return s.t.Send(ctx, s.members[peer], ch, tag, p)
+}
+func (s *subTransport) Recv(ctx context.Context, peer, ch int, want rank.Tag, dst []byte) error {
+	return s.t.Recv(ctx, s.members[peer], ch, want, dst)
+}
+func (s *subTransport) Stats() []rank.PeerStats { return s.t.Stats() }
+func (s *subTransport) Close() error            { return nil }
+
+// hierAllreduce runs the three phases on acc (count elements).
+func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int, cl call) error {
+	h := c.hier
+	n := c.t.Size()
+	local := &subTransport{t: c.t, members: h.local, me: h.idx}
+	cross := &subTransport{t: c.t, members: h.cross, me: h.hidx}
+	m := len(h.local)
+	parts := split(count, m)
+	ws := cl.wire.Size()
+	// 1: reduce-scatter on the host, partial sums (no Average yet)
+	r := newRun(ctx, local, cl, c.settings)
+	r.ring(ringSpec{acc: acc, chunks: parts, rs: true, noFinish: true,
+		nch: c.channelsFor(len(acc)), sliceBytes: c.sliceFor(count*ws, m),
+		dtype: cl.dtype, wire: cl.wire, op: cl.op})
+	if err := r.wait(); err != nil {
+		return err
+	}
+	// 2: allreduce of this rank's part across the hosts
+	lo, hi := parts[h.idx], parts[h.idx+1]
+	r = newRun(ctx, cross, cl, c.settings)
+	c.allreduceOn(r, cross, acc, lo, hi, cl, n)
+	if err := r.wait(); err != nil {
+		return err
+	}
+	// 3: allgather on the host (the parts are already in the wire format's
+	// values when it differs, so sending them again rounds nothing)
+	r = newRun(ctx, local, cl, c.settings)
+	r.ring(ringSpec{acc: acc, chunks: parts, ag: true,
+		nch: c.channelsFor(len(acc)), sliceBytes: c.sliceFor(count*ws, m),
+		dtype: cl.dtype, wire: cl.wire, op: cl.op})
+	return r.wait()
+}
+
+// allreduceOn runs a flat allreduce of acc's elements [lo, hi) over t with
+// the call's algorithm; Average divides by div.
+func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi int, cl call, div int) {
+	n := t.Size()
+	if n == 1 {
+		if cl.op == Average || cl.wire != cl.dtype {
+			red := newReducer(cl.dtype, cl.wire, cl.op, div)
+			es := cl.dtype.Size()
+			a := acc[lo*es : hi*es]
+			red.finish(a)
+			if cl.wire != cl.dtype && len(a) > 0 {
+				w := make([]byte, (hi-lo)*cl.wire.Size())
+				red.toWire(w, a)
+				red.fromWire(a, w)
+			}
+		}
+		return
+	}
+	count := hi - lo
+	if cl.algo == Tree {
+		if t.Channels() < 2 {
+			sh := inorderTree(n)
+			r.tree(treeSpec{acc: acc, lo: lo, hi: hi, ch: 0, shape: sh[t.Rank()], up: true,
+				sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+			return
+		}
+		trees := doubleTree(n)
+		half := split(count, 2)
+		for i := 0; i < 2; i++ {
+			r.tree(treeSpec{acc: acc, lo: lo + half[i], hi: lo + half[i+1], ch: i, shape: trees[i][t.Rank()], up: true,
+				sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+		}
+		return
+	}
+	chunks := split(count, n)
+	for i := range chunks {
+		chunks[i] += lo
+	}
+	es := cl.dtype.Size()
+	r.ring(ringSpec{acc: acc, chunks: chunks, rs: true, ag: true,
+		nch: c.channelsFor(count * es), sliceBytes: c.sliceFor(count*cl.wire.Size(), n),
+		dtype: cl.dtype, wire: cl.wire, op: cl.op, roundOwn: cl.wire != cl.dtype, div: div})
+}

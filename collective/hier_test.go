@@ -1,0 +1,112 @@
+package collective
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// hostsTransport gives an in-process transport a host per rank, as
+// rank.Mesh.Hosts does.
+type hostsTransport struct {
+	rank.Transport
+	hosts []string
+}
+
+func (h hostsTransport) Hosts() []string { return h.hosts }
+
+func withHosts(ts []rank.Transport, hosts ...string) []rank.Transport {
+	out := make([]rank.Transport, len(ts))
+	for i, t := range ts {
+		out[i] = hostsTransport{t, hosts}
+	}
+	return out
+}
+
+func TestNewHier(t *testing.T) {
+	if h := newHier([]string{"a", "a", "b", "b"}, 3); h == nil || fmt.Sprint(h.local, h.cross, h.idx, h.hidx) != "[2 3] [1 3] 1 1" {
+		t.Errorf("2x2: %+v", h)
+	}
+	if h := newHier([]string{"a", "b", "a", "b", "a", "b"}, 2); h == nil || fmt.Sprint(h.local, h.cross, h.idx, h.hidx) != "[0 2 4] [2 3] 1 0" {
+		t.Errorf("interleaved 2x3: %+v", h)
+	}
+	for _, hosts := range [][]string{{"a", "a", "a", "a"}, {"a", "b", "c", "d"}, {"a", "a", "a", "b"}, {"a", "b"}} {
+		if h := newHier(hosts, 0); h != nil {
+			t.Errorf("%v: want flat, got %+v", hosts, h)
+		}
+	}
+}
+
+// TestHierarchicalAllreduce: 2 hosts x 2, 2 hosts x 3 (interleaved
+// ranks), 3 hosts x 2: the same exact results as the flat property tests,
+// bit-identical on every rank, and the only bytes that cross hosts flow
+// between ranks with the same local index.
+func TestHierarchicalAllreduce(t *testing.T) {
+	for _, hosts := range [][]string{
+		{"a", "a", "b", "b"},
+		{"a", "b", "a", "b", "a", "b"},
+		{"x", "x", "y", "y", "z", "z"},
+	} {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			t.Parallel()
+			n := len(hosts)
+			var cases []arCase
+			i := 0
+			for _, l := range []int{0, 1, n - 1, n + 1, 31, 1031} {
+				for _, op := range ops {
+					for _, v := range variants {
+						for _, a := range []Algorithm{Ring, Tree} {
+							i++
+							cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: i%2 == 0})
+						}
+					}
+				}
+			}
+			ts := withHosts(rank.NewLocalGroup(n, 2), hosts...)
+			checkAllreduceInts(t, ts, Config{SliceBytes: 64}, cases)
+			for r, tr := range ts {
+				h := newHier(hosts, r)
+				if h == nil {
+					t.Fatal("layout not hierarchical")
+				}
+				for p, st := range tr.Stats() {
+					sameIdx := false
+					for _, x := range h.cross {
+						sameIdx = sameIdx || x == p
+					}
+					if hosts[p] != hosts[r] && !sameIdx && st.BytesSent > 0 {
+						t.Errorf("rank %d sent %d bytes to rank %d, on another host with another local index", r, st.BytesSent, p)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalMismatch: a rank that differs fails every rank at once,
+// blamed by name, though the phases talk to host-mates and to one rank per
+// other host only.
+func TestHierarchicalMismatch(t *testing.T) {
+	ts := withHosts(rank.NewLocalGroup(6, 2), "a", "a", "a", "b", "b", "b")
+	errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
+		n := 1000
+		if c.Rank() == 4 {
+			n = 999
+		}
+		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+		if err2 := c.Barrier(testCtx(t)); err2 == nil {
+			return fmt.Errorf("barrier after the mismatch succeeded (allreduce: %v)", err)
+		} else if err == nil {
+			return err2
+		}
+		return err
+	})
+	for r, err := range errs {
+		if err == nil || !names(err, 4) || !strings.Contains(err.Error(), "length") {
+			t.Errorf("rank %d: want an error blaming rank 4's length, got %v", r, err)
+		}
+	}
+}
