@@ -44,6 +44,7 @@ type env struct {
 	gorun, ring            string
 	archeck, intruder      string
 	perf                   string // bin/allreduce-perf
+	train                  string // bin/nmt-train
 	state                  string // GORUN_HOSTS_STATE
 	hostfile, sshConfig    string
 	name, veth, bridge, nt string // GORUN_HOSTS_NAME, _VETH, _BRIDGE, _NET
@@ -205,7 +206,7 @@ func setUp() (*env, func(), error) {
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"
 	}
-	build := exec.Command(goTool, "build", "-o", e.bin+"/", "./cmd/gorun", "./examples/ring", "./cmd/allreduce-perf", "./test/multihost/archeck", "./test/multihost/intruder")
+	build := exec.Command(goTool, "build", "-o", e.bin+"/", "./cmd/gorun", "./examples/ring", "./cmd/allreduce-perf", "./cmd/nmt-train", "./test/multihost/archeck", "./test/multihost/intruder")
 	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -216,6 +217,7 @@ func setUp() (*env, func(), error) {
 	e.archeck = filepath.Join(e.bin, "archeck")
 	e.intruder = filepath.Join(e.bin, "intruder")
 	e.perf = filepath.Join(e.bin, "allreduce-perf")
+	e.train = filepath.Join(e.bin, "nmt-train")
 
 	up := exec.Command(filepath.Join(root, "test/hosts/up.sh"))
 	up.Env = append(e.hostEnv(), fmt.Sprintf("HOSTS=%d", hostsPerTest), "LINK="+baseLink)

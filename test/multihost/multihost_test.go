@@ -50,6 +50,39 @@ func TestRingAcrossHosts(t *testing.T) {
 	e.noneLeft(t, 10*time.Second)
 }
 
+// The training program across the two hosts over ssh, one rank each: a few
+// tiny-preset steps, the link probe between the hosts and the bottleneck
+// verdict at the end.
+func TestTrainAcrossHosts(t *testing.T) {
+	e := need(t)
+	dir := t.TempDir()
+	out, code := e.run(t, 120*time.Second, "-np", "2", "--map-by", "node", e.train, "train", "--preset", "tiny",
+		"--synthetic-lines", "2000", "--max-steps", "10", "--log-every", "5", "--eval-every", "0", "--checkpoint-every", "0",
+		"--run-dir", dir)
+	if code != 0 {
+		t.Fatalf("nmt-train on 2 hosts: exit status %d; output:\n%s", code, out)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("2 rank(s) on %s, %s", e.ips[0], e.ips[1]),
+		fmt.Sprintf("link probe rank 0 -> rank 1 (%s)", e.ips[1]),
+		"step 10 |",
+		"verdict: ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("nmt-train's output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "link probe") || strings.Contains(l, "verdict") || strings.Contains(l, "step 10 |") {
+			t.Log(l)
+		}
+	}
+	if _, err := os.Stat(dir + "/metrics.jsonl"); err != nil {
+		t.Errorf("no metrics.jsonl in the run directory: %v", err)
+	}
+	e.noneLeft(t, 10*time.Second)
+}
+
 // Allreduce across the 1 Gbit/s tbf-shaped link: ring and tree correct on
 // 4 ranks (bin/allreduce-perf -c 1, an odd element count included), and
 // the large-message bus bandwidth at least 90 % of the link's (measured
