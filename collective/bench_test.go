@@ -65,3 +65,12 @@ func TestModelChoice(t *testing.T) {
 		t.Fatal("DefaultModel has no bandwidths")
 	}
 }
+
+func BenchmarkApplySum(b *testing.B) {
+	x := make([]float32, 32768)
+	y := make([]float32, 32768)
+	b.SetBytes(4 * 32768)
+	for i := 0; i < b.N; i++ {
+		apply(x, y, Sum)
+	}
+}
