@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,8 +132,9 @@ func TestAllreduceShapedLink(t *testing.T) {
 			t.Logf("%s allreduce 64 MiB, np 2 across 2 hosts, link %s: best busbw %.4f GB/s = %.1f %% of %.3f GB/s (runs: %s)",
 				algo, baseLink, best, 100*best/link, link, strings.Join(got, ", "))
 			if best < 0.9*link {
-				t.Errorf("%s allreduce busbw %.4f GB/s is %.1f %% of the %s link (%.3f GB/s), want >= 90 %% (best of 4 allreduces of 64 MiB in each of %d runs: %s GB/s)",
-					algo, best, 100*best/link, baseLink, link, len(got), strings.Join(got, ", "))
+				load, _ := os.ReadFile("/proc/loadavg")
+				t.Errorf("%s allreduce busbw %.4f GB/s is %.1f %% of the %s link (%.3f GB/s), want >= 90 %% (best of 4 allreduces of 64 MiB in each of %d runs: %s GB/s; load average %s on %d CPUs: the ranks of both hosts share them, and QUIC at 1 Gbit/s needs most of a core per side)",
+					algo, best, 100*best/link, baseLink, link, len(got), strings.Join(got, ", "), strings.Join(strings.Fields(string(load))[:3], " "), runtime.NumCPU())
 			}
 		})
 	}
