@@ -206,3 +206,23 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+// TestOneRankWithoutLauncher: with no launcher variables it is rank 0 of
+// 1: it copies, checks, and reports busbw 0.
+func TestOneRankWithoutLauncher(t *testing.T) {
+	cmd := exec.Command(bin, "-b", "8", "-e", "1K", "-f", "2", "-n", "2", "-w", "1", "-d", "half", "-o", "max")
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	rows := rowRE.FindAllStringSubmatch(string(out), -1)
+	if len(rows) != 8 || !strings.Contains(string(out), "1 ranks") {
+		t.Fatalf("want 8 rows of 1 rank:\n%s", out)
+	}
+	for _, row := range rows {
+		if row[8] != "0.000" || row[9] != "0" {
+			t.Errorf("row: %s", row[0])
+		}
+	}
+}
