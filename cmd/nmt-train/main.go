@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -35,7 +36,9 @@ func main() {
 		ErrWriter:      os.Stderr,
 	}
 	if err := app.RunContext(ctx, os.Args); err != nil {
-		fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
+		if !errors.Is(err, train.ErrReported) {
+			fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
+		}
 		os.Exit(1)
 	}
 }

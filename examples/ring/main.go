@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/gorun/gorun/rank"
 )
+
+var errPrinted = errors.New("(printed)")
 
 func main() {
 	rounds := flag.Int("rounds", 3, "times the token goes around the ring")
@@ -24,12 +27,14 @@ func main() {
 	timeout := flag.Duration("timeout", 0, "give up waiting on a peer after this long (default 60s or GORUN_TIMEOUT)")
 	flag.Parse()
 	if err := run(*rounds, *size, *hold, *failRank, *timeout); err != nil {
-		fmt.Fprintln(os.Stderr, "ring:", err)
+		if err != errPrinted {
+			fmt.Fprintln(os.Stderr, "ring:", err)
+		}
 		os.Exit(1)
 	}
 }
 
-func run(rounds, size int, hold time.Duration, failRank int, timeout time.Duration) error {
+func run(rounds, size int, hold time.Duration, failRank int, timeout time.Duration) (err error) {
 	if size < 8 {
 		size = 8
 	}
@@ -43,7 +48,15 @@ func run(rounds, size int, hold time.Duration, failRank int, timeout time.Durati
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer func() {
+		// Say what failed before closing: a launcher may stop this process
+		// as soon as its peers notice the closed connections.
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ring:", err)
+			err = errPrinted
+		}
+		m.Close()
+	}()
 	connected := time.Since(start)
 	me, n := id.Rank, id.Size
 	next, prev := (me+1)%n, (me+n-1)%n

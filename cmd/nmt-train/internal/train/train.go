@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -69,18 +70,35 @@ type Trainer struct {
 }
 
 // Run trains as the rank described by the environment.
-func Run(ctx context.Context, o Options, out io.Writer) error {
+//
+// An error is printed (one line, naming the rank in a job of several)
+// before the mesh is closed, since a launcher may stop this process as soon
+// as its peers notice; the error returned is then ErrReported.
+func Run(ctx context.Context, o Options, out io.Writer) (err error) {
 	id, err := rank.FromEnv()
 	if err != nil {
 		return err
 	}
 	t := &Trainer{o: o, id: id, out: out}
-	defer t.close()
+	defer func() {
+		if err != nil {
+			who := ""
+			if id.Size > 1 {
+				who = fmt.Sprintf("rank %d: ", id.Rank)
+			}
+			fmt.Fprintf(os.Stderr, "nmt-train: %s%v\n", who, err)
+			err = ErrReported
+		}
+		t.close()
+	}()
 	if err := t.setup(ctx); err != nil {
 		return err
 	}
 	return t.loop(ctx)
 }
+
+// ErrReported is returned by Run after it printed the error itself.
+var ErrReported = errors.New("error reported")
 
 func (t *Trainer) close() {
 	if t.red != nil {
