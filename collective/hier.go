@@ -173,3 +173,12 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 		nch: c.channelsFor(count * es), sliceBytes: c.sliceFor(count*cl.wire.Size(), n),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op, roundOwn: cl.wire != cl.dtype, div: div})
 }
+
+// Hierarchical reports the two-level layout Allreduce uses: the number of
+// hosts and of ranks per host, or 0, 0 when calls are flat.
+func (c *Communicator) Hierarchical() (hosts, perHost int) {
+	if c.hier == nil {
+		return 0, 0
+	}
+	return len(c.hier.cross), len(c.hier.local)
+}

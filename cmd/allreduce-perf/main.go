@@ -220,6 +220,9 @@ func bench(o options, out io.Writer) error {
 	}
 	p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
 		n, transportName(), mesh.Channels(), o.dtype, o.wire, o.op, algo)
+	if h, m := comm.Hierarchical(); h > 0 {
+		p("# hierarchical allreduce: %d hosts x %d ranks (GORUN_HIERARCHICAL=0 turns it off)\n", h, m)
+	}
 	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
 	p("#\n")
 	p("# %10s %12s %8s %6s %5s", "", "", "", "", "")
