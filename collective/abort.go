@@ -34,6 +34,7 @@ const (
 	reasonPeer     abortReason = 2 // culprit failed, vanished or closed its transport
 	reasonTimeout  abortReason = 3 // origin gave up waiting for culprit (deadline, timeout)
 	reasonCancel   abortReason = 4 // origin's context was cancelled
+	reasonInvalid  abortReason = 5 // origin called with invalid arguments
 )
 
 // diff bits: what differs between two calls.
@@ -125,6 +126,8 @@ func reasonText(reason abortReason, origin, culprit int, diff uint16) string {
 		return fmt.Sprintf("rank %d timed out waiting for rank %d", origin, culprit)
 	case reasonCancel:
 		return fmt.Sprintf("rank %d's call was cancelled", origin)
+	case reasonInvalid:
+		return fmt.Sprintf("rank %d called it with invalid arguments", origin)
 	}
 	return fmt.Sprintf("rank %d failed", origin)
 }
@@ -144,7 +147,10 @@ func fromAbort(self, from int, mine call, t rank.Tag) *AbortError {
 
 // blame works out what to tell the peers about err, this rank's failure of
 // call cl.
-func blame(self int, ctx context.Context, err error) (origin, culprit int, reason abortReason, diff uint16) {
+func blame(self int, ctx context.Context, cl call, err error) (origin, culprit int, reason abortReason, diff uint16) {
+	if cl.bad {
+		return self, self, reasonInvalid, 0
+	}
 	var ab *AbortError
 	if errors.As(err, &ab) {
 		return ab.Origin, ab.Culprit, ab.reason, ab.diff
@@ -183,7 +189,7 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 	if n == 1 {
 		return
 	}
-	origin, culprit, reason, diff := blame(me, ctx, err)
+	origin, culprit, reason, diff := blame(me, ctx, cl, err)
 	tag := abortTag(cl.seq, origin, culprit, reason, diff)
 	linger := abortLinger
 	if c.cfg.Timeout > 0 {

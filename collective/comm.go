@@ -254,10 +254,11 @@ func (c *Communicator) submit(ctx context.Context, cl call, fn func(context.Cont
 	return h
 }
 
-func failed(err error) *Handle {
-	h := &Handle{done: make(chan struct{}), err: err}
-	close(h.done)
-	return h
+// invalid queues a call that fails with err (bad arguments on this rank):
+// it takes its place in the sequence and aborts the peers, who would
+// otherwise wait for this rank's part of the call until their timeout.
+func (c *Communicator) invalid(ctx context.Context, k kind, err error) *Handle {
+	return c.submit(ctx, call{kind: k, bad: true}, func(context.Context, call) error { return err })
 }
 
 // CallOption modifies one Allreduce or ReduceScatter call.
@@ -309,17 +310,17 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 		send = recv
 	}
 	if !dt.valid() || dt == rawBytes || !op.valid() {
-		return failed(fmt.Errorf("collective: allreduce: bad data type %v or reduction %v", dt, op))
+		return c.invalid(ctx, kAllreduce, fmt.Errorf("collective: allreduce: bad data type %v or reduction %v", dt, op))
 	}
 	if len(send) != len(recv) {
-		return failed(fmt.Errorf("collective: allreduce: send has %d bytes, recv %d", len(send), len(recv)))
+		return c.invalid(ctx, kAllreduce, fmt.Errorf("collective: allreduce: send has %d bytes, recv %d", len(send), len(recv)))
 	}
 	if err := checkBuf("allreduce", recv, dt); err != nil {
-		return failed(err)
+		return c.invalid(ctx, kAllreduce, err)
 	}
 	co, err := c.opts(dt, o)
 	if err != nil {
-		return failed(err)
+		return c.invalid(ctx, kAllreduce, err)
 	}
 	n := c.t.Size()
 	count := len(recv) / dt.Size()
@@ -372,7 +373,7 @@ func (c *Communicator) Broadcast(ctx context.Context, buf []byte, root int) erro
 func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int) *Handle {
 	n := c.t.Size()
 	if root < 0 || root >= n || root > 0xffff {
-		return failed(fmt.Errorf("collective: broadcast: root %d out of range (world size %d)", root, n))
+		return c.invalid(ctx, kBroadcast, fmt.Errorf("collective: broadcast: root %d out of range (world size %d)", root, n))
 	}
 	cl := call{kind: kBroadcast, count: len(buf), dtype: rawBytes, wire: rawBytes, root: root}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
@@ -401,7 +402,7 @@ func (c *Communicator) Allgather(ctx context.Context, send, recv []byte) error {
 func (c *Communicator) AllgatherAsync(ctx context.Context, send, recv []byte) *Handle {
 	n := c.t.Size()
 	if len(recv) != n*len(send) {
-		return failed(fmt.Errorf("collective: allgather: recv has %d bytes, want %d x %d", len(recv), n, len(send)))
+		return c.invalid(ctx, kAllgather, fmt.Errorf("collective: allgather: recv has %d bytes, want %d x %d", len(recv), n, len(send)))
 	}
 	cl := call{kind: kAllgather, count: len(send), dtype: rawBytes, wire: rawBytes}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
@@ -431,17 +432,17 @@ func (c *Communicator) ReduceScatter(ctx context.Context, send, recv []byte, dt 
 func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) *Handle {
 	n := c.t.Size()
 	if !dt.valid() || dt == rawBytes || !op.valid() {
-		return failed(fmt.Errorf("collective: reduce-scatter: bad data type %v or reduction %v", dt, op))
+		return c.invalid(ctx, kReduceScatter, fmt.Errorf("collective: reduce-scatter: bad data type %v or reduction %v", dt, op))
 	}
 	if len(send) != n*len(recv) {
-		return failed(fmt.Errorf("collective: reduce-scatter: send has %d bytes, want %d x %d", len(send), n, len(recv)))
+		return c.invalid(ctx, kReduceScatter, fmt.Errorf("collective: reduce-scatter: send has %d bytes, want %d x %d", len(send), n, len(recv)))
 	}
 	if err := checkBuf("reduce-scatter", recv, dt); err != nil {
-		return failed(err)
+		return c.invalid(ctx, kReduceScatter, err)
 	}
 	co, err := c.opts(dt, o)
 	if err != nil {
-		return failed(err)
+		return c.invalid(ctx, kReduceScatter, err)
 	}
 	count := len(recv) / dt.Size()
 	cl := call{kind: kReduceScatter, count: count, dtype: dt, op: op, wire: co.wire, algo: Ring}

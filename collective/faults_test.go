@@ -260,3 +260,29 @@ func TestDeadline(t *testing.T) {
 		})
 	}
 }
+
+// TestInvalidArguments: a rank whose call is refused locally (bad buffer)
+// still takes its turn and aborts the others, who would otherwise wait for
+// it until their timeout.
+func TestInvalidArguments(t *testing.T) {
+	ts := rank.NewLocalGroup(4, 2)
+	errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
+		recv := make([]byte, 4000)
+		send := recv
+		if c.Rank() == 2 {
+			send = make([]byte, 3999) // not the length of recv
+		}
+		return c.Allreduce(testCtx(t), send, recv, Float32, Sum)
+	})
+	for r, err := range errs {
+		if r == 2 {
+			if err == nil || !strings.Contains(err.Error(), "send has 3999 bytes") {
+				t.Errorf("rank 2: want its own argument error, got %v", err)
+			}
+			continue
+		}
+		if err == nil || !names(err, 2) || !strings.Contains(err.Error(), "invalid arguments") {
+			t.Errorf("rank %d: want an error blaming rank 2's arguments, got %v", r, err)
+		}
+	}
+}

@@ -174,6 +174,7 @@ type call struct {
 	wire  DType
 	algo  Algorithm
 	root  int
+	bad   bool // invalid arguments on this rank: fails without moving data
 }
 
 func (c call) tag(msg int) rank.Tag {
@@ -195,6 +196,9 @@ func fromTag(t rank.Tag) call {
 }
 
 func (c call) String() string {
+	if c.bad {
+		return fmt.Sprintf("%s #%d", c.kind, c.seq)
+	}
 	s := fmt.Sprintf("%s #%d of %d", c.kind, c.seq, c.count)
 	switch c.kind {
 	case kBroadcast:
