@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 )
 
-// Scalar conversions; the vectorized converter of package half replaces
-// them when it lands.
+// Scalar conversions: the references the tests check Cast (package half's
+// vectorized converter) against.
 
 func f32ToBF16(f float32) uint16 {
 	b := math.Float32bits(f)
@@ -84,27 +85,19 @@ func (be *Backend) Cast(dt, st kernels.Tensor) {
 		be.Copy(dt, st)
 	case st.DType == kernels.F32 && dt.DType == kernels.F16:
 		be.par(n, 1<<14, func(_, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				dt.U16[i] = f32ToF16(st.F32[i])
-			}
+			half.Float32ToFloat16(dt.U16[lo:hi], st.F32[lo:hi])
 		})
 	case st.DType == kernels.F32 && dt.DType == kernels.BF16:
 		be.par(n, 1<<14, func(_, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				dt.U16[i] = f32ToBF16(st.F32[i])
-			}
+			half.Float32ToBFloat16(dt.U16[lo:hi], st.F32[lo:hi])
 		})
 	case st.DType == kernels.F16 && dt.DType == kernels.F32:
 		be.par(n, 1<<14, func(_, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				dt.F32[i] = f16ToF32(st.U16[i])
-			}
+			half.Float16ToFloat32(dt.F32[lo:hi], st.U16[lo:hi])
 		})
 	case st.DType == kernels.BF16 && dt.DType == kernels.F32:
 		be.par(n, 1<<14, func(_, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				dt.F32[i] = bf16ToF32(st.U16[i])
-			}
+			half.BFloat16ToFloat32(dt.F32[lo:hi], st.U16[lo:hi])
 		})
 	default:
 		panic(fmt.Sprintf("cpu: Cast %v to %v is not supported", st.DType, dt.DType))
