@@ -142,7 +142,7 @@ func TestAllreduceProperty(t *testing.T) {
 			for _, l := range lengths(n) {
 				for _, op := range ops {
 					for _, v := range variants {
-						for _, a := range []Algorithm{Ring, Tree} {
+						for _, a := range []Algorithm{Ring, Tree, Direct} {
 							i++
 							if l > 1000 && (op == Min || v.dt == Float16) {
 								continue // the long length for a subset (test time under -race)
@@ -169,6 +169,11 @@ func TestAllreduceLarge(t *testing.T) {
 		{count: 150_001, op: Average, v: variant{Float32, BFloat16}, algo: Tree},
 		{count: 100_003, op: Max, v: variant{BFloat16, BFloat16}, algo: Tree},
 		{count: 100_003, op: Min, v: variant{Float16, Float16}, algo: Ring},
+		// Direct asked for on more than DirectLimit bytes runs the ring or tree
+		{count: 100_003, op: Sum, v: variant{Float32, Float32}, algo: Direct},
+		// the largest direct call, and one just above the limit
+		{count: DirectLimit / 4, op: Average, v: variant{Float32, Float32}, algo: Direct, inPlace: true},
+		{count: DirectLimit/2 + 1, op: Sum, v: variant{Float32, BFloat16}, algo: Auto},
 	}
 	checkAllreduceInts(t, rank.NewLocalGroup(3, 2), Config{}, cases)
 }
@@ -199,7 +204,7 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 			var cases []tc
 			for _, op := range ops {
 				for _, v := range variants {
-					for _, a := range []Algorithm{Ring, Tree} {
+					for _, a := range []Algorithm{Ring, Tree, Direct} {
 						cases = append(cases, tc{op, v, a})
 					}
 				}

@@ -61,6 +61,16 @@ func TestModelChoice(t *testing.T) {
 				m.Predict(Ring, k.bytes, k.n), m.Predict(Tree, k.bytes, k.n))
 		}
 	}
+	// DirectMaxBytes: Direct up to it (from 2 ranks), the others above
+	m.DirectMaxBytes = 8 << 10
+	for _, k := range []struct {
+		bytes, n int
+		want     Algorithm
+	}{{0, 2, Direct}, {8 << 10, 8, Direct}, {8<<10 + 1, 8, Tree}, {8<<10 + 1, 2, Ring}, {4 << 10, 1, Ring}} {
+		if a := m.Choose(k.bytes, k.n); a != k.want {
+			t.Errorf("DirectMaxBytes %d: %d bytes on %d ranks: %v, want %v", m.DirectMaxBytes, k.bytes, k.n, a, k.want)
+		}
+	}
 	if DefaultModel.RingGBs <= 0 || DefaultModel.TreeGBs <= 0 {
 		t.Fatal("DefaultModel has no bandwidths")
 	}

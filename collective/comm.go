@@ -33,7 +33,7 @@ import (
 
 // Environment variables read by New.
 const (
-	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | auto
+	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | direct | auto
 	EnvSliceBytes = "GORUN_SLICE_BYTES" // pipeline slice size in bytes
 	EnvRings      = "GORUN_RINGS"       // channels (rings, trees) used in parallel
 )
@@ -70,7 +70,8 @@ type Communicator struct {
 	once  sync.Once
 	// settings go in every call's header (see run)
 	settings []byte
-	hier     *hier // two-level allreduce layout, nil: flat
+	hier     *hier  // two-level allreduce layout, nil: flat
+	dscratch []byte // the direct allreduce's buffers (used by the queue goroutine only)
 }
 
 // Handle is a queued or running call.
@@ -144,6 +145,9 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	}
 	if cfg.Model == (CostModel{}) {
 		cfg.Model = DefaultModel
+	}
+	if cfg.Model.DirectMaxBytes < 0 || cfg.Model.DirectMaxBytes > DirectLimit {
+		return nil, fmt.Errorf("collective: cost model's DirectMaxBytes %d out of range [0, %d]", cfg.Model.DirectMaxBytes, DirectLimit)
 	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
 		hier: hierFor(t)}
@@ -269,7 +273,7 @@ type callOpts struct {
 	wire DType
 }
 
-// WithAlgorithm forces ring or tree for this call.
+// WithAlgorithm forces ring, tree or direct for this call.
 func WithAlgorithm(a Algorithm) CallOption { return func(o *callOpts) { o.algo = a } }
 
 // WithWire sends float32 data as float16 or bfloat16: the sender rounds to
@@ -324,13 +328,7 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 	}
 	n := c.t.Size()
 	count := len(recv) / dt.Size()
-	algo := co.algo
-	if algo == Auto {
-		algo = c.cfg.Algorithm
-	}
-	if algo == Auto {
-		algo = c.cfg.Model.Choose(count*co.wire.Size(), n)
-	}
+	algo := c.AlgorithmFor(co.algo, count*co.wire.Size())
 	cl := call{kind: kAllreduce, count: count, dtype: dt, op: op, wire: co.wire, algo: algo}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
 		if len(recv) > 0 && &send[0] != &recv[0] {
@@ -339,6 +337,9 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 		if n == 1 {
 			return nil
 		}
+		if cl.algo == Direct {
+			return c.directAllreduce(ctx, recv, count, cl)
+		}
 		if c.hier != nil {
 			return c.hierAllreduce(ctx, recv, count, cl)
 		}
@@ -346,6 +347,26 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 		c.allreduceOn(r, c.t, recv, 0, count, cl, n)
 		return r.wait()
 	})
+}
+
+// AlgorithmFor is the algorithm an Allreduce of bytes (on the wire) runs
+// with on this communicator when it asks for a (Auto: Config.Algorithm or
+// GORUN_ALLREDUCE, else the cost model's choice). A hierarchical layout
+// (several hosts) never picks Direct by itself, which would send every
+// rank's buffer across hosts to every rank there; Direct asked for on more
+// than DirectLimit bytes runs the ring or tree (direct.go).
+func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
+	if a == Auto {
+		a = c.cfg.Algorithm
+	}
+	if a != Auto && !(a == Direct && bytes > DirectLimit) {
+		return a
+	}
+	m := c.cfg.Model
+	if a == Direct || c.hier != nil {
+		m.DirectMaxBytes = 0
+	}
+	return m.Choose(bytes, c.t.Size())
 }
 
 // minChannelBytes: below this many bytes per channel, a call uses fewer

@@ -31,15 +31,33 @@ func TestEnvOverrides(t *testing.T) {
 			}
 		})
 	}
+	t.Setenv(EnvAlgorithm, "direct")
+	c, err = New(rank.NewLocalGroup(1, 1)[0], Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.cfg.Algorithm != Direct || c.AlgorithmFor(Auto, DirectLimit) != Direct || c.AlgorithmFor(Auto, DirectLimit+1) == Direct {
+		t.Errorf("GORUN_ALLREDUCE=direct gave %v (%v at %d bytes, %v above)", c.cfg.Algorithm,
+			c.AlgorithmFor(Auto, DirectLimit), DirectLimit, c.AlgorithmFor(Auto, DirectLimit+1))
+	}
+	c.Close()
+	t.Setenv(EnvAlgorithm, "")
+	if _, err := New(rank.NewLocalGroup(1, 1)[0], Config{Model: CostModel{RingGBs: 1, TreeGBs: 1, DirectMaxBytes: DirectLimit + 1}}); err == nil ||
+		!strings.Contains(err.Error(), "DirectMaxBytes") {
+		t.Errorf("DirectMaxBytes above DirectLimit: want an error naming it, got %v", err)
+	}
 	// a rank with another GORUN_ALLREDUCE than the others: a mismatch naming the algorithm
 	ts := rank.NewLocalGroup(3, 2)
-	cfgs := []Config{{Algorithm: Ring}, {Algorithm: Tree}, {Algorithm: Ring}}
-	errs := timedCfgs(t, ts, cfgs, 10*time.Second, func(c *Communicator) error {
-		return c.Allreduce(testCtx(t), nil, make([]byte, 400), Float32, Sum)
-	})
-	for r, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "algorithm") {
-			t.Errorf("rank %d: want an algorithm mismatch, got %v", r, err)
+	for _, cfgs := range [][]Config{{{Algorithm: Ring}, {Algorithm: Tree}, {Algorithm: Ring}},
+		{{Algorithm: Tree}, {Algorithm: Direct}, {Algorithm: Tree}}} {
+		errs := timedCfgs(t, ts, cfgs, 10*time.Second, func(c *Communicator) error {
+			return c.Allreduce(testCtx(t), nil, make([]byte, 400), Float32, Sum)
+		})
+		for r, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), "algorithm") {
+				t.Errorf("%v: rank %d: want an algorithm mismatch, got %v", cfgs, r, err)
+			}
 		}
+		ts = rank.NewLocalGroup(3, 2)
 	}
 }

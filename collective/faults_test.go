@@ -120,6 +120,26 @@ func TestMismatch(t *testing.T) {
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
 		}},
+		{"algorithm-direct", "algorithm", func(c *Communicator, odd bool) error {
+			a := Direct
+			if odd {
+				a = Ring
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+		}},
+		{"ring-vs-direct", "algorithm", func(c *Communicator, odd bool) error {
+			a := Ring
+			if odd {
+				a = Direct
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+		}},
+		{"direct-vs-barrier", "collective", func(c *Communicator, odd bool) error {
+			if odd {
+				return c.Barrier(testCtx(t))
+			}
+			return c.Allreduce(testCtx(t), nil, f32(10), Float32, Sum, WithAlgorithm(Direct))
+		}},
 		{"root", "root", func(c *Communicator, odd bool) error {
 			root := 0
 			if odd {
@@ -200,15 +220,19 @@ func TestMismatch(t *testing.T) {
 // TestPeerClosed: rank 3 closes its transport instead of calling; every
 // other rank fails at once, blaming rank 3 (ring and tree).
 func TestPeerClosed(t *testing.T) {
-	for _, a := range []Algorithm{Ring, Tree} {
+	for _, a := range []Algorithm{Ring, Tree, Direct} {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
+			size := 4 << 20
+			if a == Direct {
+				size = 4000
+			}
 			ts := rank.NewLocalGroup(4, 2)
 			errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
 				if c.Rank() == 3 {
 					return c.Transport().Close()
 				}
-				return c.Allreduce(testCtx(t), nil, make([]byte, 4<<20), Float32, Sum, WithAlgorithm(a))
+				return c.Allreduce(testCtx(t), nil, make([]byte, size), Float32, Sum, WithAlgorithm(a))
 			})
 			for r := 0; r < 3; r++ {
 				if errs[r] == nil || !names(errs[r], 3) {
@@ -223,8 +247,12 @@ func TestPeerClosed(t *testing.T) {
 // deadline (or the Config's Timeout), with an error, and rank 1 blames
 // rank 2 (ring: rank 0 waits on 2... every rank is blocked behind it).
 func TestDeadline(t *testing.T) {
-	for _, viaCfg := range []bool{false, true} {
-		t.Run(fmt.Sprint("config-timeout=", viaCfg), func(t *testing.T) {
+	for _, k := range []struct {
+		viaCfg bool
+		algo   Algorithm
+	}{{false, Ring}, {true, Ring}, {false, Direct}, {true, Direct}} {
+		viaCfg := k.viaCfg
+		t.Run(fmt.Sprint("config-timeout=", viaCfg, "/", k.algo), func(t *testing.T) {
 			t.Parallel()
 			ts := rank.NewLocalGroup(3, 2)
 			cfg := Config{}
@@ -242,7 +270,7 @@ func TestDeadline(t *testing.T) {
 					ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
 					defer cancel()
 				}
-				return c.Allreduce(ctx, nil, make([]byte, 4000), Float32, Sum, WithAlgorithm(Ring))
+				return c.Allreduce(ctx, nil, make([]byte, 4000), Float32, Sum, WithAlgorithm(k.algo))
 			})
 			if d := time.Since(start); d > 5*time.Second {
 				t.Errorf("took %v for a 300ms deadline", d)

@@ -11,6 +11,11 @@ package collective
 type CostModel struct {
 	RingStepUs, TreeHopUs float64
 	RingGBs, TreeGBs      float64
+	// DirectMaxBytes: calls of at most this many bytes on the wire use
+	// Direct (one message from every rank to every other, reduced locally;
+	// see direct.go); 0 never picks it. It must stay small enough that two
+	// messages fit in every transport's buffers (direct.go says why).
+	DirectMaxBytes int
 }
 
 // DefaultModel was fitted (weighted least squares on relative error) to
@@ -21,7 +26,12 @@ type CostModel struct {
 // so Auto picks the tree at 3 ranks and more (the two per-byte terms are
 // within 2 %: the choice at large sizes is a coin toss the data cannot
 // settle); two ranks always use the ring.
-var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374}
+var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374,
+	DirectMaxBytes: DirectLimit}
+
+// DirectLimit is the largest DirectMaxBytes New accepts (see direct.go for
+// why direct messages must stay small).
+const DirectLimit = 64 << 10
 
 func treeDepth(n int) int {
 	d := 0
@@ -45,8 +55,12 @@ func (m CostModel) Predict(a Algorithm, bytes, n int) float64 {
 	}
 }
 
-// Choose returns Ring or Tree for an allreduce of bytes (on the wire) over n ranks.
+// Choose returns Direct, Ring or Tree for an allreduce of bytes (on the
+// wire) over n ranks.
 func (m CostModel) Choose(bytes, n int) Algorithm {
+	if bytes <= m.DirectMaxBytes && n > 1 {
+		return Direct
+	}
 	if n <= 2 {
 		return Ring
 	}

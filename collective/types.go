@@ -107,6 +107,11 @@ const (
 	Auto Algorithm = 0 // by size and world size (see CostModel)
 	Ring Algorithm = 1 // reduce-scatter + allgather around rings
 	Tree Algorithm = 2 // reduce up / broadcast down a double binary tree
+	// Direct: every rank sends its buffer to every peer and reduces all of
+	// them itself in rank order (small calls; see direct.go). A call of
+	// more than DirectLimit bytes on the wire that asks for Direct runs
+	// the ring or tree instead.
+	Direct Algorithm = 3
 )
 
 func (a Algorithm) String() string {
@@ -117,11 +122,13 @@ func (a Algorithm) String() string {
 		return "ring"
 	case Tree:
 		return "tree"
+	case Direct:
+		return "direct"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm accepts auto, ring, tree.
+// ParseAlgorithm accepts auto, ring, tree, direct.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
 	case "auto", "":
@@ -130,8 +137,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return Ring, nil
 	case "tree":
 		return Tree, nil
+	case "direct":
+		return Direct, nil
 	}
-	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring or tree)", s)
+	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree or direct)", s)
 }
 
 // kind is the collective, carried in every message's Tag.Kind.

@@ -63,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.IntFlag{Name: "warmup_iters", Aliases: []string{"w"}, Value: 5, Usage: "untimed iterations per size"},
 			&cli.StringFlag{Name: "datatype", Aliases: []string{"d"}, Value: "float", Usage: "float, half or bfloat16"},
 			&cli.StringFlag{Name: "op", Aliases: []string{"o"}, Value: "sum", Usage: "sum, avg, min or max"},
-			&cli.StringFlag{Name: "algo", Aliases: []string{"a"}, Value: "auto", Usage: "auto, ring or tree (auto: the cost model, or GORUN_ALLREDUCE)"},
+			&cli.StringFlag{Name: "algo", Aliases: []string{"a"}, Value: "auto", Usage: "auto, ring, tree or direct (auto: the cost model, or GORUN_ALLREDUCE)"},
 			&cli.StringFlag{Name: "wire", Aliases: []string{"W"}, Value: "", Usage: "send float data as half or bfloat16 (default: the data type)"},
 			&cli.IntFlag{Name: "check", Aliases: []string{"c"}, Value: 1, Usage: "1: check the results and count wrong elements; 0: do not"},
 			&cli.IntFlag{Name: "inplace", Aliases: []string{"I"}, Value: 2, Usage: "0: out of place only, 1: in place only, 2: both"},
@@ -225,18 +225,18 @@ func bench(o options, out io.Writer) error {
 	}
 	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
 	p("#\n")
-	p("# %10s %12s %8s %6s %5s", "", "", "", "", "")
+	p("# %10s %12s %8s %6s %6s", "", "", "", "", "")
 	if o.outPlace {
 		p("  %-33s", "             out-of-place")
 	}
 	if o.inPlace {
 		p("  %-33s", "               in-place")
 	}
-	p("\n# %10s %12s %8s %6s %5s", "size", "count", "type", "redop", "algo")
+	p("\n# %10s %12s %8s %6s %6s", "size", "count", "type", "redop", "algo")
 	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
 		p("  %9s %7s %7s %6s", "time", "algbw", "busbw", "#wrong")
 	}
-	p("\n# %10s %12s %8s %6s %5s", "(B)", "(elements)", "", "", "")
+	p("\n# %10s %12s %8s %6s %6s", "(B)", "(elements)", "", "", "")
 	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
 		p("  %9s %7s %7s %6s", "(us)", "(GB/s)", "(GB/s)", "")
 	}
@@ -247,12 +247,9 @@ func bench(o options, out io.Writer) error {
 	for size := o.minBytes; size <= o.maxBytes; size *= int64(o.factor) {
 		count := size / es
 		b := count * es
-		chosen := algo
-		if chosen == collective.Auto {
-			chosen = collective.DefaultModel.Choose(int(count)*o.wire.Size(), n)
-		}
+		chosen := comm.AlgorithmFor(o.algo, int(count)*o.wire.Size())
 		// the row is printed whole, so that an error never lands inside it
-		row := fmt.Sprintf("  %10d %12d %8s %6s %5s", b, count, typeName(o.dtype), o.op, chosen)
+		row := fmt.Sprintf("  %10d %12d %8s %6s %6s", b, count, typeName(o.dtype), o.op, chosen)
 		for _, inPlace := range []bool{false, true} {
 			if inPlace && !o.inPlace || !inPlace && !o.outPlace {
 				continue

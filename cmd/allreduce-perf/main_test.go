@@ -94,7 +94,7 @@ func launch(t *testing.T, n int, args []string, extraEnv func(r int) []string, k
 	return outs, errs
 }
 
-var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
+var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree|direct)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
 
 func TestRanksAsProcesses(t *testing.T) {
 	for _, k := range []struct {
@@ -106,6 +106,7 @@ func TestRanksAsProcesses(t *testing.T) {
 		{4, []string{"-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-d", "half", "-o", "avg", "-a", "tree"}, 3},
 		{2, []string{"-b", "100", "-e", "100", "-n", "2", "-w", "0", "-d", "bfloat16", "-o", "max"}, 1},
 		{3, []string{"-b", "4K", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-d", "float", "-o", "min", "-W", "half"}, 3},
+		{3, []string{"-b", "4K", "-e", "128K", "-f", "4", "-n", "2", "-w", "1", "-d", "float", "-o", "avg", "-a", "direct"}, 3},
 	} {
 		t.Run(strings.Join(append([]string{fmt.Sprint("np", k.n)}, k.args...), " "), func(t *testing.T) {
 			outs, errs := launch(t, k.n, k.args, nil, -1, 0)
