@@ -71,6 +71,16 @@ func TestModelChoice(t *testing.T) {
 			t.Errorf("DirectMaxBytes %d: %d bytes on %d ranks: %v, want %v", m.DirectMaxBytes, k.bytes, k.n, a, k.want)
 		}
 	}
+	// DirectMaxSent: (N-1) * bytes at most
+	m.DirectMaxSent = 21 << 10
+	for _, k := range []struct {
+		bytes, n int
+		want     Algorithm
+	}{{7 << 10, 4, Direct}, {7<<10 + 1, 4, Tree}, {8 << 10, 2, Direct}, {3 << 10, 8, Direct}, {4 << 10, 8, Tree}} {
+		if a := m.Choose(k.bytes, k.n); a != k.want {
+			t.Errorf("DirectMaxSent %d: %d bytes on %d ranks: %v, want %v", m.DirectMaxSent, k.bytes, k.n, a, k.want)
+		}
+	}
 	if DefaultModel.RingGBs <= 0 || DefaultModel.TreeGBs <= 0 {
 		t.Fatal("DefaultModel has no bandwidths")
 	}

@@ -16,6 +16,10 @@ type CostModel struct {
 	// see direct.go); 0 never picks it. It must stay small enough that two
 	// messages fit in every transport's buffers (direct.go says why).
 	DirectMaxBytes int
+	// DirectMaxSent bounds what Direct sends from each rank, (N-1) * B:
+	// over QUIC, 8 ranks on 2 cores, Direct lost to the tree from 16 KiB
+	// per message (docs/collective.md); 0: no bound.
+	DirectMaxSent int
 }
 
 // DefaultModel was fitted (weighted least squares on relative error) to
@@ -27,7 +31,7 @@ type CostModel struct {
 // within 2 %: the choice at large sizes is a coin toss the data cannot
 // settle); two ranks always use the ring.
 var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374,
-	DirectMaxBytes: DirectLimit}
+	DirectMaxBytes: DirectLimit, DirectMaxSent: 128 << 10}
 
 // DirectLimit is the largest DirectMaxBytes New accepts (see direct.go for
 // why direct messages must stay small).
@@ -58,7 +62,7 @@ func (m CostModel) Predict(a Algorithm, bytes, n int) float64 {
 // Choose returns Direct, Ring or Tree for an allreduce of bytes (on the
 // wire) over n ranks.
 func (m CostModel) Choose(bytes, n int) Algorithm {
-	if bytes <= m.DirectMaxBytes && n > 1 {
+	if n > 1 && bytes <= m.DirectMaxBytes && (m.DirectMaxSent == 0 || (n-1)*bytes <= m.DirectMaxSent) {
 		return Direct
 	}
 	if n <= 2 {
