@@ -58,7 +58,9 @@ func TestHierarchicalAllreduce(t *testing.T) {
 			for _, l := range []int{0, 1, n - 1, n + 1, 31, 1031} {
 				for _, op := range ops {
 					for _, v := range variants {
-						for _, a := range []Algorithm{Ring, Tree} {
+						// Auto: never Direct across hosts (the byte check below
+						// would see it: Direct sends to every rank)
+						for _, a := range []Algorithm{Ring, Tree, Auto} {
 							i++
 							cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: i%2 == 0})
 						}
