@@ -18,7 +18,7 @@ func TestApplySumIsElementwiseAdd(t *testing.T) {
 			if i < len(specials) {
 				x[i], y[i] = specials[i], specials[(i*5+3)%len(specials)]
 			} else {
-				x[i] = math.Float32frombits(r.Uint32() &^ (0xff << 23) | uint32(100+r.IntN(60))<<23)
+				x[i] = math.Float32frombits(r.Uint32()&^(0xff<<23) | uint32(100+r.IntN(60))<<23)
 				y[i] = float32(r.NormFloat64()) * x[i]
 			}
 			want[i] = x[i] + y[i]
