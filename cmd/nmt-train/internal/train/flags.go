@@ -53,7 +53,7 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
 		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank: rows x the longer side's padded length (tensor2tensor's count)"},
 		&cli.IntFlag{Name: "max-length", Value: 56, Usage: "skip sentence pairs with a side longer than this many tokens (EOS included)"},
-		&cli.StringFlag{Name: "lr-policy", Value: "transformer", Usage: "transformer | inverse-sqrt | constant"},
+		&cli.StringFlag{Name: "lr-policy", Value: "transformer", Usage: "transformer | inverse_sqrt | constant"},
 		&cli.Float64Flag{Name: "learning-rate", Value: 2.0, Usage: "lab's learning_rate (transformer_policy multiplies it by d_model^-0.5)"},
 		&cli.IntFlag{Name: "warmup-steps", Value: 8000, Usage: "learning-rate warm-up steps"},
 		&cli.IntFlag{Name: "max-steps", Value: 300000, Usage: "stop after this many optimizer steps"},
