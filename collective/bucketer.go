@@ -979,7 +979,7 @@ type LossScaler struct {
 	Min, Max float32 // bounds (1 and 2^24)
 	Factor   float32 // backoff / growth factor (2)
 	Window   int     // clean steps before growing (2000)
-	clean    int
+	Clean    int     // clean steps since the scale last changed (kept in checkpoints)
 }
 
 // NewLossScaler returns OpenSeq2Seq's defaults: scale 2^14, x0.5 on an
@@ -992,13 +992,13 @@ func NewLossScaler() *LossScaler {
 func (l *LossScaler) Update(overflow bool) (skip bool) {
 	if overflow {
 		l.Scale = max(l.Scale/l.Factor, l.Min)
-		l.clean = 0
+		l.Clean = 0
 		return true
 	}
-	l.clean++
-	if l.clean >= l.Window {
+	l.Clean++
+	if l.Clean >= l.Window {
 		l.Scale = min(l.Scale*l.Factor, l.Max)
-		l.clean = 0
+		l.Clean = 0
 	}
 	return false
 }

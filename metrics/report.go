@@ -218,10 +218,10 @@ func WriteReport(dir string) (string, error) {
 	}
 	w("# Training report\n\n")
 	w("Run directory `%s`: preset `%s` (%s parameters), %d rank(s) on %s, %s, %d tokens per rank per batch.\n\n",
-		dir, ri.Preset, commas(ri.Params), ri.WorldSize, strings.Join(uniq(ri.Hosts), ", "), orStr(ri.Device, "cpu"), ri.BatchTokens)
+		dir, ri.Preset, Commas(ri.Params), ri.WorldSize, strings.Join(UniqueHosts(ri.Hosts), ", "), orStr(ri.Device, "cpu"), ri.BatchTokens)
 
 	w("## How long did it take, and how many steps?\n\n")
-	w("- Total wall time: **%s** for **%s steps** (the last logged step).\n", (time.Duration((last - first) * 1e9)).Round(time.Second), commas(lastStep))
+	w("- Total wall time: **%s** for **%s steps** (the last logged step).\n", (time.Duration((last - first) * 1e9)).Round(time.Second), Commas(lastStep))
 	w("- Average step time: **%s s** (median %s s) over %d logged intervals.\n", fmtNum(mean(stepTime), "%.3f"), fmtNum(median(stepTime), "%.3f"), len(stepTime))
 	w("- Throughput: **%s target tokens/s** on average across the job.\n\n", fmtNum(mean(toks), "%.0f"))
 	w("%s\n\n", plot("step_time.png", "step time", "seconds", Line{"step time", stepTime}))
@@ -332,7 +332,7 @@ func WriteReport(dir string) (string, error) {
 	w("## How big was the training set?\n\n")
 	d := ri.Dataset
 	w("- `%s`: **%.1f MB** on disk, **%s lines** (sentence pairs), %s source and %s target tokens; %s lines dropped (too long or empty).\n\n",
-		orStr(d.Name, "corpus"), d.MB, commas(d.Lines), commas(d.SrcTokens), commas(d.TgtTokens), commas(d.Dropped))
+		orStr(d.Name, "corpus"), d.MB, Commas(d.Lines), Commas(d.SrcTokens), Commas(d.TgtTokens), Commas(d.Dropped))
 
 	w("## Which files make a checkpoint, and how big?\n\n")
 	ckdir := ri.CheckpointDir
@@ -364,9 +364,9 @@ func describeCheckpoints(dir string) string {
 			continue
 		}
 		total += info.Size()
-		fmt.Fprintf(&b, "| %s | %s |\n", f.Name(), commas(info.Size()))
+		fmt.Fprintf(&b, "| %s | %s |\n", f.Name(), Commas(info.Size()))
 	}
-	fmt.Fprintf(&b, "| **total** | **%s** (%.1f MB) |\n", commas(total), float64(total)/1e6)
+	fmt.Fprintf(&b, "| **total** | **%s** (%.1f MB) |\n", Commas(total), float64(total)/1e6)
 	return b.String()
 }
 
@@ -396,7 +396,9 @@ func median(p []Point) float64 {
 	return v[len(v)/2]
 }
 
-func uniq(s []string) []string {
+// UniqueHosts returns the distinct names of s in first-seen order
+// ("localhost" for none).
+func UniqueHosts(s []string) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, x := range s {
@@ -418,7 +420,8 @@ func orStr(s, d string) string {
 	return s
 }
 
-func commas[T int64 | int](n T) string {
+// Commas formats n with thousands separators (1,234,567).
+func Commas[T int64 | int](n T) string {
 	s := fmt.Sprint(int64(n))
 	neg := strings.HasPrefix(s, "-")
 	s = strings.TrimPrefix(s, "-")

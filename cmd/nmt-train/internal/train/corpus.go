@@ -19,13 +19,6 @@ const (
 	BPEFile   = "bpe.codes"
 )
 
-// Built-in corpus seeds: the corpus is fixed (not --seed), like a dataset.
-const (
-	synthTrainSeed = 1
-	synthValidSeed = 2
-	synthValidSize = 500
-)
-
 func loadCorpus(o Options, r, n int) (*corpus, error) {
 	var (
 		v          *data.Vocab
@@ -38,12 +31,12 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 	)
 	if o.Data == "" {
 		v = data.SyntheticVocab()
-		src, tgt := data.Synthetic(synthTrainSeed, o.SyntheticLines)
+		src, tgt := data.Synthetic(data.SyntheticTrainSeed, o.SyntheticLines)
 		p := &data.Pairs{Src: data.EncodeLines(src, data.WordPieces, v), Tgt: data.EncodeLines(tgt, data.WordPieces, v)}
-		vs, vt := data.Synthetic(synthValidSeed, synthValidSize)
+		vs, vt := data.Synthetic(data.SyntheticValidSeed, data.SyntheticValidLines)
 		valid = &data.Pairs{Src: data.EncodeLines(vs, data.WordPieces, v), Tgt: data.EncodeLines(vt, data.WordPieces, v)}
 		train = p
-		c.Name = fmt.Sprintf("built-in synthetic corpus (%s pairs)", commas(int64(o.SyntheticLines)))
+		c.Name = fmt.Sprintf("built-in synthetic corpus (%s pairs)", metrics.Commas(int64(o.SyntheticLines)))
 		var bytes, st, tt int64
 		for i := range src {
 			bytes += int64(len(src[i]) + len(tgt[i]) + 2)
@@ -92,7 +85,7 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 			c.Extra = append(c.Extra, filepath.Join(o.Data, BPEFile))
 		}
 		s, t := tc.Tokens()
-		c.Name = fmt.Sprintf("%s (%s pairs)", o.Data, commas(int64(tc.Len())))
+		c.Name = fmt.Sprintf("%s (%s pairs)", o.Data, metrics.Commas(int64(tc.Len())))
 		c.Stats = metrics.Dataset{Name: o.Data, MB: float64(tc.Bytes()) / 1e6, Lines: int64(tc.Len()), SrcTokens: s, TgtTokens: t, Dropped: tc.Dropped()}
 		validRefsF = func(i int) string {
 			_, tgt := vc.Pair(i)

@@ -49,37 +49,3 @@ func (p *progress) clear() {
 		fmt.Fprintf(p.w, "\r%s\r", strings.Repeat(" ", 80))
 	}
 }
-
-// lossScaler follows OpenSeq2Seq's Backoff loss scaler (start 2^14, halve
-// on an overflow and skip the step, double after 2000 clean steps). The
-// CPU backend computes in float32 and needs no loss scaling, so here only
-// the fp16 wire format can overflow; the scaler's state is kept (and
-// checkpointed) so that a GPU backend computing in fp16 uses the same
-// bookkeeping.
-type lossScaler struct {
-	Scale   float64 `json:"scale"`
-	Clean   int     `json:"clean_steps"`
-	Skipped int     `json:"skipped_steps"`
-}
-
-func (s *lossScaler) init() {
-	if s.Scale == 0 {
-		s.Scale = 1 << 14
-	}
-}
-
-func (s *lossScaler) overflow() {
-	s.init()
-	s.Scale /= 2
-	s.Clean = 0
-	s.Skipped++
-}
-
-func (s *lossScaler) clean() {
-	s.init()
-	s.Clean++
-	if s.Clean >= 2000 {
-		s.Scale *= 2
-		s.Clean = 0
-	}
-}

@@ -49,20 +49,24 @@ type corpus struct {
 
 // Trainer is one rank of a training job.
 type Trainer struct {
-	o      Options
-	id     rank.Identity
-	mesh   *rank.Mesh
-	comm   *collective.Communicator
-	m      *transformer.Model
-	opt    *transformer.Adam
-	lr     transformer.LRPolicy
-	red    reducer
-	data   *corpus
-	run    *metrics.Run
-	out    io.Writer
-	step   int
-	tl     *collective.Timeline
-	scaler lossScaler
+	o    Options
+	id   rank.Identity
+	mesh *rank.Mesh
+	comm *collective.Communicator
+	m    *transformer.Model
+	opt  *transformer.Adam
+	lr   transformer.LRPolicy
+	red  reducer
+	data *corpus
+	run  *metrics.Run
+	out  io.Writer
+	step int
+	tl   *collective.Timeline
+	// scaler is OpenSeq2Seq's Backoff loss scaler. The CPU backend computes
+	// in float32 and needs no loss scaling, so only the fp16 wire can
+	// overflow here; the state is kept and checkpointed for a backend that
+	// computes in fp16.
+	scaler *collective.LossScaler
 
 	linkSource   string
 	computeTotal float64
@@ -237,7 +241,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 		}
 	}
 	t.logf("nmt-train: %d rank(s) on %s; preset %s, %s parameters; %s; %d threads per rank; run dir %s",
-		t.id.Size, strings.Join(uniqStrings(t.mesh.HostNames()), ", "), o.Preset, commas(int64(t.m.NumParams())), t.data.Name, threads, o.RunDir)
+		t.id.Size, strings.Join(metrics.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, metrics.Commas(int64(t.m.NumParams())), t.data.Name, threads, o.RunDir)
 	if st != nil {
 		t.logf("nmt-train: resumed from step %d", t.step)
 	}
@@ -246,11 +250,11 @@ func (t *Trainer) setup(ctx context.Context) error {
 
 // trainerState is the part of state.json that belongs to the trainer.
 type trainerState struct {
-	Step        int             `json:"step"`
-	DropoutStep uint64          `json:"dropout_step"`
-	OptStep     int             `json:"optimizer_step"`
-	Data        json.RawMessage `json:"data"`
-	Scaler      lossScaler      `json:"loss_scaler"`
+	Step        int                    `json:"step"`
+	DropoutStep uint64                 `json:"dropout_step"`
+	OptStep     int                    `json:"optimizer_step"`
+	Data        json.RawMessage        `json:"data"`
+	Scaler      *collective.LossScaler `json:"loss_scaler,omitempty"`
 }
 
 // broadcastState gives every rank rank 0's weights, optimizer moments and
@@ -263,7 +267,8 @@ func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) err
 			ts.Step, ts.DropoutStep, ts.OptStep = st.Step, st.DropoutStep, st.OptimizerStep
 			ts.Data = st.Trainer["data"]
 			if raw, ok := st.Trainer["loss_scaler"]; ok {
-				json.Unmarshal(raw, &ts.Scaler)
+				ts.Scaler = collective.NewLossScaler() // fields the file lacks keep their defaults
+				json.Unmarshal(raw, ts.Scaler)
 			}
 		}
 		blob, _ = json.Marshal(ts)
@@ -289,7 +294,10 @@ func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) err
 		}
 	}
 	t.step, t.m.DropoutStep, t.opt.T = ts.Step, ts.DropoutStep, ts.OptStep
-	t.scaler = ts.Scaler
+	t.scaler = collective.NewLossScaler()
+	if ts.Scaler != nil {
+		t.scaler = ts.Scaler
+	}
 	if len(ts.Data) > 0 && string(ts.Data) != "null" {
 		if err := t.data.Train.Restore(ts.Data); err != nil {
 			return err
@@ -316,7 +324,6 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 type stepResult struct {
 	lossRaw, lossLab float64 // global, token-weighted
 	tokens           int     // global target tokens
-	batchTokens      int     // this rank's tokens incl. padding, both sides
 	dur, compute     time.Duration
 	comm             commStats
 	skipped          bool
@@ -341,7 +348,6 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 		if err != nil {
 			return r, err
 		}
-		r.batchTokens += b.B * max(b.S, b.T)
 		var n float64
 		if b.B > 0 {
 			loss, err := m.Forward(b, true)
@@ -411,11 +417,9 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 		return r, err
 	}
 	r.comm = cs
-	if cs.Overflow {
+	if t.scaler.Update(cs.Overflow) {
 		r.skipped = true
-		t.scaler.overflow()
 	} else {
-		t.scaler.clean()
 		end := t.tl.Begin("optimizer", "step")
 		if err := t.opt.Step(m, t.lr.LR(t.step), nil); err != nil {
 			return r, err
@@ -502,7 +506,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 			}
 			bar.clear()
 			t.logf("step %s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)",
-				commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, commas(int64(a.tokensPerSec)), outMB, inMB, a.exposed*1e3, a.hiddenPct)
+				metrics.Commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), outMB, inMB, a.exposed*1e3, a.hiddenPct)
 			if t.run != nil {
 				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
 					return err
@@ -631,10 +635,10 @@ func pruneCheckpoints(dir string, keep int) error {
 
 // window averages the steps between two log lines.
 type window struct {
-	n                          int
-	raw, lab, dur, comm, expo  float64
-	compute, tokens, batchToks float64 // batchToks: target tokens of all ranks
-	skipped                    int
+	n                         int
+	raw, lab, dur, comm, expo float64
+	compute, tokens           float64 // tokens: target tokens of all ranks
+	skipped                   int
 }
 
 type windowAvg struct {
@@ -650,7 +654,7 @@ func (w *window) add(r stepResult) {
 	w.comm += r.comm.Comm.Seconds()
 	w.expo += r.comm.Exposed.Seconds()
 	w.compute += r.compute.Seconds()
-	w.batchToks += float64(r.tokens)
+	w.tokens += float64(r.tokens)
 	if r.skipped {
 		w.skipped++
 	}
@@ -661,7 +665,7 @@ func (w *window) avg() windowAvg {
 	a := windowAvg{lossRaw: w.raw / n, lossLab: w.lab / n, dur: w.dur / n, comm: w.comm / n, exposed: w.expo / n,
 		compute: w.compute / n, skipped: w.skipped}
 	if w.dur > 0 {
-		a.tokensPerSec = w.batchToks / w.dur
+		a.tokensPerSec = w.tokens / w.dur
 	}
 	if w.comm > 0 {
 		a.hiddenPct = 100 * (1 - w.expo/w.comm)
@@ -709,35 +713,4 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, b, 0o644)
-}
-
-func uniqStrings(s []string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, x := range s {
-		if !seen[x] {
-			seen[x] = true
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-func commas(n int64) string {
-	s := fmt.Sprint(n)
-	neg := strings.HasPrefix(s, "-")
-	if neg {
-		s = s[1:]
-	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
 }
