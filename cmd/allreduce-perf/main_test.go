@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -34,19 +35,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "GORUN_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") ||
-			k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "MASTER_ADDR" || k == "MASTER_PORT" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 // launch starts n ranks by hand with the environment gorun gives them
 // (and a rendezvous served here, as gorun serves it), and waits for them.
 // extraEnv(r) adds variables for rank r; kill, if >= 0, is a rank killed
@@ -65,7 +53,7 @@ func launch(t *testing.T, n int, args []string, extraEnv func(r int) []string, k
 	var wg sync.WaitGroup
 	for r := 0; r < n; r++ {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = append(cleanEnv(),
+		cmd.Env = append(testenv.CleanEnv(),
 			"GORUN_RANK="+strconv.Itoa(r), "GORUN_SIZE="+strconv.Itoa(n),
 			"GORUN_LOCAL_RANK="+strconv.Itoa(r), "GORUN_LOCAL_SIZE="+strconv.Itoa(n), "GORUN_NODE_RANK=0",
 			"GORUN_RENDEZVOUS="+rdv.Addr(), "GORUN_JOB_ID=perftest", "GORUN_SECRET="+secretHex)
@@ -181,7 +169,7 @@ func TestBadFlags(t *testing.T) {
 		{"-a", "butterfly"}, {"-c", "7"}, {"-n", "0"}, {"-f", "1", "-b", "8", "-e", "16"}, {"-d", "half", "-W", "bfloat16"}, {"--nope"}, {"extra"},
 	} {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = cleanEnv()
+		cmd.Env = testenv.CleanEnv()
 		out, err := cmd.CombinedOutput()
 		ee, ok := err.(*exec.ExitError)
 		if !ok || ee.ExitCode() != 2 {
@@ -212,7 +200,7 @@ func TestParseSize(t *testing.T) {
 // 1: it copies, checks, and reports busbw 0.
 func TestOneRankWithoutLauncher(t *testing.T) {
 	cmd := exec.Command(bin, "-b", "8", "-e", "1K", "-f", "2", "-n", "2", "-w", "1", "-d", "half", "-o", "max")
-	cmd.Env = cleanEnv()
+	cmd.Env = testenv.CleanEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

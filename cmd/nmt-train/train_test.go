@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/metrics"
 )
 
@@ -43,29 +43,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) string {
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, port, _ := net.SplitHostPort(c.LocalAddr().String())
-	return port
-}
-
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k := strings.SplitN(kv, "=", 2)[0]
-		if strings.HasPrefix(k, "GORUN_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") ||
-			k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "MASTER_ADDR" || k == "MASTER_PORT" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 // job is n nmt-train processes started the way torchrun would start them
 // (rank 0 serves the rendezvous), so these tests need no launcher.
 type job struct {
@@ -75,11 +52,11 @@ type job struct {
 
 func startJob(t *testing.T, n int, args ...string) *job {
 	t.Helper()
-	port := freePort(t)
+	port := testenv.FreeUDPPort(t)
 	j := &job{}
 	for r := 0; r < n; r++ {
 		cmd := exec.Command(trainBin, args...)
-		cmd.Env = append(cleanEnv(), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n), fmt.Sprintf("LOCAL_RANK=%d", r),
+		cmd.Env = append(testenv.CleanEnv(), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n), fmt.Sprintf("LOCAL_RANK=%d", r),
 			fmt.Sprintf("LOCAL_WORLD_SIZE=%d", n), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port, "GORUN_SECRET="+strings.Repeat("a7", 32))
 		var b bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &b, &b
@@ -303,7 +280,7 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		cmd := exec.Command(trainBin, c.args...)
-		cmd.Env = cleanEnv()
+		cmd.Env = testenv.CleanEnv()
 		out, err := cmd.CombinedOutput()
 		s := strings.TrimSpace(string(out))
 		if err == nil {
@@ -340,7 +317,7 @@ func TestPreparedDataAndVocabMismatch(t *testing.T) {
 	runJob(t, 2, append(append([]string{}, tinyArgs...), "--data", syn, "--batch-tokens", "1024", "--max-steps", "4",
 		"--checkpoint-every", "4", "--run-dir", run)...)
 	cmd := exec.Command(trainBin, append(append([]string{}, tinyArgs...), "--data", lab, "--max-steps", "8", "--resume", "--run-dir", run)...)
-	cmd.Env = cleanEnv()
+	cmd.Env = testenv.CleanEnv()
 	out, err := cmd.CombinedOutput()
 	s := strings.TrimSpace(string(out))
 	if err == nil || !strings.Contains(s, "vocabulary") || strings.Count(s, "\n") > 1 {
@@ -353,7 +330,7 @@ func TestUnderGorun(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command(gorunBin, append([]string{"-np", "2", trainBin}, append(append([]string{}, tinyArgs...),
 		"--batch-tokens", "1024", "--max-steps", "6", "--log-every", "3", "--eval-sentences", "8", "--run-dir", dir)...)...)
-	cmd.Env = cleanEnv()
+	cmd.Env = testenv.CleanEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

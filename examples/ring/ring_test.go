@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 var ringBin string
@@ -31,16 +32,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) string {
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, port, _ := net.SplitHostPort(c.LocalAddr().String())
-	return port
-}
-
 // startByHand runs n ring processes with the environment a foreign launcher
 // would give rank r, and waits for all of them.
 func startByHand(t *testing.T, n int, env func(r int) []string) []string {
@@ -53,7 +44,7 @@ func startByHand(t *testing.T, n int, env func(r int) []string) []string {
 		go func(r int) {
 			defer wg.Done()
 			cmd := exec.Command(ringBin, "-timeout", "20s")
-			cmd.Env = append(cleanEnv(), env(r)...)
+			cmd.Env = append(testenv.CleanEnv(), env(r)...)
 			var b bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &b, &b
 			errs[r] = cmd.Run()
@@ -67,19 +58,6 @@ func startByHand(t *testing.T, n int, env func(r int) []string) []string {
 		}
 	}
 	return outs
-}
-
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k := strings.SplitN(kv, "=", 2)[0]
-		if strings.HasPrefix(k, "GORUN_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") ||
-			k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "MASTER_ADDR" || k == "MASTER_PORT" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }
 
 func TestForeignLaunchers(t *testing.T) {
@@ -106,7 +84,7 @@ func TestForeignLaunchers(t *testing.T) {
 	}
 	for name, mk := range cases {
 		t.Run(name, func(t *testing.T) {
-			outs := startByHand(t, n, mk(freePort(t)))
+			outs := startByHand(t, n, mk(testenv.FreeUDPPort(t)))
 			if !strings.Contains(outs[0], fmt.Sprintf("went 3 times around %d ranks (sum 3 ok)", n)) {
 				t.Errorf("rank 0 output: %s", outs[0])
 			}
@@ -123,7 +101,7 @@ func TestForeignLaunchers(t *testing.T) {
 // rendezvous and who is missing, instead of hanging.
 func TestAloneRankTimesOut(t *testing.T) {
 	cmd := exec.Command(ringBin, "-timeout", "2s")
-	cmd.Env = append(cleanEnv(), "RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+freePort(t))
+	cmd.Env = append(testenv.CleanEnv(), "RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+testenv.FreeUDPPort(t))
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err == nil {
