@@ -35,73 +35,7 @@ func BenchmarkP2PShm(b *testing.B) {
 		if tr := g[0].(*rank.Mesh).PeerTransport(1); tr != "shm" {
 			b.Fatalf("rank 0 reaches rank 1 over %s, not shared memory", tr)
 		}
-		ctx := context.Background()
-		for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
-			b.Run(fmt.Sprintf("%s/%dMiB", name, size>>20), func(b *testing.B) {
-				src := make([]byte, size)
-				dst := make([]byte, size)
-				for i := range src {
-					src[i] = byte(i) // real pages, not the shared zero page
-				}
-				part := (size + nch - 1) / nch
-				b.SetBytes(int64(size))
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					var wg sync.WaitGroup
-					for ch := 0; ch < nch; ch++ {
-						lo, hi := min(ch*part, size), min((ch+1)*part, size)
-						tag := rank.Tag{Seq: uint64(i), Chunk: uint32(ch)}
-						wg.Add(2)
-						go func() {
-							defer wg.Done()
-							if err := g[0].Send(ctx, 1, ch, tag, src[lo:hi]); err != nil {
-								b.Error(err)
-							}
-						}()
-						go func() {
-							defer wg.Done()
-							if err := g[1].Recv(ctx, 0, ch, tag, dst[lo:hi]); err != nil {
-								b.Error(err)
-							}
-						}()
-					}
-					wg.Wait()
-				}
-				b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-			})
-		}
-		b.Run(name+"/rtt-8B", func(b *testing.B) {
-			buf0, buf1 := make([]byte, 8), make([]byte, 8)
-			done := make(chan error, 1)
-			go func() {
-				for i := 0; i < b.N; i++ {
-					t := rank.Tag{Seq: uint64(i)}
-					if err := g[1].Recv(ctx, 0, 0, t, buf1); err != nil {
-						done <- err
-						return
-					}
-					if err := g[1].Send(ctx, 0, 0, t, buf1); err != nil {
-						done <- err
-						return
-					}
-				}
-				done <- nil
-			}()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				t := rank.Tag{Seq: uint64(i)}
-				if err := g[0].Send(ctx, 1, 0, t, buf0); err != nil {
-					b.Fatal(err)
-				}
-				if err := g[0].Recv(ctx, 1, 0, t, buf0); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := <-done; err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/1e3/float64(b.N), "us/rtt")
-		})
+		benchPair(b, name, g, true) // real pages, not the shared zero page
 		rank.CloseAll(g)
 	}
 }
