@@ -45,15 +45,6 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 		}
 		c.Stats = metrics.Dataset{Name: c.Name, MB: float64(bytes) / 1e6, Lines: int64(len(src)), SrcTokens: st, TgtTokens: tt}
 		validRefsF = func(i int) string { return vt[i] }
-		// translate needs the vocabulary: the run directory gets a copy.
-		tmp, err := os.CreateTemp("", "gorun-synth-vocab-*.txt")
-		if err == nil {
-			tmp.Close()
-			if v.WriteFile(tmp.Name()) == nil {
-				c.VocabFile = tmp.Name()
-				closers = append(closers, func() error { return os.Remove(tmp.Name()) })
-			}
-		}
 	} else {
 		if fi, err := os.Stat(o.Data); err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("--data %s: not a directory (make one with `nmt-train prepare --out %s ...`)", o.Data, o.Data)
@@ -62,7 +53,6 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 		if v, err = data.LoadVocab(vf); err != nil {
 			return nil, err
 		}
-		c.VocabFile = vf
 		tc, err := data.OpenCorpus(filepath.Join(o.Data, TrainFile))
 		if err != nil {
 			return nil, err
@@ -101,7 +91,7 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 		c.Close()
 		return nil, err
 	}
-	c.VocabSize, c.VocabHash = v.Size(), v.Hash()
+	c.Vocab, c.VocabSize, c.VocabHash = v, v.Size(), v.Hash()
 	c.Decode = func(ids []int32) string { return data.Detokenize(v.Decode(ids)) }
 	c.Pieces = func(ids []int32) []string { return v.Decode(ids) }
 	for i := 0; i < valid.Len(); i++ {

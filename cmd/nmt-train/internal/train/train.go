@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/rank"
@@ -36,7 +37,7 @@ type corpus struct {
 	Name      string
 	VocabSize int
 	VocabHash string
-	VocabFile string // copied into the run directory for `translate`
+	Vocab     *data.Vocab // written into the run directory for `translate`
 	Extra     []string
 	Decode    func(ids []int32) string   // detokenized text
 	Pieces    func(ids []int32) []string // vocabulary pieces
@@ -233,11 +234,13 @@ func (t *Trainer) setup(ctx context.Context) error {
 		if err := t.writeRunInfo(cfg, threads); err != nil {
 			return err
 		}
-		if t.data.VocabFile != "" {
-			copyFile(t.data.VocabFile, filepath.Join(o.RunDir, "vocab.txt"))
+		if err := t.data.Vocab.WriteFile(filepath.Join(o.RunDir, VocabFile)); err != nil {
+			return err
 		}
 		for _, f := range t.data.Extra {
-			copyFile(f, filepath.Join(o.RunDir, filepath.Base(f)))
+			if err := copyFile(f, filepath.Join(o.RunDir, filepath.Base(f))); err != nil {
+				return err
+			}
 		}
 	}
 	t.logf("nmt-train: %d rank(s) on %s; preset %s, %s parameters; %s; %d threads per rank; run dir %s",
