@@ -191,6 +191,9 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 	}
 	origin, culprit, reason, diff := blame(me, ctx, cl, err)
 	tag := abortTag(cl.seq, origin, culprit, reason, diff)
+	if c.sh != nil {
+		c.sh.postAbort(cl.seq, tag)
+	}
 	linger := abortLinger
 	if c.cfg.Timeout > 0 {
 		linger = c.cfg.Timeout

@@ -33,7 +33,7 @@ import (
 
 // Environment variables read by New.
 const (
-	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | direct | auto
+	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | direct | shm | auto
 	EnvSliceBytes = "GORUN_SLICE_BYTES" // pipeline slice size in bytes
 	EnvRings      = "GORUN_RINGS"       // channels (rings, trees) used in parallel
 )
@@ -65,13 +65,19 @@ type Communicator struct {
 	queue chan *Handle
 	mu    sync.Mutex
 	seq   uint32
-	err   error // sticky: a failed call leaves the links out of step
-	done  chan struct{}
-	once  sync.Once
+	// pending counts calls submitted and not finished; exe is held by
+	// whoever runs a call (the queue goroutine, or a caller running its
+	// blocking call itself when nothing is pending).
+	pending int
+	exe     sync.Mutex
+	err     error // sticky: a failed call leaves the links out of step
+	done    chan struct{}
+	once    sync.Once
 	// settings go in every call's header (see run)
 	settings []byte
-	hier     *hier  // two-level allreduce layout, nil: flat
-	dscratch []byte // the direct allreduce's buffers (used by the queue goroutine only)
+	hier     *hier       // two-level allreduce layout, nil: flat
+	sh       *groupState // every rank on this host, sharing a group segment (shared.go)
+	dscratch []byte      // the direct allreduce's buffers (used by the queue goroutine only)
 }
 
 // Handle is a queued or running call.
@@ -149,8 +155,12 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if cfg.Model.DirectMaxBytes < 0 || cfg.Model.DirectMaxBytes > DirectLimit {
 		return nil, fmt.Errorf("collective: cost model's DirectMaxBytes %d out of range [0, %d]", cfg.Model.DirectMaxBytes, DirectLimit)
 	}
+	sh, err := sharedGroup(t, cfg.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("collective: shared-memory group: %w", err)
+	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
-		hier: hierFor(t)}
+		hier: hierFor(t), sh: sh}
 	c.settings = settings(cfg.SliceBytes, cfg.Channels, t.Channels(), c.hier != nil)
 	go c.loop()
 	return c, nil
@@ -181,22 +191,10 @@ func (c *Communicator) loop() {
 	for {
 		select {
 		case h := <-c.queue:
+			c.runOne(h)
 			c.mu.Lock()
-			err := c.err
+			c.pending--
 			c.mu.Unlock()
-			if err != nil {
-				h.err = fmt.Errorf("rank %d: %s not run: an earlier collective failed: %w", c.t.Rank(), h.c, err)
-			} else {
-				h.err = c.exec(h)
-				if h.err != nil {
-					c.mu.Lock()
-					if c.err == nil {
-						c.err = h.err
-					}
-					c.mu.Unlock()
-				}
-			}
-			close(h.done)
 		case <-c.done:
 			for {
 				select {
@@ -211,6 +209,36 @@ func (c *Communicator) loop() {
 	}
 }
 
+// runOne runs a call unless an earlier one failed, and finishes its Handle.
+func (c *Communicator) runOne(h *Handle) {
+	c.exe.Lock()
+	defer c.exe.Unlock()
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		h.err = fmt.Errorf("rank %d: %s not run: an earlier collective failed: %w", c.t.Rank(), h.c, err)
+	} else {
+		h.err = c.exec(h)
+		if h.err != nil {
+			c.mu.Lock()
+			if c.err == nil {
+				c.err = h.err
+			}
+			c.mu.Unlock()
+		}
+	}
+	close(h.done)
+}
+
+// inlineKey marks the context of a blocking call (Allreduce rather than
+// AllreduceAsync): when no call is pending, submit runs it in the
+// caller's goroutine, saving two goroutine hand-offs (several
+// microseconds, most of a small shared-memory allreduce).
+type inlineKey struct{}
+
+func inline(ctx context.Context) context.Context { return context.WithValue(ctx, inlineKey{}, true) }
+
 func (c *Communicator) exec(h *Handle) error {
 	ctx := h.ctx
 	if _, ok := ctx.Deadline(); !ok && c.cfg.Timeout > 0 {
@@ -221,6 +249,9 @@ func (c *Communicator) exec(h *Handle) error {
 	if err := ctx.Err(); err != nil {
 		c.abort(h.c, ctx, err)
 		return fmt.Errorf("rank %d: %s: %w", c.t.Rank(), h.c, err)
+	}
+	if c.sh != nil && !h.c.bad {
+		c.sh.post(h.c)
 	}
 	err := h.fn(ctx, h.c)
 	if err == nil {
@@ -248,10 +279,21 @@ func (c *Communicator) submit(ctx context.Context, cl call, fn func(context.Cont
 		closed = true
 	default:
 	}
+	if !closed {
+		c.pending++
+	}
+	now := !closed && c.pending == 1 && ctx.Value(inlineKey{}) != nil
 	c.mu.Unlock()
 	if closed {
 		h.err = fmt.Errorf("rank %d: %s: collective: communicator closed", c.t.Rank(), cl)
 		close(h.done)
+		return h
+	}
+	if now {
+		c.runOne(h)
+		c.mu.Lock()
+		c.pending--
+		c.mu.Unlock()
 		return h
 	}
 	c.queue <- h
@@ -304,7 +346,7 @@ func checkBuf(what string, b []byte, dt DType) error {
 // length; they may be the same slice (in place), or send may be nil (in
 // place on recv).
 func (c *Communicator) Allreduce(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) error {
-	return c.AllreduceAsync(ctx, send, recv, dt, op, o...).Wait()
+	return c.AllreduceAsync(inline(ctx), send, recv, dt, op, o...).Wait()
 }
 
 // AllreduceAsync queues an Allreduce and returns at once. The buffers must
@@ -331,6 +373,9 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 	algo := c.AlgorithmFor(co.algo, count*co.wire.Size())
 	cl := call{kind: kAllreduce, count: count, dtype: dt, op: op, wire: co.wire, algo: algo}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
+		if cl.algo == Shared && n > 1 {
+			return c.sh.allreduce(ctx, send, recv, count, cl)
+		}
 		if len(recv) > 0 && &send[0] != &recv[0] {
 			copy(recv, send)
 		}
@@ -359,7 +404,10 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 	if a == Auto {
 		a = c.cfg.Algorithm
 	}
-	if a != Auto && !(a == Direct && bytes > DirectLimit) {
+	if a == Auto && c.sh != nil || a == Shared && c.sh != nil {
+		return Shared
+	}
+	if a != Auto && a != Shared && !(a == Direct && bytes > DirectLimit) {
 		return a
 	}
 	m := c.cfg.Model
@@ -387,7 +435,7 @@ func (c *Communicator) sliceFor(bytes, n int) int {
 // Broadcast copies root's buf into buf on every rank (pipelined down a
 // binary tree, spread over the channels).
 func (c *Communicator) Broadcast(ctx context.Context, buf []byte, root int) error {
-	return c.BroadcastAsync(ctx, buf, root).Wait()
+	return c.BroadcastAsync(inline(ctx), buf, root).Wait()
 }
 
 // BroadcastAsync queues a Broadcast.
@@ -416,7 +464,7 @@ func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int)
 // Allgather concatenates every rank's send, in rank order, into recv on
 // every rank: len(recv) must be Size()*len(send).
 func (c *Communicator) Allgather(ctx context.Context, send, recv []byte) error {
-	return c.AllgatherAsync(ctx, send, recv).Wait()
+	return c.AllgatherAsync(inline(ctx), send, recv).Wait()
 }
 
 // AllgatherAsync queues an Allgather.
@@ -446,7 +494,7 @@ func (c *Communicator) AllgatherAsync(ctx context.Context, send, recv []byte) *H
 // ReduceScatter reduces send (Size() blocks of len(recv) bytes) across the
 // ranks and leaves block Rank() of the result in recv.
 func (c *Communicator) ReduceScatter(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) error {
-	return c.ReduceScatterAsync(ctx, send, recv, dt, op, o...).Wait()
+	return c.ReduceScatterAsync(inline(ctx), send, recv, dt, op, o...).Wait()
 }
 
 // ReduceScatterAsync queues a ReduceScatter.
@@ -489,7 +537,7 @@ func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte
 
 // Barrier returns once every rank has entered it.
 func (c *Communicator) Barrier(ctx context.Context) error {
-	return c.BarrierAsync(ctx).Wait()
+	return c.BarrierAsync(inline(ctx)).Wait()
 }
 
 // BarrierAsync queues a Barrier.

@@ -112,6 +112,10 @@ const (
 	// more than DirectLimit bytes on the wire that asks for Direct runs
 	// the ring or tree instead.
 	Direct Algorithm = 3
+	// Shared: the shared-memory allreduce (shared.go), for communicators
+	// whose ranks all run on one host and share its group segment. Auto
+	// picks it there for every size; asked for elsewhere, Auto's choice runs.
+	Shared Algorithm = 4
 )
 
 func (a Algorithm) String() string {
@@ -124,11 +128,13 @@ func (a Algorithm) String() string {
 		return "tree"
 	case Direct:
 		return "direct"
+	case Shared:
+		return "shm"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm accepts auto, ring, tree, direct.
+// ParseAlgorithm accepts auto, ring, tree, direct, shm.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
 	case "auto", "":
@@ -139,8 +145,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return Tree, nil
 	case "direct":
 		return Direct, nil
+	case "shm":
+		return Shared, nil
 	}
-	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree or direct)", s)
+	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree, direct or shm)", s)
 }
 
 // kind is the collective, carried in every message's Tag.Kind.

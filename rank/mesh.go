@@ -146,7 +146,11 @@ type Mesh struct {
 	rdv      *RendezvousServer
 	closed   chan struct{}
 	once     sync.Once
-	shm      []*shmPeer // [peer]: non-nil for peers reached through shared memory
+	shm      []*shmPeer  // [peer]: non-nil for peers reached through shared memory
+	grp      *LocalGroup // this host's group segment, if mapped (shmgroup.go)
+	grpMu    sync.Mutex
+	grpDone  bool
+	grpOK    *LocalGroup
 }
 
 // Connect joins the job described by id: it registers with the rendezvous
@@ -672,6 +676,7 @@ const closeLinger = 3 * time.Second
 func (m *Mesh) Close() error {
 	m.once.Do(func() {
 		close(m.closed)
+		m.closeGroup() // before the pair segments its waiters read
 		m.closeShm()
 		m.mu.Lock()
 		conns, tcs := m.conns, m.tcpConns

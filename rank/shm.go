@@ -183,11 +183,12 @@ func shmDir() string {
 	return "/dev/shm"
 }
 
-// shmCreate makes and maps a fresh segment for the pair (lo, hi).
-func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err error) {
+// shmName returns a fresh segment name, gorun-JOB-LO-HI-RANDOM, with 128
+// random bits.
+func shmName(job string, lo, hi int) (string, error) {
 	var rnd [16]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	j := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
@@ -201,7 +202,15 @@ func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err e
 	if j == "" {
 		j = "nojob"
 	}
-	name = fmt.Sprintf("gorun-%s-%d-%d-%s", j, lo, hi, hex.EncodeToString(rnd[:]))
+	return fmt.Sprintf("gorun-%s-%d-%d-%s", j, lo, hi, hex.EncodeToString(rnd[:])), nil
+}
+
+// shmCreate makes and maps a fresh segment for the pair (lo, hi).
+func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err error) {
+	name, err = shmName(job, lo, hi)
+	if err != nil {
+		return "", nil, err
+	}
 	path := filepath.Join(shmDir(), name)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -270,13 +279,16 @@ type shmOffer struct {
 	Channels  int    `json:"channels"`
 	RingBytes int    `json:"ring"`
 	Probe     uint64 `json:"probe,omitempty"` // address of shmProbe in the sender
+	Group     string `json:"group,omitempty"` // the host's group segment (shmgroup.go)
+	GroupN    int    `json:"groupn,omitempty"`
 }
 
 type shmAnswer struct {
-	OK    bool   `json:"ok"`
-	Why   string `json:"why,omitempty"`
-	Pid   int    `json:"pid"`
-	Probe uint64 `json:"probe,omitempty"`
+	OK      bool   `json:"ok"`
+	Why     string `json:"why,omitempty"`
+	Pid     int    `json:"pid"`
+	Probe   uint64 `json:"probe,omitempty"`
+	GroupOK bool   `json:"groupok,omitempty"` // mapped the group segment
 }
 
 func probeAddr() uint64 {
@@ -352,6 +364,21 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 	}
 	shm := make([]*shmPeer, m.id.Size)
 	errs := make([]error, len(peers))
+	// The host's lowest rank creates the group segment and offers it with
+	// every pair segment (it is the lower rank of every local pair).
+	var grp *LocalGroup
+	var grpName string
+	local := m.localRanks()
+	if want && local[0] == m.id.Rank && os.Getenv("GORUN_SHM_GROUP") != "0" {
+		g, name, err := grpCreate(m.id.JobID, m.id.Rank, len(local))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared-memory group segment (%v)\n", m.id.Rank, err)
+		} else {
+			grp, grpName = g, name
+		}
+	}
+	grpMapped := make([]bool, len(peers))
+	var mine *LocalGroup // a member's mapping of the leader's segment
 	var wg sync.WaitGroup
 	for i, p := range peers {
 		wg.Add(1)
@@ -371,9 +398,13 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 			var why string
 			var err error
 			if m.id.Rank < p {
-				sp, why, err = m.shmOfferTo(l.c, p, want)
+				sp, why, grpMapped[i], err = m.shmOfferTo(l.c, p, want, grpName, len(local))
 			} else {
-				sp, why, err = m.shmAcceptFrom(l.c, p, want)
+				var g *LocalGroup
+				sp, why, g, err = m.shmAcceptFrom(l.c, p, want)
+				if g != nil {
+					mine = g // only the leader offers one
+				}
 			}
 			if err != nil {
 				errs[i] = &PeerError{Self: m.id.Rank, Peer: p, Host: m.names[p], Op: "shared-memory handshake", Err: err}
@@ -394,10 +425,19 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 	}
 	wg.Wait()
 	m.shm = shm
+	if grp != nil {
+		all := true
+		for i, p := range peers {
+			all = all && grpMapped[i] && shm[p] != nil
+		}
+		m.finishGroup(grp, all)
+	} else if mine != nil {
+		m.finishGroup(mine, false)
+	}
 	return errors.Join(errs...)
 }
 
-func (m *Mesh) shmOfferTo(c laneConn, p int, want bool) (*shmPeer, string, error) {
+func (m *Mesh) shmOfferTo(c laneConn, p int, want bool, group string, groupN int) (*shmPeer, string, bool, error) {
 	off := shmOffer{Pid: os.Getpid(), PidNS: pidNS(), Channels: m.opt.Channels, RingBytes: shmRingBytes, Probe: probeAddr()}
 	var seg []byte
 	var path string
@@ -409,6 +449,9 @@ func (m *Mesh) shmOfferTo(c laneConn, p int, want bool) (*shmPeer, string, error
 			off.Why = fmt.Sprintf("rank %d cannot create a segment: %v", m.id.Rank, err)
 		} else {
 			off.Name, seg, path = name, s, filepath.Join(shmDir(), name)
+			if group != "" && m.hosts[p] == m.hosts[m.id.Rank] {
+				off.Group, off.GroupN = group, groupN
+			}
 		}
 	}
 	undo := func() {
@@ -419,39 +462,40 @@ func (m *Mesh) shmOfferTo(c laneConn, p int, want bool) (*shmPeer, string, error
 	}
 	if err := writeShmHello(c, off); err != nil {
 		undo()
-		return nil, "", err
+		return nil, "", false, err
 	}
 	if seg == nil {
-		return nil, off.Why, nil
+		return nil, off.Why, false, nil
 	}
 	var ans shmAnswer
 	if err := readShmHello(c, &ans); err != nil {
 		undo()
-		return nil, "", err
+		return nil, "", false, err
 	}
 	os.Remove(path) // the peer unlinked it already; this covers a peer that failed after creating nothing
 	if !ans.OK {
 		unix.Munmap(seg)
-		return nil, ans.Why, nil
+		return nil, ans.Why, false, nil
 	}
 	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, true)
 	sp.pid = ans.Pid
 	if canRead(sp.pid, ans.Probe) {
 		sp.iReads.Store(1)
 	}
-	return sp, "", nil
+	return sp, "", ans.GroupOK, nil
 }
 
-func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, error) {
+func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, *LocalGroup, error) {
 	var off shmOffer
 	if err := readShmHello(c, &off); err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	if off.Name == "" {
-		return nil, off.Why, nil
+		return nil, off.Why, nil, nil
 	}
 	ans := shmAnswer{Pid: os.Getpid(), Probe: probeAddr()}
 	var seg []byte
+	var grp *LocalGroup
 	switch {
 	case !want:
 		ans.Why = fmt.Sprintf("rank %d has %s off", m.id.Rank, EnvShm)
@@ -471,20 +515,30 @@ func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, er
 			if canRead(off.Pid, off.Probe) {
 				u32At(seg, shmOffCMA).Store(1) // before the answer: the lower rank may send at once
 			}
+			if off.Group != "" {
+				if g, err := grpOpen(off.Group, p, off.GroupN); err == nil {
+					grp, ans.GroupOK = g, true
+				} else {
+					fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: cannot map rank %d's shared-memory group segment: %v\n", m.id.Rank, p, err)
+				}
+			}
 		}
 	}
 	if err := writeShmHello(c, ans); err != nil {
 		if seg != nil {
 			unix.Munmap(seg)
 		}
-		return nil, "", err
+		if grp != nil {
+			unix.Munmap(grp.seg)
+		}
+		return nil, "", nil, err
 	}
 	if !ans.OK {
-		return nil, ans.Why, nil
+		return nil, ans.Why, nil, nil
 	}
 	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, false)
 	sp.pid = off.Pid
-	return sp, "", nil
+	return sp, "", grp, nil
 }
 
 // PeerTransport names how this rank exchanges messages with peer: "shm",

@@ -280,8 +280,14 @@ func bench(o options, out io.Writer) error {
 			row += fmt.Sprintf("  %9s %7.3f %7.3f %6s", fmtTime(us), algbw, busbw, wr)
 		}
 		p("%s\n", row)
-		if o.factor < 2 {
+		if o.factor < 2 || size == o.maxBytes {
 			break
+		}
+		if size == 0 { // -b 0: the next row is the element size, then x factor
+			size = int64(es) / int64(o.factor)
+			if size == 0 {
+				size = 1
+			}
 		}
 	}
 	p("# Out of bounds values : %d %s\n", wrongTotal, okText(wrongTotal))
@@ -351,6 +357,11 @@ func timeIt(ctx context.Context, c *collective.Communicator, send, recv []byte, 
 	for i := range hs {
 		hs[i] = c.AllreduceAsync(ctx, send, recv, o.dtype, o.op, opts...)
 	}
+	// Like nccl-tests, which synchronizes its stream once after launching
+	// every iteration: calls finish in order, so waiting for the last one
+	// waits for all (an earlier failure fails the later ones too), and the
+	// others' Waits below return at once.
+	hs[len(hs)-1].Wait()
 	for _, h := range hs {
 		if err := h.Wait(); err != nil {
 			return 0, err

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,7 +83,7 @@ func launch(t *testing.T, n int, args []string, extraEnv func(r int) []string, k
 	return outs, errs
 }
 
-var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree|direct)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
+var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree|direct|shm)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
 
 func TestRanksAsProcesses(t *testing.T) {
 	for _, k := range []struct {
@@ -95,6 +96,9 @@ func TestRanksAsProcesses(t *testing.T) {
 		{2, []string{"-b", "100", "-e", "100", "-n", "2", "-w", "0", "-d", "bfloat16", "-o", "max"}, 1},
 		{3, []string{"-b", "4K", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-d", "float", "-o", "min", "-W", "half"}, 3},
 		{3, []string{"-b", "4K", "-e", "128K", "-f", "4", "-n", "2", "-w", "1", "-d", "float", "-o", "avg", "-a", "direct"}, 3},
+		// ranks of one host: auto runs the shared-memory allreduce, over
+		// several rounds at 3 MiB (GORUN_SHM_ROUND: 256 KiB)
+		{4, []string{"-b", "0", "-e", "3M", "-f", "8", "-n", "3", "-w", "1", "-d", "half", "-o", "sum", "-a", "auto"}, 8},
 	} {
 		t.Run(strings.Join(append([]string{fmt.Sprint("np", k.n)}, k.args...), " "), func(t *testing.T) {
 			outs, errs := launch(t, k.n, k.args, nil, -1, 0)
@@ -108,6 +112,9 @@ func TestRanksAsProcesses(t *testing.T) {
 				t.Fatalf("rank 0 printed %d rows, want %d:\n%s", len(rows), k.rows, outs[0])
 			}
 			for _, row := range rows {
+				if i := slices.Index(k.args, "-a"); (i < 0 || k.args[i+1] == "auto") && row[5] != "shm" {
+					t.Errorf("auto on one host ran %s, want shm: %s", row[5], row[0])
+				}
 				size, _ := strconv.Atoi(row[1])
 				count, _ := strconv.Atoi(row[2])
 				es := map[string]int{"float": 4, "half": 2, "bfloat16": 2}[row[3]]

@@ -1,0 +1,209 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// sharedOnly checks that every communicator over ts picks the shared-memory
+// allreduce by itself.
+func sharedOnly(t *testing.T, ts []rank.Transport) {
+	t.Helper()
+	errs := group(ts, Config{}, func(c *Communicator) error {
+		for _, b := range []int{0, 4, 4096, 64 << 20} {
+			if a := c.AlgorithmFor(Auto, b); a != Shared {
+				return fmt.Errorf("auto picks %s for %d bytes on one host, want shm", a, b)
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSharedAllreduce: the shared-memory allreduce over real group
+// segments (ranks as meshes of one process, with real QUIC sockets beside
+// the shared memory), for world sizes 2..8, awkward lengths (one element,
+// fewer elements than ranks, several rounds), every op and dtype, in place
+// and not, against the float64 reference and bit-identical on every rank;
+// and no byte of it crosses the sockets.
+func TestSharedAllreduce(t *testing.T) {
+	for _, n := range []int{2, 3, 5, 8} {
+		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
+			ts := loopback(t, n, "shm")
+			sharedOnly(t, ts)
+			lengths := []int{0, 1, n - 1, n, n + 1, 7919, SharedRoundBytes/4 + 3}
+			if n == 3 {
+				lengths = append(lengths, 1_000_003) // 16 rounds of float32
+			}
+			var cases []arCase
+			i := 0
+			for _, l := range lengths {
+				for _, op := range ops {
+					for _, v := range []variant{{Float32, Float32}, {Float16, Float16}, {BFloat16, BFloat16}, {Float32, Float16}} {
+						i++
+						if l > 10000 && i%4 != 0 {
+							continue // keep the large ones few
+						}
+						cases = append(cases, arCase{count: l, op: op, v: v, algo: Auto, inPlace: i%2 == 0})
+					}
+				}
+			}
+			before := make([]rank.PeerStats, n)
+			for r, tr := range ts {
+				for _, s := range tr.Stats() {
+					before[r].BytesSent += s.BytesSent
+				}
+			}
+			checkAllreduceInts(t, ts, Config{}, cases)
+			for r, tr := range ts {
+				var sent uint64
+				for _, s := range tr.Stats() {
+					sent += s.BytesSent
+				}
+				if d := sent - before[r].BytesSent; d > 0 {
+					t.Errorf("rank %d sent %d bytes through the transport during shared-memory allreduces", r, d)
+				}
+			}
+		})
+	}
+}
+
+// TestSharedCommunicatorsInTurn: communicators created one after another
+// on the same meshes (each a new epoch of the group's control words), with
+// odd and even numbers of rounds between them, stay correct; so do the
+// other collectives between shared-memory allreduces.
+func TestSharedCommunicatorsInTurn(t *testing.T) {
+	ts := loopback(t, 3, "shm")
+	for k, count := range []int{5, 3 * SharedRoundBytes / 4, 1, 2*SharedRoundBytes/4 + 1, 0, 77} {
+		errs := group(ts, Config{}, func(c *Communicator) error {
+			buf := make([]float32, count)
+			for i := range buf {
+				buf[i] = float32(c.Rank()*1000 + i%1000)
+			}
+			if err := c.Allreduce(testCtx(t), nil, Float32Bytes(buf), Float32, Sum); err != nil {
+				return err
+			}
+			for i, x := range buf {
+				if want := float32(3000 + 3*(i%1000)); x != want {
+					return fmt.Errorf("communicator %d, count %d: element %d = %v, want %v", k, count, i, x, want)
+				}
+			}
+			b := []byte{byte(k), 0, 0}
+			if err := c.Broadcast(testCtx(t), b, k%3); err != nil {
+				return err
+			}
+			if b[0] != byte(k) {
+				return fmt.Errorf("broadcast: %v", b)
+			}
+			return c.Barrier(testCtx(t))
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSharedMismatch: on one host, a rank that makes another call than
+// the others (another length, algorithm, collective, or a skipped call)
+// makes every rank fail at once with an error naming it; so does a rank
+// that closes its mesh, or that never comes (at the deadline).
+func TestSharedMismatch(t *testing.T) {
+	const bad = 2
+	for _, k := range []struct {
+		name string
+		f    func(c *Communicator, buf []byte) error
+		want string
+	}{
+		{"length", func(c *Communicator, buf []byte) error {
+			if c.Rank() == bad {
+				buf = buf[:len(buf)-4]
+			}
+			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+		}, "length"},
+		{"algorithm", func(c *Communicator, buf []byte) error {
+			var o []CallOption
+			if c.Rank() == bad {
+				o = append(o, WithAlgorithm(Ring))
+			}
+			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum, o...)
+		}, "algorithm"},
+		{"collective", func(c *Communicator, buf []byte) error {
+			if c.Rank() == bad {
+				return c.Broadcast(testCtx(t), buf, 0)
+			}
+			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+		}, "collective"},
+		{"skipped", func(c *Communicator, buf []byte) error {
+			if c.Rank() != bad {
+				if err := c.Allreduce(testCtx(t), nil, buf, Float32, Max); err != nil {
+					return err
+				}
+			}
+			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+		}, "reduction"}, // a skipped call shows as a different call under the same number
+		{"invalid", func(c *Communicator, buf []byte) error {
+			dt := Float32
+			if c.Rank() == bad {
+				dt = DType(9)
+			}
+			return c.Allreduce(testCtx(t), nil, buf, dt, Sum)
+		}, "invalid arguments"},
+		{"closed", func(c *Communicator, buf []byte) error {
+			if c.Rank() == bad {
+				return c.Transport().Close()
+			}
+			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+		}, "rank 2"},
+		{"deadline", func(c *Communicator, buf []byte) error {
+			if c.Rank() == bad {
+				time.Sleep(1500 * time.Millisecond)
+				return nil
+			}
+			ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+			defer cancel()
+			return c.Allreduce(ctx, nil, buf, Float32, Sum)
+		}, "deadline"},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			ts := loopback(t, 4, "shm")
+			start := time.Now()
+			errs := timed(t, ts, Config{Timeout: 8 * time.Second}, 20*time.Second, func(c *Communicator) error {
+				buf := make([]byte, 600_000)
+				if err := c.Allreduce(testCtx(t), nil, buf, Float32, Sum); err != nil {
+					return fmt.Errorf("first allreduce: %w", err)
+				}
+				return k.f(c, buf)
+			})
+			took := time.Since(start)
+			for r, err := range errs {
+				if r == bad && (k.name == "closed" || k.name == "deadline" || k.name == "invalid") {
+					continue // it did not take part, or failed on its own arguments
+				}
+				if err == nil {
+					t.Errorf("rank %d: no error", r)
+					continue
+				}
+				if !names(err, bad) && k.name != "deadline" {
+					t.Errorf("rank %d: error does not name rank %d: %v", r, bad, err)
+				}
+				if !strings.Contains(err.Error(), k.want) && !(k.name == "deadline" && strings.Contains(err.Error(), "timed out waiting for rank 2")) {
+					t.Errorf("rank %d: error does not say %q: %v", r, k.want, err)
+				}
+				if strings.Contains(err.Error(), "first allreduce") {
+					t.Errorf("rank %d: the first (matching) call failed: %v", r, err)
+				}
+			}
+			if k.name != "deadline" && took > 5*time.Second {
+				t.Errorf("took %v: the ranks waited for a timeout instead of telling each other", took)
+			}
+			t.Logf("after %v: rank 0: %v", took.Round(time.Millisecond), errs[0])
+		})
+	}
+}
