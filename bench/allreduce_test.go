@@ -66,7 +66,8 @@ func (g *arGroup) run(b *testing.B, bufs [][]byte, iters int, opts []collective.
 // BenchmarkAllreduce reports the bus bandwidth (nccl-tests' busbw =
 // size/time * 2(n-1)/n, GB = 1e9 bytes) and the time of float32 sum
 // allreduces over real loopback meshes: QUIC, TLS/TCP and shared memory,
-// np 2 and 4, ring and tree, float32 or float16 on the wire, 1 KiB to
+// np 2 and 4, ring and tree (and over shared memory the group-segment
+// allreduce, "shm"), float32 or float16 on the wire, 1 KiB to
 // 64 MiB. Select with -bench, e.g.
 //
 //	go test -bench 'Allreduce/quic/np4/ring/fp32' ./bench/
@@ -83,7 +84,11 @@ func BenchmarkAllreduce(b *testing.B) {
 	for _, tr := range transports {
 		for _, np := range []int{2, 4} {
 			var g *arGroup
-			for _, algo := range []collective.Algorithm{collective.Ring, collective.Tree} {
+			algos := []collective.Algorithm{collective.Ring, collective.Tree}
+			if tr.name == "shm" {
+				algos = append(algos, collective.Shared) // the group-segment allreduce (auto on one host)
+			}
+			for _, algo := range algos {
 				for _, wire := range []collective.DType{collective.Float32, collective.Float16} {
 					wname := map[collective.DType]string{collective.Float32: "fp32", collective.Float16: "fp16"}[wire]
 					for _, size := range sizes {

@@ -14,13 +14,13 @@ import (
 // no messages: each rank has a slot in the segment, and every round of at
 // most SharedRoundBytes of the buffer goes
 //
-//  1. each rank copies its piece of the buffer into its slot and
-//     publishes an arrival;
-//  2. once all have arrived, rank i reduces part i of the piece: the n
-//     slots' part i in rank order 0, 1, ..., n-1 (so each element is
-//     computed once, by one rank, and every rank ends with the same bits),
-//     writes it into its buffer and back into its own slot, and publishes
-//     a second arrival;
+//  1. each rank copies its piece of the buffer, but for its own part,
+//     into its slot and publishes an arrival;
+//  2. once all have arrived, rank i reduces part i of the piece: its own
+//     part i (read from its buffer, not copied) with the other slots' part
+//     i in rank order (each element is computed once, by one rank, so every
+//     rank ends with the same bits), writes it into its buffer and into its
+//     own slot, and publishes a second arrival;
 //  3. once all have, each rank copies every other part from its owner's
 //     slot into its buffer.
 //
@@ -246,10 +246,15 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 		in, piece := send[lo*es:hi*es], recv[lo*es:hi*es]
 		b := int(s.arrived/2) % 2 // two arrivals per round
 		slot := func(i int) []byte { return g.Slot(i)[b*halfBytes : b*halfBytes+(hi-lo)*ws] }
+		parts := split(hi-lo, n)
+		plo, phi := parts[me]*es, parts[me+1]*es
 		if conv {
 			red.toWire(slot(me), in)
 		} else {
-			copy(slot(me), in)
+			// only the parts other ranks reduce: this rank reads its own
+			// part straight from its buffer
+			copy(slot(me)[:plo], in[:plo])
+			copy(slot(me)[phi:], in[phi:])
 		}
 		if err := s.arrive(ctx, cl); err != nil {
 			return err
@@ -265,16 +270,20 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 				}
 			}
 		}
-		parts := split(hi-lo, n)
-		mine := piece[parts[me]*es : parts[me+1]*es]
+		mine := piece[plo:phi]
 		wpart := func(i, j int) []byte { return slot(i)[parts[j]*ws : parts[j+1]*ws] }
+		// This rank's own contribution first, then the others' in rank
+		// order: each element is computed by one rank only, so every rank
+		// ends with the same bits.
 		if conv {
-			red.fromWire(mine, wpart(0, me))
-		} else {
-			copy(mine, wpart(0, me))
+			red.fromWire(mine, wpart(me, me))
+		} else if len(mine) > 0 && &in[plo] != &mine[0] {
+			copy(mine, in[plo:phi])
 		}
-		for i := 1; i < n; i++ {
-			red.combine(mine, wpart(i, me))
+		for i := 0; i < n; i++ {
+			if i != me {
+				red.combine(mine, wpart(i, me))
+			}
 		}
 		red.finish(mine)
 		if conv {

@@ -259,7 +259,7 @@ func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check fu
 const grpSpins = 2000
 
 // GroupYieldFor is how long LocalGroup.Wait yields before it sleeps.
-var GroupYieldFor = 2 * time.Millisecond
+var GroupYieldFor = 500 * time.Microsecond
 
 // close stops waiters, waits for the user to Leave, and unmaps.
 func (g *LocalGroup) close() {
