@@ -40,7 +40,8 @@ for np in $NPS; do for tr in $TRANSPORTS; do for algo in $ALGOS; do
   esac
   for size in $SIZES; do
     # about the same work per size: many iterations when small, few when large
-    n=$(( 268435456 / size / 4 )); [ $n -gt 200 ] && n=200; [ $n -lt 5 ] && n=5
+    # (about 1 GiB per size, 10 to 2000 iterations: the peers run ~BUDGET seconds each)
+    n=$(( 1073741824 / size )); [ $n -gt 2000 ] && n=2000; [ $n -lt 10 ] && n=10
     w=$(( n / 10 + 1 ))
     cmd=("$TMP/gorun" -np "$np" "${env[@]}" "$TMP/allreduce-perf" -b "$size" -e "$size" -n "$n" -w "$w" -d float -o sum -a "$algo" -I 0 -c 1)
     echo "+ ${cmd[*]}" | sed "s#$TMP/##g" >> "$OUT/gorun_${tr}_np${np}_${algo}.txt"
