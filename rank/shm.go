@@ -237,29 +237,43 @@ func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err e
 	return name, seg, nil
 }
 
-// shmOpen maps the segment the lower rank created, checks it, and unlinks it.
-func shmOpen(name string, lo, hi, channels int) ([]byte, error) {
+// shmMap opens and maps an existing segment by name, checking that it is
+// this user's, mode 0600, of the expected size; unlink removes the name
+// once opened.
+func shmMap(name string, size int, unlink bool) ([]byte, string, error) {
 	if !shmNameRE.MatchString(name) {
-		return nil, fmt.Errorf("bad segment name %q", name)
+		return nil, "", fmt.Errorf("bad segment name %q", name)
 	}
 	path := filepath.Join(shmDir(), name)
 	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer f.Close()
-	os.Remove(path) // both sides have it now (or the creator is gone): nothing stays behind
+	if unlink {
+		os.Remove(path)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	_, size := shmLayout(channels)
 	if st.Uid != uint32(os.Getuid()) || st.Mode&0o077 != 0 || st.Size != int64(size) {
-		return nil, fmt.Errorf("%s: owner %d mode %o size %d, want owner %d mode 600 size %d", path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
+		return nil, "", fmt.Errorf("%s: owner %d mode %o size %d, want owner %d mode 600 size %d", path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
 	}
 	seg, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %s: %v", path, err)
+		return nil, "", fmt.Errorf("mmap %s: %v", path, err)
+	}
+	return seg, path, nil
+}
+
+// shmOpen maps the segment the lower rank created, checks it, and unlinks it
+// (both sides have it then, or the creator is gone: nothing stays behind).
+func shmOpen(name string, lo, hi, channels int) ([]byte, error) {
+	_, size := shmLayout(channels)
+	seg, path, err := shmMap(name, size, true)
+	if err != nil {
+		return nil, err
 	}
 	if u64At(seg, 0).Load() != shmMagic || binary.LittleEndian.Uint32(seg[8:]) != shmVersion ||
 		binary.LittleEndian.Uint32(seg[12:]) != uint32(channels) || binary.LittleEndian.Uint64(seg[16:]) != shmRingBytes ||

@@ -101,28 +101,12 @@ func grpCreate(job string, leader, n int) (*LocalGroup, string, error) {
 
 // grpOpen maps the group segment the leader created and checks it.
 func grpOpen(name string, leader, n int) (*LocalGroup, error) {
-	if !shmNameRE.MatchString(name) {
-		return nil, fmt.Errorf("bad group segment name %q", name)
-	}
-	path := filepath.Join(shmDir(), name)
-	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	// Not unlinked here: other members still have to open it. The leader
 	// unlinks it once every member has answered (or failed to).
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, err
-	}
 	dataOff, size := grpLayout(n)
-	if st.Uid != uint32(os.Getuid()) || st.Mode&0o077 != 0 || st.Size != int64(size) {
-		return nil, fmt.Errorf("%s: owner %d mode %o size %d, want owner %d mode 600 size %d", path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
-	}
-	seg, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	seg, path, err := shmMap(name, size, false)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %s: %v", path, err)
+		return nil, err
 	}
 	if u64At(seg, 0).Load() != grpMagic || binary.LittleEndian.Uint32(seg[8:]) != grpVersion ||
 		binary.LittleEndian.Uint32(seg[12:]) != uint32(n) || binary.LittleEndian.Uint64(seg[16:]) != GroupSlotBytes ||
