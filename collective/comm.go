@@ -192,9 +192,6 @@ func (c *Communicator) loop() {
 		select {
 		case h := <-c.queue:
 			c.runOne(h)
-			c.mu.Lock()
-			c.pending--
-			c.mu.Unlock()
 		case <-c.done:
 			for {
 				select {
@@ -209,10 +206,10 @@ func (c *Communicator) loop() {
 	}
 }
 
-// runOne runs a call unless an earlier one failed, and finishes its Handle.
+// runOne runs a call unless an earlier one failed, counts it finished,
+// and finishes its Handle.
 func (c *Communicator) runOne(h *Handle) {
 	c.exe.Lock()
-	defer c.exe.Unlock()
 	c.mu.Lock()
 	err := c.err
 	c.mu.Unlock()
@@ -220,14 +217,14 @@ func (c *Communicator) runOne(h *Handle) {
 		h.err = fmt.Errorf("rank %d: %s not run: an earlier collective failed: %w", c.t.Rank(), h.c, err)
 	} else {
 		h.err = c.exec(h)
-		if h.err != nil {
-			c.mu.Lock()
-			if c.err == nil {
-				c.err = h.err
-			}
-			c.mu.Unlock()
-		}
 	}
+	c.mu.Lock()
+	if h.err != nil && c.err == nil {
+		c.err = h.err
+	}
+	c.pending--
+	c.mu.Unlock()
+	c.exe.Unlock()
 	close(h.done)
 }
 
@@ -291,9 +288,6 @@ func (c *Communicator) submit(ctx context.Context, cl call, fn func(context.Cont
 	}
 	if now {
 		c.runOne(h)
-		c.mu.Lock()
-		c.pending--
-		c.mu.Unlock()
 		return h
 	}
 	c.queue <- h
@@ -315,7 +309,7 @@ type callOpts struct {
 	wire DType
 }
 
-// WithAlgorithm forces ring, tree or direct for this call.
+// WithAlgorithm forces ring, tree, direct or shm for this call.
 func WithAlgorithm(a Algorithm) CallOption { return func(o *callOpts) { o.algo = a } }
 
 // WithWire sends float32 data as float16 or bfloat16: the sender rounds to
@@ -404,7 +398,7 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 	if a == Auto {
 		a = c.cfg.Algorithm
 	}
-	if a == Auto && c.sh != nil || a == Shared && c.sh != nil {
+	if (a == Auto || a == Shared) && c.sh != nil {
 		return Shared
 	}
 	if a != Auto && a != Shared && !(a == Direct && bytes > DirectLimit) {

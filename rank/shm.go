@@ -367,9 +367,10 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	local := m.localRanks()
 	var peers []int
-	for p := range m.hosts {
-		if p != m.id.Rank && m.hosts[p] == m.hosts[m.id.Rank] && m.hosts[p] != "" {
+	for _, p := range local {
+		if p != m.id.Rank {
 			peers = append(peers, p)
 		}
 	}
@@ -382,8 +383,7 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 	// every pair segment (it is the lower rank of every local pair).
 	var grp *LocalGroup
 	var grpName string
-	local := m.localRanks()
-	if want && local[0] == m.id.Rank && os.Getenv("GORUN_SHM_GROUP") != "0" {
+	if want && local[0] == m.id.Rank && os.Getenv(EnvShmGroup) != "0" {
 		g, name, err := grpCreate(m.id.JobID, m.id.Rank, len(local))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared-memory group segment (%v)\n", m.id.Rank, err)
@@ -463,9 +463,7 @@ func (m *Mesh) shmOfferTo(c laneConn, p int, want bool, group string, groupN int
 			off.Why = fmt.Sprintf("rank %d cannot create a segment: %v", m.id.Rank, err)
 		} else {
 			off.Name, seg, path = name, s, filepath.Join(shmDir(), name)
-			if group != "" && m.hosts[p] == m.hosts[m.id.Rank] {
-				off.Group, off.GroupN = group, groupN
-			}
+			off.Group, off.GroupN = group, groupN
 		}
 	}
 	undo := func() {

@@ -10,6 +10,10 @@ import (
 // "false") or on ("1", "on", "true"; the default).
 const EnvShm = "GORUN_SHM"
 
+// EnvShmGroup set to 0 on a host's lowest rank leaves the host without a
+// group segment (rank.LocalGroup), so collectives use the pair rings.
+const EnvShmGroup = "GORUN_SHM_GROUP"
+
 // shmEnabled resolves Options.SharedMemory with GORUN_SHM.
 func shmEnabled(opt string) (bool, error) {
 	v := strings.ToLower(strings.TrimSpace(opt))

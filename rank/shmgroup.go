@@ -144,9 +144,9 @@ func (g *LocalGroup) Slot(i int) []byte {
 	return g.seg[off : off+GroupSlotBytes : off+GroupSlotBytes]
 }
 
-// Claim returns how many times Claim was called before on this rank. A
-// collective layer calls it once per communicator, in the same order on
-// every member, to tell its communicators' control words apart.
+// Claim returns 1 on its first call on this rank, 2 on the next, and so
+// on. A collective layer calls it once per communicator, in the same order
+// on every member, to tell its communicators' control words apart.
 func (g *LocalGroup) Claim() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -340,6 +340,9 @@ func (g *LocalGroup) settle(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	for i := range g.ranks {
+		if i == g.idx {
+			continue // voted 1 above
+		}
 		if err := g.Wait(ctx, i, func() bool { return g.vote(i).Load() != 0 }, nil); err != nil {
 			return false, err
 		}
