@@ -25,8 +25,9 @@ func pair(b *testing.B, opt rank.Options) []rank.Transport {
 }
 
 // BenchmarkP2P measures one-way throughput between two ranks on loopback
-// (each message striped over every channel, hence over every connection)
-// and the round-trip time of an 8-byte message.
+// (each message striped over every channel, hence over every connection),
+// the throughput of both directions at once (exchange: the traffic of a
+// 2-rank ring allreduce) and the round-trip time of an 8-byte message.
 func BenchmarkP2P(b *testing.B) {
 	type cfg struct {
 		name string
@@ -46,8 +47,9 @@ func BenchmarkP2P(b *testing.B) {
 	}
 }
 
-// benchPair runs the throughput (1, 16, 64 MiB, striped over the channels)
-// and 8-byte round-trip sub-benchmarks between the two ranks of g; fill
+// benchPair runs the throughput (1, 16, 64 MiB, striped over the channels;
+// one way, then both ways at once) and 8-byte round-trip sub-benchmarks
+// between the two ranks of g; fill
 // writes the source buffer first, so copies read real pages rather than the
 // kernel's shared zero page.
 func benchPair(b *testing.B, name string, g []rank.Transport, fill bool) {
@@ -83,6 +85,48 @@ func benchPair(b *testing.B, name string, g []rank.Transport, fill bool) {
 							b.Error(err)
 						}
 					}()
+				}
+				wg.Wait()
+			}
+			b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+	// Both directions at once: what each rank of a 2-rank ring allreduce
+	// asks of the transport (it sends to its peer while it receives from
+	// it). GB/s is per direction; the one-way rate above is what a single
+	// direction gets when it has the whole machine.
+	for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
+		b.Run(fmt.Sprintf("%s/exchange-%dMiB", name, size>>20), func(b *testing.B) {
+			src := [2][]byte{make([]byte, size), make([]byte, size)}
+			dst := [2][]byte{make([]byte, size), make([]byte, size)}
+			if fill {
+				for i := range src[0] {
+					src[0][i], src[1][i] = byte(i), byte(i+1)
+				}
+			}
+			part := (size + nch - 1) / nch
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				var wg sync.WaitGroup
+				for ch := 0; ch < nch; ch++ {
+					lo, hi := min(ch*part, size), min((ch+1)*part, size)
+					tag := rank.Tag{Seq: uint64(i), Chunk: uint32(ch)}
+					for me := 0; me < 2; me++ {
+						wg.Add(2)
+						go func() {
+							defer wg.Done()
+							if err := g[me].Send(ctx, 1-me, ch, tag, src[me][lo:hi]); err != nil {
+								b.Error(err)
+							}
+						}()
+						go func() {
+							defer wg.Done()
+							if err := g[me].Recv(ctx, 1-me, ch, tag, dst[me][lo:hi]); err != nil {
+								b.Error(err)
+							}
+						}()
+					}
 				}
 				wg.Wait()
 			}

@@ -7,6 +7,12 @@
 //
 //	bin/gorun -np 4 bin/allreduce-perf -b 8 -e 256M -f 2 -d float -o sum -a auto
 //
+// With -C sendrecv it measures what nccl-tests' sendrecv_perf does instead:
+// every rank sends the buffer to the next rank while it receives one from
+// the previous rank, through the same mesh and transport, with no
+// reduction. That is the traffic of every ring step, so its bandwidth is the
+// ceiling a ring allreduce can reach on this transport (busbw = algbw).
+//
 // Started without a launcher it is rank 0 of 1.
 package main
 
@@ -17,6 +23,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +51,7 @@ type options struct {
 	check              bool
 	timeout            time.Duration
 	inPlace, outPlace  bool
+	sendrecv           bool // -C sendrecv
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -51,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	app := &cli.App{
 		Name:            "allreduce-perf",
 		Usage:           "measure Allreduce bandwidth like nccl-tests' all_reduce_perf",
-		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree] [-c 1]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
+		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
 		HideHelpCommand: true,
 		Writer:          stdout,
 		ErrWriter:       stderr,
@@ -67,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.StringFlag{Name: "wire", Aliases: []string{"W"}, Value: "", Usage: "send float data as half or bfloat16 (default: the data type)"},
 			&cli.IntFlag{Name: "check", Aliases: []string{"c"}, Value: 1, Usage: "1: check the results and count wrong elements; 0: do not"},
 			&cli.IntFlag{Name: "inplace", Aliases: []string{"I"}, Value: 2, Usage: "0: out of place only, 1: in place only, 2: both"},
+			&cli.StringFlag{Name: "collective", Aliases: []string{"C"}, Value: "allreduce", Usage: "allreduce, or sendrecv: each rank sends to the next and receives from the previous (nccl-tests' sendrecv_perf; the transport's ceiling for a ring)"},
 			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 0, Usage: "give up on a peer after this long (default: the transport's, GORUN_TIMEOUT or 60s)"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
@@ -176,6 +185,20 @@ func parseOptions(c *cli.Context) (options, error) {
 		return o, fmt.Errorf("-I %d: want 0, 1 or 2", c.Int("inplace"))
 	}
 	o.timeout = c.Duration("timeout")
+	switch c.String("collective") {
+	case "allreduce":
+	case "sendrecv":
+		o.sendrecv = true
+		if c.IsSet("inplace") && o.inPlace {
+			return o, fmt.Errorf("-I %d: sendrecv has no in-place form (use -I 0)", c.Int("inplace"))
+		}
+		if c.IsSet("algo") || c.IsSet("wire") || c.IsSet("op") {
+			return o, fmt.Errorf("-C sendrecv reduces nothing: -a, -o and -W do not apply")
+		}
+		o.inPlace, o.outPlace = false, true
+	default:
+		return o, fmt.Errorf("-C %q: want allreduce or sendrecv", c.String("collective"))
+	}
 	return o, nil
 }
 
@@ -184,6 +207,7 @@ func bench(o options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	procs, procsFrom := shareOfHost(id.LocalSize)
 	ctx := context.Background()
 	mesh, err := rank.Connect(ctx, id, rank.Options{Timeout: o.timeout})
 	if err != nil {
@@ -218,8 +242,14 @@ func bench(o options, out io.Writer) error {
 			algo = a
 		}
 	}
-	p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
-		n, transportName(), mesh.Channels(), o.dtype, o.wire, o.op, algo)
+	if o.sendrecv {
+		p("# gorun allreduce-perf -C sendrecv: %d ranks, transport %s, %d channels; each rank sends to rank+1 and receives from rank-1\n",
+			n, transportName(), mesh.Channels())
+	} else {
+		p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
+			n, transportName(), mesh.Channels(), o.dtype, o.wire, o.op, algo)
+	}
+	p("# GOMAXPROCS %d per rank (%s)\n", procs, procsFrom)
 	if h, m := comm.Hierarchical(); h > 0 {
 		p("# hierarchical allreduce: %d hosts x %d ranks (GORUN_HIERARCHICAL=0 turns it off)\n", h, m)
 	}
@@ -247,9 +277,12 @@ func bench(o options, out io.Writer) error {
 	for size := o.minBytes; size <= o.maxBytes; size *= int64(o.factor) {
 		count := size / es
 		b := count * es
-		chosen := comm.AlgorithmFor(o.algo, int(count)*o.wire.Size())
+		chosen, redop := comm.AlgorithmFor(o.algo, int(count)*o.wire.Size()).String(), o.op.String()
+		if o.sendrecv {
+			chosen, redop = "p2p", "none"
+		}
 		// the row is printed whole, so that an error never lands inside it
-		row := fmt.Sprintf("  %10d %12d %8s %6s %6s", b, count, typeName(o.dtype), o.op, chosen)
+		row := fmt.Sprintf("  %10d %12d %8s %6s %6s", b, count, typeName(o.dtype), redop, chosen)
 		for _, inPlace := range []bool{false, true} {
 			if inPlace && !o.inPlace || !inPlace && !o.outPlace {
 				continue
@@ -258,19 +291,26 @@ func bench(o options, out io.Writer) error {
 			if inPlace {
 				s = r
 			}
-			us, err := timeIt(ctx, comm, s, r, o, opts)
+			var us float64
+			var wrong int
+			var err error
+			if o.sendrecv {
+				us, wrong, err = sendRecv(ctx, comm, mesh, s, r, o)
+			} else {
+				us, err = timeIt(ctx, comm, s, r, o, opts)
+				if err == nil && o.check {
+					wrong, err = checkIt(ctx, comm, s, r, o, opts)
+				}
+			}
 			if err != nil {
 				return err
-			}
-			wrong := 0
-			if o.check {
-				if wrong, err = checkIt(ctx, comm, s, r, o, opts); err != nil {
-					return err
-				}
 			}
 			wrongTotal += wrong
 			algbw := float64(b) / us / 1e3
 			busbw := algbw * 2 * float64(n-1) / float64(n)
+			if o.sendrecv {
+				busbw = algbw // each link carries the buffer once
+			}
 			busSum += busbw
 			rows++
 			wr := "N/A"
@@ -299,6 +339,21 @@ func bench(o options, out io.Writer) error {
 		return fmt.Errorf("%d wrong elements", wrongTotal)
 	}
 	return nil
+}
+
+// shareOfHost sets GOMAXPROCS to this rank's share of the host's cores
+// (cores / ranks on this host, at least 1), as nmt-train sizes its compute
+// threads, unless the GOMAXPROCS variable is set: a benchmark that only
+// communicates runs faster with one OS thread per core it has than with
+// every rank's runtime scheduling on every core. It returns the value and
+// where it came from.
+func shareOfHost(localSize int) (int, string) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return runtime.GOMAXPROCS(0), "from the GOMAXPROCS variable"
+	}
+	n := max(1, runtime.NumCPU()/max(1, localSize))
+	runtime.GOMAXPROCS(n)
+	return n, fmt.Sprintf("%d cores / %d ranks on this host; set GOMAXPROCS to change", runtime.NumCPU(), max(1, localSize))
 }
 
 func btoi(b bool) int {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/rank"
 )
@@ -170,10 +172,79 @@ func TestKilledRank(t *testing.T) {
 	}
 }
 
+var p2pRowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+none\s+p2p\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
+
+// TestSendRecv: -C sendrecv between processes, over QUIC and over shared
+// memory: one out-of-place column, busbw = algbw, the data checked against
+// what the previous rank sent, and the GOMAXPROCS line (this rank's share
+// of the host, or the variable).
+func TestSendRecv(t *testing.T) {
+	for _, k := range []struct {
+		n    int
+		env  []string
+		args []string
+		rows int
+	}{
+		{3, []string{"GORUN_SHM=off"}, []string{"-b", "0", "-e", "1M", "-f", "16", "-d", "half"}, 6},
+		{2, []string{"GORUN_SHM=on"}, []string{"-b", "4K", "-e", "4M", "-f", "32", "-d", "float"}, 3},
+		{2, []string{"GORUN_SHM=off", "GORUN_TRANSPORT=tcp", "GOMAXPROCS=3"}, []string{"-b", "1000", "-e", "1000", "-d", "bfloat16"}, 1},
+	} {
+		t.Run(fmt.Sprint("np", k.n, k.env), func(t *testing.T) {
+			args := append([]string{"-C", "sendrecv", "-n", "3", "-w", "1"}, k.args...)
+			outs, errs := launch(t, k.n, args, func(int) []string { return k.env }, -1, 0)
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+				}
+			}
+			rows := p2pRowRE.FindAllStringSubmatch(outs[0], -1)
+			if len(rows) != k.rows {
+				t.Fatalf("rank 0 printed %d sendrecv rows, want %d:\n%s", len(rows), k.rows, outs[0])
+			}
+			for _, row := range rows {
+				if row[7] != "0" {
+					t.Errorf("wrong elements: %s", row[0])
+				}
+				if row[5] != row[6] {
+					t.Errorf("busbw %s != algbw %s: %s", row[6], row[5], row[0])
+				}
+			}
+			want := fmt.Sprintf("# GOMAXPROCS %d per rank (%d cores / %d ranks on this host", max(1, runtime.NumCPU()/k.n), runtime.NumCPU(), k.n)
+			if slices.Contains(k.env, "GOMAXPROCS=3") {
+				want = "# GOMAXPROCS 3 per rank (from the GOMAXPROCS variable)"
+			}
+			if !strings.Contains(outs[0], want) {
+				t.Errorf("no %q in:\n%s", want, outs[0])
+			}
+		})
+	}
+}
+
+// TestWrongFrom: the sendrecv check counts every element that is not the
+// previous rank's.
+func TestWrongFrom(t *testing.T) {
+	for _, dt := range []collective.DType{collective.Float32, collective.Float16, collective.BFloat16} {
+		b := make([]byte, 1001*dt.Size())
+		fill(b, 2, dt)
+		if w := wrongFrom(b, 2, dt); w != 0 {
+			t.Errorf("%s: %d wrong in an intact buffer", dt, w)
+		}
+		if w := wrongFrom(b, 1, dt); w < 900 {
+			t.Errorf("%s: rank 1's data read as rank 2's: only %d wrong", dt, w)
+		}
+		b[dt.Size()*500] ^= 0x40
+		b[len(b)-1] ^= 0x40
+		if w := wrongFrom(b, 2, dt); w != 2 {
+			t.Errorf("%s: %d wrong after corrupting 2 elements", dt, w)
+		}
+	}
+}
+
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-b", "12X"}, {"-e", "-5"}, {"-b", "1M", "-e", "1K"}, {"-d", "double"}, {"-o", "prod"},
 		{"-a", "butterfly"}, {"-c", "7"}, {"-n", "0"}, {"-f", "1", "-b", "8", "-e", "16"}, {"-d", "half", "-W", "bfloat16"}, {"--nope"}, {"extra"},
+		{"-C", "alltoall"}, {"-C", "sendrecv", "-I", "1"}, {"-C", "sendrecv", "-a", "ring"}, {"-C", "sendrecv", "-o", "max"},
 	} {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = testenv.CleanEnv()

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/rank"
+)
+
+// sendrecvKind marks -C sendrecv's messages (Tag.Kind), apart from every
+// collective's.
+const sendrecvKind = 0xfffe
+
+// sendrecvSeq numbers the exchanges of one run; every rank counts the same.
+var sendrecvSeq uint64
+
+// exchange sends send to rank+1 while it receives recv from rank-1, each
+// buffer striped over the mesh's channels (one message per channel).
+func exchange(ctx context.Context, t rank.Transport, send, recv []byte) error {
+	n, me := t.Size(), t.Rank()
+	if n == 1 {
+		copy(recv, send) // a rank that is its own neighbour
+		return nil
+	}
+	sendrecvSeq++
+	next, prev := (me+1)%n, (me+n-1)%n
+	nch := t.Channels()
+	part := (len(send) + nch - 1) / nch
+	errs := make([]error, 2*nch)
+	var wg sync.WaitGroup
+	for ch := 0; ch < nch; ch++ {
+		lo, hi := min(ch*part, len(send)), min((ch+1)*part, len(send))
+		tag := rank.Tag{Seq: sendrecvSeq, Kind: sendrecvKind, Chunk: uint32(ch)}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			errs[2*ch] = t.Send(ctx, next, ch, tag, send[lo:hi])
+		}()
+		go func() {
+			defer wg.Done()
+			errs[2*ch+1] = t.Recv(ctx, prev, ch, tag, recv[lo:hi])
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendRecv times -C sendrecv for one size: the warm-up and timed exchanges,
+// the time of one in microseconds averaged over the iterations and the
+// ranks, and with -c 1 the elements (over all ranks) that differ from what
+// the previous rank filled in.
+func sendRecv(ctx context.Context, c *collective.Communicator, t rank.Transport, send, recv []byte, o options) (float64, int, error) {
+	n, me := c.Size(), c.Rank()
+	fill(send, me, o.dtype)
+	clear(recv)
+	for i := 0; i < o.warmup; i++ {
+		if err := exchange(ctx, t, send, recv); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	for i := 0; i < o.iters; i++ {
+		if err := exchange(ctx, t, send, recv); err != nil {
+			return 0, 0, err
+		}
+	}
+	us := []float32{float32(time.Since(start).Seconds() * 1e6 / float64(o.iters))}
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(us), collective.Float32, collective.Average); err != nil {
+		return 0, 0, err
+	}
+	if !o.check {
+		return float64(us[0]), 0, nil
+	}
+	wrong := wrongFrom(recv, (me+n-1)%n, o.dtype)
+	w := []float32{float32(wrong)}
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(w), collective.Float32, collective.Sum); err != nil {
+		return 0, 0, fmt.Errorf("counting wrong elements: %w", err)
+	}
+	return float64(us[0]), int(w[0]), nil
+}
+
+// wrongFrom counts the elements of recv that differ from what rank prev
+// filled its send buffer with.
+func wrongFrom(recv []byte, prev int, dt collective.DType) int {
+	wrong := 0
+	count := len(recv) / dt.Size()
+	for i := 0; i < count; i++ {
+		v := value(prev, i)
+		var ok bool
+		switch dt {
+		case collective.Float32:
+			ok = f32view(recv)[i] == v
+		case collective.Float16:
+			ok = u16view(recv)[i] == half.F32ToF16(v)
+		default:
+			ok = u16view(recv)[i] == half.F32ToBF16(v)
+		}
+		if !ok {
+			wrong++
+		}
+	}
+	return wrong
+}
