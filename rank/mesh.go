@@ -112,12 +112,20 @@ type laneConn interface {
 }
 
 type lane struct {
-	c   laneConn
-	rmu sync.Mutex
-	wmu sync.Mutex
-	rh  [headerBytes]byte
-	wh  [headerBytes]byte
+	c    laneConn
+	rmu  sync.Mutex
+	wmu  sync.Mutex
+	rh   [headerBytes]byte
+	wh   [headerBytes]byte
+	wbuf []byte // header and a small payload, written at once
 }
+
+// coalesceBytes is the largest payload that Send copies behind its header
+// into one write: one QUIC packet or TLS record, and one wake-up of the
+// connection's sender, instead of two for the header and the payload.
+// Larger payloads are written from the caller's buffer, where a separate
+// 24-byte header costs nothing measurable.
+const coalesceBytes = 16 << 10
 
 type peerCounters struct {
 	sent, recv atomic.Uint64
@@ -595,13 +603,14 @@ func (m *Mesh) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) 
 	l.c.SetWriteDeadline(m.deadline(ctx))
 	stop := context.AfterFunc(ctx, func() { l.c.SetWriteDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if _, err := l.c.Write(l.wh[:]); err != nil {
-		return m.ioError(ctx, "send", peer, ch, tag, err)
+	if len(payload) <= coalesceBytes {
+		l.wbuf = append(append(l.wbuf[:0], l.wh[:]...), payload...)
+		_, err = l.c.Write(l.wbuf)
+	} else if _, err = l.c.Write(l.wh[:]); err == nil {
+		_, err = l.c.Write(payload)
 	}
-	if len(payload) > 0 {
-		if _, err := l.c.Write(payload); err != nil {
-			return m.ioError(ctx, "send", peer, ch, tag, err)
-		}
+	if err != nil {
+		return m.ioError(ctx, "send", peer, ch, tag, err)
 	}
 	m.count[peer].sent.Add(uint64(headerBytes + len(payload)))
 	return nil
