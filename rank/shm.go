@@ -677,7 +677,7 @@ func (w *shmWait) pause() error {
 		time.Sleep(shmSleep)
 	}
 	now := time.Now()
-	if now.Sub(w.start) > sp.timeout {
+	if now.Sub(w.start) > shmTimeout(sp.timeout) {
 		return errShmTimeout
 	}
 	if now.After(w.nextLive) {
@@ -687,6 +687,19 @@ func (w *shmWait) pause() error {
 		}
 	}
 	return nil
+}
+
+// shmTimeout is how long a wait for a rank on this host lasts without
+// progress: the mesh's timeout and a quarter more. A rank on this host that
+// makes no progress is usually itself waiting for a rank elsewhere, with the
+// same timeout started a little later; the extra quarter lets that wait end
+// first and its error (naming the rank really lost) reach this rank as an
+// abort, instead of this rank blaming its live neighbour. A dead neighbour
+// is noticed at once, through its pidfd.
+func shmTimeout(t time.Duration) time.Duration { return t + t/4 }
+
+func shmTimeoutText(t time.Duration) string {
+	return fmt.Sprintf("no progress for %s (timeout %s, and a quarter more for a rank on this host)", shmTimeout(t), t)
 }
 
 var (
@@ -700,7 +713,7 @@ func (sp *shmPeer) fail(w *shmWait, op string, ch int, tag Tag, err error) error
 		err = w.ctx.Err()
 	case err == errClosed:
 	case err == errShmTimeout:
-		err = fmt.Errorf("no progress for %s (timeout) on shared-memory channel %d, %v", sp.timeout, ch, tag)
+		err = fmt.Errorf("%s on shared-memory channel %d, %v", shmTimeoutText(sp.timeout), ch, tag)
 	case err == errShmPeerDied:
 		err = fmt.Errorf("rank %d (pid %d) died (shared-memory channel %d, %v)", sp.peer, sp.pid, ch, tag)
 	case err == errShmPeerClosed:

@@ -175,6 +175,36 @@ func TestShmMismatch(t *testing.T) {
 	}
 }
 
+// TestShmBlameGrace: a wait for a live rank on this host lasts a quarter
+// longer than the mesh's timeout, so a message (an abort naming the rank
+// really lost, say) that the neighbour sends just after its own wait of the
+// same timeout ends still arrives; past that the wait fails, naming the
+// timeout it used.
+func TestShmBlameGrace(t *testing.T) {
+	const timeout = 2 * time.Second
+	g, _ := shmGroup(t, 2, Options{Timeout: timeout})
+	sent := make(chan error, 1)
+	go func() {
+		time.Sleep(timeout + 150*time.Millisecond) // after the timeout, well inside the quarter
+		sent <- g[1].Send(context.Background(), 0, 0, Tag{Seq: 7}, []byte("late"))
+	}()
+	buf := make([]byte, 4)
+	if err := g[0].Recv(context.Background(), 1, 0, Tag{Seq: 7}, buf); err != nil || string(buf) != "late" {
+		t.Fatalf("a message %v after the timeout was lost: %v", 150*time.Millisecond, err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := g[0].Recv(context.Background(), 1, 0, Tag{Seq: 8}, buf)
+	if d := time.Since(start); d < timeout+timeout/4 {
+		t.Errorf("gave up after %v, before the timeout and its quarter (%v)", d, timeout+timeout/4)
+	}
+	if err == nil || !strings.Contains(err.Error(), "no progress for 2.5s (timeout 2s") {
+		t.Errorf("want a timeout naming 2.5s and 2s, got %v", err)
+	}
+}
+
 func TestShmTimeoutAndCancel(t *testing.T) {
 	g, _ := shmGroup(t, 2, Options{Timeout: 600 * time.Millisecond})
 	start := time.Now()

@@ -226,8 +226,8 @@ func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check fu
 		default:
 			time.Sleep(shmSleep)
 		}
-		if waited > sp.timeout {
-			return fail(fmt.Errorf("no progress for %s (timeout) waiting for rank %d in shared memory", sp.timeout, p))
+		if waited > shmTimeout(sp.timeout) {
+			return fail(fmt.Errorf("%s waiting for rank %d in shared memory", shmTimeoutText(sp.timeout), p))
 		}
 		if now.After(nextLive) {
 			nextLive = now.Add(shmLiveCheck)
