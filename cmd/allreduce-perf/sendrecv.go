@@ -18,8 +18,15 @@ const sendrecvKind = 0xfffe
 // sendrecvSeq numbers the exchanges of one run; every rank counts the same.
 var sendrecvSeq uint64
 
+// smallExchange is the largest buffer that exchange sends as one message
+// before it receives, in the calling goroutine: every transport buffers that
+// much (QUIC's stream window and TCP's socket buffers are MiBs), and small
+// messages cost less without goroutines, as the Direct allreduce sends them.
+const smallExchange = 64 << 10
+
 // exchange sends send to rank+1 while it receives recv from rank-1, each
-// buffer striped over the mesh's channels (one message per channel).
+// buffer striped over the mesh's channels (one message per channel), or
+// for small buffers one message on channel 0, sent and then received.
 func exchange(ctx context.Context, t rank.Transport, send, recv []byte) error {
 	n, me := t.Size(), t.Rank()
 	if n == 1 {
@@ -28,6 +35,13 @@ func exchange(ctx context.Context, t rank.Transport, send, recv []byte) error {
 	}
 	sendrecvSeq++
 	next, prev := (me+1)%n, (me+n-1)%n
+	if len(send) <= smallExchange {
+		tag := rank.Tag{Seq: sendrecvSeq, Kind: sendrecvKind}
+		if err := t.Send(ctx, next, 0, tag, send); err != nil {
+			return err
+		}
+		return t.Recv(ctx, prev, 0, tag, recv)
+	}
 	nch := t.Channels()
 	part := (len(send) + nch - 1) / nch
 	errs := make([]error, 2*nch)
