@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Allreduce bus bandwidth across 2 test hosts (network namespaces, real ssh;
 # test/hosts/up.sh) against the link rate, side by side with OpenMPI over
-# TCP on the same hosts, with iperf3 between the hosts as the link's
+# TCP and torch gloo (GLOO=0 leaves it out) on the same hosts, with iperf3
+# between the hosts as the link's
 # reference; then nmt-train's step time at 1 Gbit/s with and without
 # overlap. One sitting, so the ratios compare like with like. Root only.
 #
 #   bench/peers/multihost_busbw.sh
 #   env: LINKS ("1gbit 10gbit none"), NPS ("2 4"), SIZES (bytes, "1048576 16777216 67108864"),
 #        ITERS (gorun timed allreduces per size, 5), MPI_BUDGET (s per size, 3),
-#        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), OUT (results dir)
+#        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir)
 # gorun runs twice per size: its default QUIC transport, and
 # GORUN_TRANSPORT=tcp (TLS over TCP), to tell the transport from the rest.
 #
@@ -19,6 +20,9 @@
 # tcp,self: not vader, because every namespace has the same host name, so
 # OpenMPI takes ranks on different "hosts" for neighbours and its shared
 # memory transport crashes (SIGSEGV in mca_pml_ob1_recv_frag_callback_fin).
+# gloo side: /work/shared/peers/src/gloo_allreduce.py's workers started in
+# the hosts' namespaces (ip netns exec, as torchrun would start them there:
+# RANK, WORLD_SIZE, MASTER_ADDR = host 1, GLOO_SOCKET_IFNAME = eth0).
 # busbw = algbw * 2(n-1)/n, GB = 1e9 bytes; np 2 = one rank per host,
 # np 4 = two per host (hosts filled in order, as gorun and mpirun do).
 set -euo pipefail
@@ -28,6 +32,7 @@ NPS=${NPS:-"2 4"}
 SIZES=${SIZES:-"1048576 16777216 67108864"}
 ITERS=${ITERS:-5}
 MPI_BUDGET=${MPI_BUDGET:-3}
+GLOO=${GLOO:-1}
 TRAIN_PRESETS=${TRAIN_PRESETS:-tiny}
 TRAIN_STEPS=${TRAIN_STEPS:-60}
 PEERS=${PEERS:-/work/shared/peers}
@@ -90,6 +95,19 @@ mpi_busbw() {
   timeout 300 "${MPIRUN[@]}" --host "$hosts" -np "$np" "$BIN/mpi_allreduce" "$MPI_BUDGET" "$size" >"$OUT/mpi_np${np}_${size}_$LINKNAME.txt" 2>&1 || { echo "fail fail"; return; }
   awk -v s="$size" '$1 == s { print $7, $8 }' "$OUT/mpi_np${np}_${size}_$LINKNAME.txt"
 }
+# gloo_busbw NP SIZE -> "median best" GB/s (ranks fill host 1, then host 2)
+gloo_busbw() {
+  local np=$1 size=$2 r ns pids=() log="$OUT/gloo_np$1_$2_$LINKNAME.txt"
+  [ "$GLOO" = 1 ] && [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "- -"; return; }
+  for ((r = 0; r < np; r++)); do
+    if [ "$r" -lt $(( (np + 1) / 2 )) ]; then ns=gorun-bh1; else ns=gorun-bh2; fi
+    timeout 300 ip netns exec $ns env RANK=$r WORLD_SIZE=$np MASTER_ADDR=$H1 MASTER_PORT=29555 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+      /usr/bin/python3 "$PEERS/src/gloo_allreduce.py" --budget "$MPI_BUDGET" --sizes "$size" >>"$log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}" || { echo "fail fail"; return; }
+  awk -v s="$size" '$1 == s { print $7, $8 }' "$log"
+}
 iperf_gbps() {
   ip netns exec gorun-bh2 iperf3 -s -1 -p 5399 -D
   sleep 0.3
@@ -101,8 +119,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%
 ROWS="$OUT/busbw.md"
 {
   if [ "$PERF" = allreduce-perf ]; then g="gorun busbw GB/s (allreduce-perf, mean of $ITERS)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
-  echo "| link | iperf3 Gbit/s | np | size | $g, QUIC | same, GORUN_TRANSPORT=tcp | OpenMPI busbw median / best GB/s | gorun QUIC/OpenMPI | gorun TCP/OpenMPI | gorun QUIC / link rate | gorun QUIC / iperf3 |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| link | iperf3 Gbit/s | np | size | $g, QUIC | same, GORUN_TRANSPORT=tcp | OpenMPI busbw median / best GB/s | gloo busbw median / best GB/s | gorun QUIC/OpenMPI | gorun TCP/OpenMPI | gorun QUIC/gloo | gorun QUIC / link rate | gorun QUIC / iperf3 |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$ROWS"
 for l in $LINKS; do
   LINKNAME=$l
@@ -113,11 +131,12 @@ for l in $LINKS; do
       read -r gm gb < <(gorun_busbw "$np" "$s" quic)
       read -r tm tb < <(gorun_busbw "$np" "$s" tcp)
       read -r mm mb < <(mpi_busbw "$np" "$s")
+      read -r lm lb < <(gloo_busbw "$np" "$s")
       vs_rate=-
       [ -n "$rate" ] && vs_rate=$(ratio "$gm" "$rate")
       gcell=$gm tcell=$tm
       [ "$gb" != - ] && gcell="$gm / $gb" && tcell="$tm / $tb"
-      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $gcell | $tcell | $mm / $mb | $(ratio "$gm" "$mm") | $(ratio "$tm" "$mm") | $vs_rate | $(ratio "$gm" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
+      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $gcell | $tcell | $mm / $mb | $lm / $lb | $(ratio "$gm" "$mm") | $(ratio "$tm" "$mm") | $(ratio "$gm" "$lm") | $vs_rate | $(ratio "$gm" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
       echo "$row" | tee -a "$ROWS"
     done
   done
