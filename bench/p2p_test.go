@@ -55,83 +55,55 @@ func BenchmarkP2P(b *testing.B) {
 func benchPair(b *testing.B, name string, g []rank.Transport, fill bool) {
 	ctx := context.Background()
 	nch := g[0].Channels()
-	for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
-		b.Run(fmt.Sprintf("%s/%dMiB", name, size>>20), func(b *testing.B) {
-			src := make([]byte, size)
-			dst := make([]byte, size)
-			if fill {
-				for i := range src {
-					src[i] = byte(i)
-				}
-			}
-			part := (size + nch - 1) / nch
-			b.SetBytes(int64(size))
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				var wg sync.WaitGroup
-				for ch := 0; ch < nch; ch++ {
-					lo, hi := min(ch*part, size), min((ch+1)*part, size)
-					tag := rank.Tag{Seq: uint64(i), Chunk: uint32(ch)}
-					wg.Add(2)
-					go func() {
-						defer wg.Done()
-						if err := g[0].Send(ctx, 1, ch, tag, src[lo:hi]); err != nil {
-							b.Error(err)
+	// One way (rank 0 to rank 1), then both directions at once: what each
+	// rank of a 2-rank ring allreduce asks of the transport (it sends to its
+	// peer while it receives from it). GB/s is per direction; the one-way
+	// rate is what a single direction gets when it has the whole machine.
+	for _, both := range []bool{false, true} {
+		senders, kind := 1, ""
+		if both {
+			senders, kind = 2, "exchange-"
+		}
+		for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
+			b.Run(fmt.Sprintf("%s/%s%dMiB", name, kind, size>>20), func(b *testing.B) {
+				var src, dst [2][]byte
+				for s := 0; s < senders; s++ {
+					src[s], dst[s] = make([]byte, size), make([]byte, size)
+					if fill {
+						for i := range src[s] {
+							src[s][i] = byte(i + s)
 						}
-					}()
-					go func() {
-						defer wg.Done()
-						if err := g[1].Recv(ctx, 0, ch, tag, dst[lo:hi]); err != nil {
-							b.Error(err)
-						}
-					}()
-				}
-				wg.Wait()
-			}
-			b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-		})
-	}
-	// Both directions at once: what each rank of a 2-rank ring allreduce
-	// asks of the transport (it sends to its peer while it receives from
-	// it). GB/s is per direction; the one-way rate above is what a single
-	// direction gets when it has the whole machine.
-	for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
-		b.Run(fmt.Sprintf("%s/exchange-%dMiB", name, size>>20), func(b *testing.B) {
-			src := [2][]byte{make([]byte, size), make([]byte, size)}
-			dst := [2][]byte{make([]byte, size), make([]byte, size)}
-			if fill {
-				for i := range src[0] {
-					src[0][i], src[1][i] = byte(i), byte(i+1)
-				}
-			}
-			part := (size + nch - 1) / nch
-			b.SetBytes(int64(size))
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				var wg sync.WaitGroup
-				for ch := 0; ch < nch; ch++ {
-					lo, hi := min(ch*part, size), min((ch+1)*part, size)
-					tag := rank.Tag{Seq: uint64(i), Chunk: uint32(ch)}
-					for me := 0; me < 2; me++ {
-						wg.Add(2)
-						go func() {
-							defer wg.Done()
-							if err := g[me].Send(ctx, 1-me, ch, tag, src[me][lo:hi]); err != nil {
-								b.Error(err)
-							}
-						}()
-						go func() {
-							defer wg.Done()
-							if err := g[me].Recv(ctx, 1-me, ch, tag, dst[me][lo:hi]); err != nil {
-								b.Error(err)
-							}
-						}()
 					}
 				}
-				wg.Wait()
-			}
-			b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-		})
+				part := (size + nch - 1) / nch
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					var wg sync.WaitGroup
+					for ch := 0; ch < nch; ch++ {
+						lo, hi := min(ch*part, size), min((ch+1)*part, size)
+						tag := rank.Tag{Seq: uint64(i), Chunk: uint32(ch)}
+						for s := 0; s < senders; s++ { // s sends to 1-s
+							wg.Add(2)
+							go func() {
+								defer wg.Done()
+								if err := g[s].Send(ctx, 1-s, ch, tag, src[s][lo:hi]); err != nil {
+									b.Error(err)
+								}
+							}()
+							go func() {
+								defer wg.Done()
+								if err := g[1-s].Recv(ctx, s, ch, tag, dst[s][lo:hi]); err != nil {
+									b.Error(err)
+								}
+							}()
+						}
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 	}
 	b.Run(name+"/rtt-8B", func(b *testing.B) {
 		buf0, buf1 := make([]byte, 8), make([]byte, 8)
