@@ -422,11 +422,28 @@ func timeIt(ctx context.Context, c *collective.Communicator, send, recv []byte, 
 			return 0, err
 		}
 	}
-	us := []float32{float32(time.Since(start).Seconds() * 1e6 / float64(o.iters))}
-	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(us), collective.Float32, collective.Average); err != nil {
+	return overRanks(ctx, c, time.Since(start).Seconds()*1e6/float64(o.iters), collective.Average)
+}
+
+// overRanks reduces one value of every rank with op (the mean time per op,
+// the sum of wrong elements).
+func overRanks(ctx context.Context, c *collective.Communicator, v float64, op collective.Op) (float64, error) {
+	x := []float32{float32(v)}
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(x), collective.Float32, op); err != nil {
 		return 0, err
 	}
-	return float64(us[0]), nil
+	return float64(x[0]), nil
+}
+
+// elem is element i of b, of type dt, as a float32.
+func elem(b []byte, i int, dt collective.DType) float32 {
+	switch dt {
+	case collective.Float32:
+		return f32view(b)[i]
+	case collective.Float16:
+		return half.F16ToF32(u16view(b)[i])
+	}
+	return half.BF16ToF32(u16view(b)[i])
 }
 
 // value is rank r's element i: a small integer, so that sums are exact in
@@ -491,23 +508,10 @@ func checkIt(ctx context.Context, c *collective.Communicator, send, recv []byte,
 		if o.op == collective.Average {
 			acc /= float32(n)
 		}
-		want := round(o.dtype, round(o.wire, acc))
-		var got float32
-		switch o.dtype {
-		case collective.Float32:
-			got = f32view(recv)[i]
-		case collective.Float16:
-			got = half.F16ToF32(u16view(recv)[i])
-		default:
-			got = half.BF16ToF32(u16view(recv)[i])
-		}
-		if got != want {
+		if elem(recv, i, o.dtype) != round(o.dtype, round(o.wire, acc)) {
 			wrong++
 		}
 	}
-	w := []float32{float32(wrong)}
-	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(w), collective.Float32, collective.Sum); err != nil {
-		return 0, err
-	}
-	return int(w[0]), nil
+	w, err := overRanks(ctx, c, float64(wrong), collective.Sum)
+	return int(w), err
 }

@@ -85,6 +85,18 @@ func launch(t *testing.T, n int, args []string, extraEnv func(r int) []string, k
 	return outs, errs
 }
 
+// launchOK is launch for n healthy ranks: any rank's failure fails the test.
+func launchOK(t *testing.T, n int, args []string, extraEnv func(r int) []string) []string {
+	t.Helper()
+	outs, errs := launch(t, n, args, extraEnv, -1, 0)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+		}
+	}
+	return outs
+}
+
 var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree|direct|shm)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
 
 func TestRanksAsProcesses(t *testing.T) {
@@ -103,12 +115,7 @@ func TestRanksAsProcesses(t *testing.T) {
 		{4, []string{"-b", "0", "-e", "3M", "-f", "8", "-n", "3", "-w", "1", "-d", "half", "-o", "sum", "-a", "auto"}, 8},
 	} {
 		t.Run(strings.Join(append([]string{fmt.Sprint("np", k.n)}, k.args...), " "), func(t *testing.T) {
-			outs, errs := launch(t, k.n, k.args, nil, -1, 0)
-			for r, err := range errs {
-				if err != nil {
-					t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
-				}
-			}
+			outs := launchOK(t, k.n, k.args, nil)
 			rows := rowRE.FindAllStringSubmatch(outs[0], -1)
 			if len(rows) != k.rows {
 				t.Fatalf("rank 0 printed %d rows, want %d:\n%s", len(rows), k.rows, outs[0])
@@ -191,12 +198,7 @@ func TestSendRecv(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint("np", k.n, k.env), func(t *testing.T) {
 			args := append([]string{"-C", "sendrecv", "-n", "3", "-w", "1"}, k.args...)
-			outs, errs := launch(t, k.n, args, func(int) []string { return k.env }, -1, 0)
-			for r, err := range errs {
-				if err != nil {
-					t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
-				}
-			}
+			outs := launchOK(t, k.n, args, func(int) []string { return k.env })
 			rows := p2pRowRE.FindAllStringSubmatch(outs[0], -1)
 			if len(rows) != k.rows {
 				t.Fatalf("rank 0 printed %d sendrecv rows, want %d:\n%s", len(rows), k.rows, outs[0])

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/gorun/gorun/collective"
-	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -90,19 +88,12 @@ func sendRecv(ctx context.Context, c *collective.Communicator, t rank.Transport,
 			return 0, 0, err
 		}
 	}
-	us := []float32{float32(time.Since(start).Seconds() * 1e6 / float64(o.iters))}
-	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(us), collective.Float32, collective.Average); err != nil {
-		return 0, 0, err
+	us, err := overRanks(ctx, c, time.Since(start).Seconds()*1e6/float64(o.iters), collective.Average)
+	if err != nil || !o.check {
+		return us, 0, err
 	}
-	if !o.check {
-		return float64(us[0]), 0, nil
-	}
-	wrong := wrongFrom(recv, (me+n-1)%n, o.dtype)
-	w := []float32{float32(wrong)}
-	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(w), collective.Float32, collective.Sum); err != nil {
-		return 0, 0, fmt.Errorf("counting wrong elements: %w", err)
-	}
-	return float64(us[0]), int(w[0]), nil
+	w, err := overRanks(ctx, c, float64(wrongFrom(recv, (me+n-1)%n, o.dtype)), collective.Sum)
+	return us, int(w), err
 }
 
 // wrongFrom counts the elements of recv that differ from what rank prev
@@ -111,17 +102,7 @@ func wrongFrom(recv []byte, prev int, dt collective.DType) int {
 	wrong := 0
 	count := len(recv) / dt.Size()
 	for i := 0; i < count; i++ {
-		v := value(prev, i)
-		var ok bool
-		switch dt {
-		case collective.Float32:
-			ok = f32view(recv)[i] == v
-		case collective.Float16:
-			ok = u16view(recv)[i] == half.F32ToF16(v)
-		default:
-			ok = u16view(recv)[i] == half.F32ToBF16(v)
-		}
-		if !ok {
+		if elem(recv, i, dt) != round(dt, value(prev, i)) {
 			wrong++
 		}
 	}
