@@ -62,7 +62,7 @@ type AgentConfig struct {
 	Grace     time.Duration
 	Ranks     []AgentRank
 	StdinRank int  // rank whose stdin the launcher feeds (-1: none)
-	CUDALocal bool // set CUDA_VISIBLE_DEVICES to the local rank
+	CUDALocal bool // set CUDA_VISIBLE_DEVICES to the local rank modulo the host's GPUs
 	Prog      string
 	Args      []string
 }
@@ -155,6 +155,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 	var mu sync.Mutex // guards ranks' cmd.Process use against the waiters
 	ranks := map[int]*agentRank{}
 	var all []*agentRank
+	gpus := hostGPUs()
 	for _, ar := range cfg.Ranks {
 		a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
 		env := append(os.Environ(),
@@ -162,7 +163,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 			rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
 			rank.EnvSecret+"="+secret)
 		if cfg.CUDALocal {
-			env = append(env, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(ar.Local))
+			env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(ar.Local, gpus))
 		}
 		cmd := exec.Command(cfg.Prog, cfg.Args...)
 		cmd.Env = env

@@ -287,6 +287,7 @@ func prepare(cfg Config) (*plan, error) {
 	_, inheritedCUDA := os.LookupEnv("CUDA_VISIBLE_DEVICES")
 	cudaLocal := !userCUDA && !inheritedCUDA
 	p.rprog, p.cudaRank = remoteProg, cudaLocal
+	localGPUs := hostGPUs()
 	hostIndex := map[string]int{}
 	for _, s := range slots {
 		sp := rankSpec{slot: s, remote: !local[s.Host]}
@@ -306,7 +307,7 @@ func prepare(cfg Config) (*plan, error) {
 				rank.EnvHost+"="+s.Host,
 			)
 			if cudaLocal {
-				env = append(env, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(s.LocalRank))
+				env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
 			}
 			sp.env = env
 			sp.argv = append([]string{prog}, cfg.Args...)
