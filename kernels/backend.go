@@ -40,6 +40,10 @@ type Backend interface {
 	Device() Device
 	// Alloc returns a zeroed tensor.
 	Alloc(dt DType, dims ...int) Tensor
+	// Free gives back a tensor that Alloc returned (not a view of one);
+	// it and its views must not be used afterwards. The CPU backend leaves
+	// it to the garbage collector; a device backend reuses the memory.
+	Free(t Tensor)
 	// Upload / Download copy between host slices and a tensor.
 	Upload(dst Tensor, src []float32)
 	UploadI32(dst Tensor, src []int32)

@@ -56,6 +56,9 @@ func (s *slot) shape(be kernels.Backend, dt kernels.DType, dims ...int) kernels.
 		n *= d
 	}
 	if s.back.Len() < n || s.back.DType != dt || s.back.Rank == 0 {
+		if s.back.Rank > 0 {
+			be.Free(s.back)
+		}
 		s.back = be.Alloc(dt, n+n/4+1)
 	}
 	s.T = s.back.Slice(0, dims...)

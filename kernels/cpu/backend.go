@@ -53,6 +53,9 @@ func (be *Backend) Alloc(dt kernels.DType, dims ...int) kernels.Tensor {
 	}
 }
 
+// Free implements kernels.Backend: Go's garbage collector owns CPU memory.
+func (be *Backend) Free(kernels.Tensor) {}
+
 // parts returns how many workers to use for n items of at least grain each.
 func (be *Backend) parts(n, grain int) int {
 	w := be.Threads
