@@ -10,7 +10,7 @@ space     := $(empty) $(empty)
 RACE_RE   := /($(subst $(space),|,$(RACE_DIRS)))(/|$$)
 NP        ?= 2
 
-.PHONY: all build test vet fmt-check bench demo ring-demo clean hosts-up hosts-down
+.PHONY: all build test vet fmt-check bench demo ring-demo clean hosts-up hosts-down cuda-toolchain ptx ptx-check
 
 all: build
 
@@ -28,12 +28,25 @@ vet:
 # All tests: formatting, vet, the race detector on the concurrent packages,
 # then every other package's tests (the race-tested ones are not run twice),
 # then the multi-host tests on their own.
-test: fmt-check vet build
+test: ptx-check fmt-check vet build
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -E '$(RACE_RE)' | grep -v /test/multihost)
 	@# Hosts in network namespaces (root; skipped with a reason otherwise). Alone, because
 	@# one of them asserts >= 90 % of a shaped link's bandwidth, which CPU contention breaks.
 	$(GO) test -count=1 -timeout 10m ./test/multihost/...
+
+# The CUDA kernels (docs/cuda.md): nvcc from Debian's nvidia-cuda-toolkit 11.8, unpacked
+# into ~/.cache/gorun/cuda-11.8 (no system install); kernels.cu compiled to the committed
+# PTX in kernels/cuda/ptx; the check fails when that PTX is stale, and where the toolchain
+# is present rebuilds it (byte for byte) and assembles it for sm_70, sm_80 and sm_90.
+cuda-toolchain:
+	@bash kernels/cuda/toolchain.sh
+
+ptx:
+	@bash kernels/cuda/ptx.sh build
+
+ptx-check:
+	@bash kernels/cuda/ptx.sh check
 
 # Benchmarks print numbers (see README); they assert nothing.
 bench: build

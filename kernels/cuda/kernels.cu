@@ -1,0 +1,837 @@
+// Kernels of the CUDA backend (package kernels/cuda). The contract with the
+// Go side is the table "Kernel ABI" in docs/cuda.md: every kernel here is
+// declared in kernels/cuda/launch.go with exactly these parameter types, and
+// a test checks the compiled PTX against that declaration. The reference for
+// every op's semantics is the CPU backend (kernels/cpu/backend.go, ops.go).
+//
+// `make ptx` compiles this file with nvcc to PTX for compute_70 and
+// compute_80 (kernels/cuda/ptx, embedded by Go). The same file is also
+// compiled by g++ against a CPU emulator of the CUDA runtime, so it keeps to
+// a small subset of CUDA C++:
+//   - extern "C" __global__ kernels, static __device__ helpers (templates ok);
+//   - threadIdx/blockIdx/blockDim/gridDim .x/.y, __syncthreads(),
+//     __shfl_xor_sync(0xffffffffu, v, mask) on float and double, every
+//     thread of the block reaching every barrier and shuffle (a block
+//     returns early only as a whole, e.g. for a padding row);
+//   - __shared__ arrays of static size at function scope (for up to 1024
+//     threads = 32 warps), no dynamic shared memory;
+//   - atomicAdd on float* and double*; expf, logf, sqrtf; the half types
+//     only through __float2half_rn, __half2float, __float2bfloat16_rn and
+//     __bfloat162float; Inf/NaN tests as v - v != 0 and v != v.
+//
+// Launch shapes (docs/cuda.md): "flat" kernels loop with a grid stride over
+// their n elements and are correct for any 1-D grid and block; "row"
+// kernels take one block (a multiple of 32 threads, up to 1024) per row;
+// "col" kernels take blocks of 32x32 threads, thread (x, y) summing column
+// 32*blockIdx.x+x over rows y, y+32, ..., the 32 partial sums of a column
+// combined in a fixed order, so their results do not vary from run to run.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// The most negative finite float: the start of a running maximum.
+#define GR_NEG_MAX (-3.402823466e+38f)
+
+// ---------------------------------------------------------------------------
+// Indexing helpers
+
+// First index and stride of a grid-stride loop.
+static __device__ __forceinline__ long long flat_start() {
+    return (long long)blockIdx.x * (long long)blockDim.x + (long long)threadIdx.x;
+}
+
+static __device__ __forceinline__ long long flat_stride() {
+    return (long long)gridDim.x * (long long)blockDim.x;
+}
+
+// One digit of a mixed-radix number advanced by a fixed step: digit and
+// step are < radix, so one subtraction brings the sum back below radix
+// (the sum stays below 2^32 for any radix up to 2^31). carry goes in and
+// out.
+static __device__ __forceinline__ void mr_step(unsigned& digit, unsigned step, unsigned radix, unsigned& carry) {
+    digit += step + carry;
+    carry = digit >= radix ? 1u : 0u;
+    if (carry) {
+        digit -= radix;
+    }
+}
+
+// RowCol follows the row and column of a flat index into a row-major
+// array of rows of d elements while the index advances by a fixed stride,
+// so a grid-stride loop divides only once per thread, not per element.
+struct RowCol {
+    long long r;   // row
+    unsigned c;    // column, < d
+    long long sr;  // stride / d
+    unsigned sc;   // stride % d
+    unsigned d;
+};
+
+static __device__ __forceinline__ void rc_init(RowCol& w, long long i, long long stride, int d) {
+    w.d = (unsigned)d;
+    w.r = i / d;
+    w.c = (unsigned)(i - w.r * d);
+    w.sr = stride / d;
+    w.sc = (unsigned)(stride - w.sr * d);
+}
+
+static __device__ __forceinline__ void rc_next(RowCol& w) {
+    unsigned carry = 0;
+    mr_step(w.c, w.sc, w.d, carry);
+    w.r += w.sr + carry;
+}
+
+// ---------------------------------------------------------------------------
+// Reductions. A warp reduces with a butterfly of shuffles, after which every
+// lane holds the same bits (each step adds the same two values, in either
+// order); a block reduces the warps' results through shared memory, every
+// warp reading all of them, so every thread of the block gets the result.
+
+template <typename T>
+static __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+// block_sum: the sum of v over the block (1-D, blockDim.x a multiple of
+// 32). sh holds 32 values; it may be reused by the next call at once.
+template <typename T>
+static __device__ __forceinline__ T block_sum(T v, T* sh) {
+    const int lane = threadIdx.x & 31;
+    const int w = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // every thread is done reading sh from a previous call
+    if (lane == 0) {
+        sh[w] = v;
+    }
+    __syncthreads();
+    T r = lane < nw ? sh[lane] : (T)0;
+    return warp_sum(r);
+}
+
+// block_sum2: two sums at once (one pair of barriers); sh holds 64 values.
+static __device__ __forceinline__ void block_sum2(float& a, float& b, float* sh) {
+    const int lane = threadIdx.x & 31;
+    const int w = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        sh[w] = a;
+        sh[32 + w] = b;
+    }
+    __syncthreads();
+    a = warp_sum(lane < nw ? sh[lane] : 0.0f);
+    b = warp_sum(lane < nw ? sh[32 + lane] : 0.0f);
+}
+
+// Online softmax statistics: m is a running maximum, s the sum of
+// exp(z - m) over the values seen.
+static __device__ __forceinline__ void sm_push(float& m, float& s, float z) {
+    if (z > m) {
+        s = s * expf(m - z) + 1.0f;
+        m = z;
+    } else {
+        s += expf(z - m);
+    }
+}
+
+// sm_merge merges (mo, so) into (m, s). The two are put in a fixed order
+// first (larger maximum first, then larger sum), so the two lanes of a
+// shuffle compute the same expression and hold the same bits after it.
+static __device__ __forceinline__ void sm_merge(float& m, float& s, float mo, float so) {
+    float m1 = m, s1 = s, m2 = mo, s2 = so;
+    if (m2 > m1 || (m2 == m1 && s2 > s1)) {
+        m1 = mo;
+        s1 = so;
+        m2 = m;
+        s2 = s;
+    }
+    m = m1;
+    s = s1 + s2 * expf(m2 - m1);
+}
+
+static __device__ __forceinline__ void warp_softmax(float& m, float& s) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float mo = __shfl_xor_sync(0xffffffffu, m, o);
+        float so = __shfl_xor_sync(0xffffffffu, s, o);
+        sm_merge(m, s, mo, so);
+    }
+}
+
+// block_softmax: the maximum and the sum of exp(z - max) over the block
+// from each thread's running (m, s); shm and shs hold 32 values each.
+static __device__ __forceinline__ void block_softmax(float& m, float& s, float* shm, float* shs) {
+    const int lane = threadIdx.x & 31;
+    const int w = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    warp_softmax(m, s);
+    __syncthreads();
+    if (lane == 0) {
+        shm[w] = m;
+        shs[w] = s;
+    }
+    __syncthreads();
+    m = lane < nw ? shm[lane] : GR_NEG_MAX;
+    s = lane < nw ? shs[lane] : 0.0f;
+    warp_softmax(m, s);
+}
+
+// ---------------------------------------------------------------------------
+// Element-wise kernels (flat)
+
+extern "C" __global__ void gr_scale_f32(float* x, float s, long long n) {
+    const long long stride = flat_stride();
+    for (long long i = flat_start(); i < n; i += stride) {
+        x[i] *= s;
+    }
+}
+
+extern "C" __global__ void gr_axpy_f32(float* y, float a, const float* x, long long n) {
+    const long long stride = flat_stride();
+    for (long long i = flat_start(); i < n; i += stride) {
+        y[i] += a * x[i];
+    }
+}
+
+// Casts between float32, float16 and bfloat16, rounding to nearest even.
+// Half to half goes through float32, which holds either exactly, so it
+// rounds once. (Written out per pair, with no overloads on the half types.)
+#define GR_CAST(name, D, S, conv)                                                  \
+    extern "C" __global__ void name(D* __restrict__ dst, const S* __restrict__ src, long long n) { \
+        const long long stride = flat_stride();                                     \
+        for (long long i = flat_start(); i < n; i += stride) {                      \
+            dst[i] = conv(src[i]);                                                  \
+        }                                                                           \
+    }
+
+#define GR_F16_BF16(v) __float2bfloat16_rn(__half2float(v))
+#define GR_BF16_F16(v) __float2half_rn(__bfloat162float(v))
+
+GR_CAST(gr_cast_f32_f16, __half, float, __float2half_rn)
+GR_CAST(gr_cast_f32_bf16, __nv_bfloat16, float, __float2bfloat16_rn)
+GR_CAST(gr_cast_f16_f32, float, __half, __half2float)
+GR_CAST(gr_cast_bf16_f32, float, __nv_bfloat16, __bfloat162float)
+GR_CAST(gr_cast_f16_bf16, __nv_bfloat16, __half, GR_F16_BF16)
+GR_CAST(gr_cast_bf16_f16, __half, __nv_bfloat16, GR_BF16_F16)
+
+// *flag = 1 if any element is Inf or NaN (v - v is NaN exactly then).
+extern "C" __global__ void gr_infnan_f32(int* flag, const float* __restrict__ x, long long n) {
+    const long long stride = flat_stride();
+    int bad = 0;
+    for (long long i = flat_start(); i < n; i += stride) {
+        const float v = x[i];
+        bad |= (v - v != 0.0f) ? 1 : 0;
+    }
+    if (bad) {
+        *flag = 1;
+    }
+}
+
+// *out += sum of x*x in double: one atomic add per block. Every thread
+// reaches the reduction.
+extern "C" __global__ void gr_sumsq_f32(double* out, const float* __restrict__ x, long long n) {
+    __shared__ double sh[32];
+    const long long stride = flat_stride();
+    double s = 0.0;
+    for (long long i = flat_start(); i < n; i += stride) {
+        const double v = (double)x[i];
+        s += v * v; // exact product of two floats
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0 && s != 0.0) {
+        atomicAdd(out, s);
+    }
+}
+
+extern "C" __global__ void gr_add_bias_f32(float* x, const float* __restrict__ bias, long long rows, int d) {
+    const long long n = rows * (long long)d;
+    const long long stride = flat_stride();
+    long long i = flat_start();
+    if (i >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, i, stride, d);
+    for (; i < n; i += stride) {
+        x[i] += bias[w.c];
+        rc_next(w);
+    }
+}
+
+// ReLU as the CPU's max(v, 0): NaN stays NaN, -0 becomes +0.
+static __device__ __forceinline__ float relu(float v) {
+    return (v > 0.0f || v != v) ? v : 0.0f;
+}
+
+extern "C" __global__ void gr_bias_relu_f32(float* x, const float* __restrict__ bias, long long rows, int d) {
+    const long long n = rows * (long long)d;
+    const long long stride = flat_stride();
+    long long i = flat_start();
+    if (i >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, i, stride, d);
+    for (; i < n; i += stride) {
+        x[i] = relu(x[i] + bias[w.c]);
+        rc_next(w);
+    }
+}
+
+// dx = 0 where y == 0 (either sign); dx is read only where it stays.
+extern "C" __global__ void gr_relu_bwd_f32(float* dx, const float* y, long long n) {
+    const long long stride = flat_stride();
+    for (long long i = flat_start(); i < n; i += stride) {
+        if (y[i] == 0.0f) {
+            dx[i] = 0.0f;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Column reductions (col: block 32x32, gridDim.x = ceil(d/32))
+
+// db[j] += sum over rows of dy[r, j].
+extern "C" __global__ void gr_bias_grad_f32(float* __restrict__ db, const float* __restrict__ dy, int rows, int d) {
+    __shared__ float sh[32][33];
+    const int x = threadIdx.x;
+    const int y = threadIdx.y;
+    const int c = blockIdx.x * 32 + x;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    if (c < d) {
+        const float* p = dy + c;
+        const long long ld = d;
+        long long r = y;
+        for (; r + 96 < rows; r += 128) {
+            a0 += p[r * ld];
+            a1 += p[(r + 32) * ld];
+            a2 += p[(r + 64) * ld];
+            a3 += p[(r + 96) * ld];
+        }
+        for (; r < rows; r += 32) {
+            a0 += p[r * ld];
+        }
+    }
+    sh[y][x] = (a0 + a1) + (a2 + a3);
+    __syncthreads();
+    if (y == 0 && c < d) {
+        float s = 0.0f;
+        for (int k = 0; k < 32; k++) {
+            s += sh[k][x];
+        }
+        db[c] += s;
+    }
+}
+
+// dgamma[j] += sum_r dy[r,j]*n[r,j], dbeta[j] += sum_r dy[r,j], with
+// n = (x - mean[r])*rstd[r].
+extern "C" __global__ void gr_layernorm_bwd_params_f32(float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                                       const float* __restrict__ dy, const float* __restrict__ x,
+                                                       const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                       int rows, int d) {
+    __shared__ float shg[32][33];
+    __shared__ float shb[32][33];
+    const int tx = threadIdx.x;
+    const int ty = threadIdx.y;
+    const int c = blockIdx.x * 32 + tx;
+    float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+    if (c < d) {
+        const long long ld = d;
+        long long r = ty;
+        for (; r + 32 < rows; r += 64) {
+            const long long o0 = r * ld + c, o1 = (r + 32) * ld + c;
+            const float d0 = dy[o0], d1 = dy[o1];
+            const float n0 = (x[o0] - mean[r]) * rstd[r];
+            const float n1 = (x[o1] - mean[r + 32]) * rstd[r + 32];
+            g0 += d0 * n0;
+            g1 += d1 * n1;
+            b0 += d0;
+            b1 += d1;
+        }
+        for (; r < rows; r += 32) {
+            const long long o = r * ld + c;
+            const float dv = dy[o];
+            g0 += dv * ((x[o] - mean[r]) * rstd[r]);
+            b0 += dv;
+        }
+    }
+    shg[ty][tx] = g0 + g1;
+    shb[ty][tx] = b0 + b1;
+    __syncthreads();
+    if (ty == 0 && c < d) {
+        float sg = 0.0f, sb = 0.0f;
+        for (int k = 0; k < 32; k++) {
+            sg += shg[k][tx];
+            sb += shb[k][tx];
+        }
+        dgamma[c] += sg;
+        dbeta[c] += sb;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// LayerNorm (row: one block per row)
+
+// y = (x - mean)*rstd*gamma + beta with the mean first, then the variance
+// as the mean of squared deviations (two passes, as the CPU backend).
+extern "C" __global__ void gr_layernorm_f32(float* y, float* mean, float* rstd, const float* x, const float* gamma,
+                                            const float* beta, int rows, int d, float eps) {
+    __shared__ float sh[32];
+    const int row = blockIdx.x;
+    if (row >= rows) {
+        return; // the whole block
+    }
+    const float* xr = x + (long long)row * d;
+    float* yr = y + (long long)row * d;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    float s = 0.0f;
+    for (int j = t; j < d; j += bs) {
+        s += xr[j];
+    }
+    s = block_sum(s, sh);
+    const float m = s / (float)d;
+    float vs = 0.0f;
+    for (int j = t; j < d; j += bs) {
+        const float dv = xr[j] - m;
+        vs += dv * dv;
+    }
+    vs = block_sum(vs, sh);
+    const float rs = 1.0f / sqrtf(vs / (float)d + eps);
+    if (t == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+    for (int j = t; j < d; j += bs) {
+        yr[j] = (xr[j] - m) * rs * gamma[j] + beta[j];
+    }
+}
+
+// dx += rstd*(dy*g - mean_j(dy*g) - n*mean_j(dy*g*n)), n = (x - mean)*rstd.
+extern "C" __global__ void gr_layernorm_bwd_f32(float* dx, const float* dy, const float* x, const float* mean,
+                                                const float* rstd, const float* gamma, int rows, int d) {
+    __shared__ float sh[64];
+    const int row = blockIdx.x;
+    if (row >= rows) {
+        return; // the whole block
+    }
+    const long long off = (long long)row * d;
+    const float* xr = x + off;
+    const float* dyr = dy + off;
+    float* dxr = dx + off;
+    const float m = mean[row];
+    const float rs = rstd[row];
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    float sdn = 0.0f, sdnn = 0.0f;
+    for (int j = t; j < d; j += bs) {
+        const float n = (xr[j] - m) * rs;
+        const float dn = dyr[j] * gamma[j];
+        sdn += dn;
+        sdnn += dn * n;
+    }
+    block_sum2(sdn, sdnn, sh);
+    sdn /= (float)d;
+    sdnn /= (float)d;
+    for (int j = t; j < d; j += bs) {
+        const float n = (xr[j] - m) * rs;
+        dxr[j] += rs * (dyr[j] * gamma[j] - sdn - n * sdnn);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Dropout
+
+// splitmix64's finalizer: the dropout randomness of elements 4g..4g+3 is
+// mix64(seed + g*0x9E3779B97F4A7C15), 16 bits each (cpu.maskWord).
+static __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// y[i] = res[i] + (keep(i) ? x[i]*scale : 0); res 0: no residual. Each
+// element is read and written by one thread, so y may alias x or res.
+extern "C" __global__ void gr_dropout_f32(float* y, const float* res, const float* x, long long n,
+                                          unsigned long long seed, unsigned thresh, float scale) {
+    const long long stride = flat_stride();
+    for (long long i = flat_start(); i < n; i += stride) {
+        const unsigned long long z = mix64(seed + (unsigned long long)(i >> 2) * 0x9E3779B97F4A7C15ull);
+        const unsigned r = (unsigned)(z >> (16 * (unsigned)(i & 3))) & 0xffffu;
+        float v = r >= thresh ? x[i] * scale : 0.0f;
+        if (res != 0) {
+            v = res[i] + v;
+        }
+        y[i] = v;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Embeddings and positions (flat)
+
+// out[i,:] = table[ids[i],:]*scale; zero rows for pad and ids outside
+// [0, vocab).
+extern "C" __global__ void gr_embedding_f32(float* __restrict__ out, const float* __restrict__ table,
+                                            const int* __restrict__ ids, int n, int d, int vocab, float scale,
+                                            int pad) {
+    const long long total = (long long)n * d;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= total) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, d);
+    for (; e < total; e += stride) {
+        const int id = ids[w.r];
+        float v = 0.0f;
+        if (id != pad && id >= 0 && id < vocab) {
+            v = table[(long long)id * d + w.c] * scale;
+        }
+        out[e] = v;
+        rc_next(w);
+    }
+}
+
+// dtable[ids[i],:] += dout[i,:]*scale with atomic adds (repeated ids),
+// skipping pad (and negative ids, which index no row).
+extern "C" __global__ void gr_embedding_bwd_f32(float* __restrict__ dtable, const float* __restrict__ dout,
+                                                const int* __restrict__ ids, int n, int d, float scale, int pad) {
+    const long long total = (long long)n * d;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= total) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, d);
+    for (; e < total; e += stride) {
+        const int id = ids[w.r];
+        if (id != pad && id >= 0) {
+            atomicAdd(dtable + (long long)id * d + w.c, dout[e] * scale);
+        }
+        rc_next(w);
+    }
+}
+
+// x[r,:] += pe[r%T + t0, :].
+extern "C" __global__ void gr_add_pos_f32(float* __restrict__ x, const float* __restrict__ pe, long long rows, int T,
+                                          int d, int t0) {
+    const long long n = rows * (long long)d;
+    const long long stride = flat_stride();
+    long long i = flat_start();
+    if (i >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, i, stride, d);
+    unsigned q = (unsigned)(w.r % T);   // row % T
+    const unsigned sq = (unsigned)(w.sr % T);
+    for (; i < n; i += stride) {
+        x[i] += pe[((long long)q + t0) * d + w.c];
+        unsigned carry = 0;
+        mr_step(w.c, w.sc, w.d, carry);
+        mr_step(q, sq, (unsigned)T, carry);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+
+// Heads4 follows the digits (e, s, h, b) of a flat index over [B, H, S, Dh]
+// as it advances by a fixed stride.
+struct Heads4 {
+    unsigned e, s, h;
+    long long b;
+    unsigned se, ss, sh;
+    long long sb;
+};
+
+static __device__ __forceinline__ void h4_split(long long i, int S, int H, int Dh, unsigned& e, unsigned& s,
+                                                unsigned& h, long long& b) {
+    long long t = i / Dh;
+    e = (unsigned)(i - t * Dh);
+    long long u = t / S;
+    s = (unsigned)(t - u * S);
+    b = u / H;
+    h = (unsigned)(u - b * H);
+}
+
+static __device__ __forceinline__ void h4_init(Heads4& w, long long i, long long stride, int S, int H, int Dh) {
+    h4_split(i, S, H, Dh, w.e, w.s, w.h, w.b);
+    h4_split(stride, S, H, Dh, w.se, w.ss, w.sh, w.sb);
+}
+
+static __device__ __forceinline__ void h4_next(Heads4& w, int S, int H, int Dh) {
+    unsigned carry = 0;
+    mr_step(w.e, w.se, (unsigned)Dh, carry);
+    mr_step(w.s, w.ss, (unsigned)S, carry);
+    mr_step(w.h, w.sh, (unsigned)H, carry);
+    w.b += w.sb + carry;
+}
+
+// dst[b,h,s,:] = src[b,s,h*Dh:(h+1)*Dh]; src has srcS rows per b.
+extern "C" __global__ void gr_split_heads_f32(float* __restrict__ dst, const float* __restrict__ src, int B, int S,
+                                              int H, int Dh, int srcS) {
+    const long long n = (long long)B * H * S * Dh;
+    const long long stride = flat_stride();
+    long long i = flat_start();
+    if (i >= n) {
+        return;
+    }
+    Heads4 w;
+    h4_init(w, i, stride, S, H, Dh);
+    for (; i < n; i += stride) {
+        dst[i] = src[((w.b * srcS + w.s) * H + w.h) * Dh + w.e];
+        h4_next(w, S, H, Dh);
+    }
+}
+
+// dst[b,s,h*Dh:(h+1)*Dh] = src[b,h,s,:]; dst has dstS rows per b, and its
+// rows s >= S are not written.
+extern "C" __global__ void gr_merge_heads_f32(float* __restrict__ dst, const float* __restrict__ src, int B, int S,
+                                              int H, int Dh, int dstS) {
+    const long long n = (long long)B * H * S * Dh;
+    const long long stride = flat_stride();
+    long long i = flat_start();
+    if (i >= n) {
+        return;
+    }
+    Heads4 w;
+    h4_init(w, i, stride, S, H, Dh);
+    for (; i < n; i += stride) {
+        dst[((w.b * dstS + w.s) * H + w.h) * Dh + w.e] = src[i];
+        h4_next(w, S, H, Dh);
+    }
+}
+
+// Row r = (b, h, i) of P[B, H, Sq, Sk]: the first n keys get the softmax of
+// their scores, the others 0, n = min(Sk, keyLen[b], i+Sk-Sq+1 if causal).
+extern "C" __global__ void gr_attn_softmax_f32(float* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) {
+    __shared__ float shm[32];
+    __shared__ float shs[32];
+    const int row = blockIdx.x;
+    if (row >= B * H * Sq) {
+        return; // the whole block
+    }
+    const int b = row / (H * Sq);
+    const int i = row % Sq;
+    int n = Sk;
+    if (keyLen != 0 && keyLen[b] < n) {
+        n = keyLen[b];
+    }
+    if (causal && i + Sk - Sq + 1 < n) {
+        n = i + Sk - Sq + 1;
+    }
+    float* p = P + (long long)row * Sk;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    if (n <= 0) { // the whole block
+        for (int j = t; j < Sk; j += bs) {
+            p[j] = 0.0f;
+        }
+        return;
+    }
+    float m = GR_NEG_MAX, s = 0.0f;
+    for (int j = t; j < n; j += bs) {
+        sm_push(m, s, p[j]);
+    }
+    block_softmax(m, s, shm, shs);
+    const float inv = 1.0f / s;
+    for (int j = t; j < Sk; j += bs) {
+        p[j] = j < n ? expf(p[j] - m) * inv : 0.0f;
+    }
+}
+
+// dP = P*(dP - sum_j P*dP), row by row.
+extern "C" __global__ void gr_attn_softmax_bwd_f32(float* dP, const float* P, int rows, int Sk) {
+    __shared__ float sh[32];
+    const int row = blockIdx.x;
+    if (row >= rows) {
+        return; // the whole block
+    }
+    const long long off = (long long)row * Sk;
+    float* dr = dP + off;
+    const float* pr = P + off;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    float dot = 0.0f;
+    for (int j = t; j < Sk; j += bs) {
+        dot += pr[j] * dr[j];
+    }
+    dot = block_sum(dot, sh);
+    for (int j = t; j < Sk; j += bs) {
+        dr[j] = pr[j] * (dr[j] - dot);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Losses (row)
+
+// Label-smoothed cross-entropy, as cpu.CrossEntropy: the target gets 1-ls,
+// every other id ls/(V-1). Row loss = lse - (conf*z_y + low*(sum z - z_y))
+// in double, added to acc[0], and acc[1] += 1. Rows whose target is pad or
+// outside [0, V) do not count and their dlogits rows are zeroed. dlogits =
+// (softmax - low)*gradScale, minus (conf-low)*gradScale at the target;
+// dlogits may be 0 (none) or alias logits.
+extern "C" __global__ void gr_xent_f32(float* dlogits, const float* logits, const int* targets, double* acc, int N,
+                                       int V, float ls, int pad, float gradScale) {
+    __shared__ float shm[32];
+    __shared__ float shs[32];
+    __shared__ double shz[32];
+    const int row = blockIdx.x;
+    if (row >= N) {
+        return; // the whole block
+    }
+    const long long off = (long long)row * V;
+    const float* z = logits + off;
+    float* d = dlogits != 0 ? dlogits + off : 0;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    const int y = targets[row];
+    if (y == pad || y < 0 || y >= V) { // the whole block
+        if (d != 0) {
+            for (int j = t; j < V; j += bs) {
+                d[j] = 0.0f;
+            }
+        }
+        return;
+    }
+    const float zy = z[y]; // read before any thread overwrites it (d may alias z)
+    float m = GR_NEG_MAX, s = 0.0f, sz = 0.0f;
+    for (int j = t; j < V; j += bs) {
+        const float v = z[j];
+        sm_push(m, s, v);
+        sz += v;
+    }
+    const double szd = block_sum((double)sz, shz);
+    block_softmax(m, s, shm, shs);
+    const float conf = 1.0f - ls;
+    const float low = V > 1 ? ls / (float)(V - 1) : 0.0f;
+    if (t == 0) {
+        const double lse = (double)m + (double)logf(s);
+        const double zyd = (double)zy;
+        const double loss = lse - ((double)conf * zyd + (double)low * (szd - zyd));
+        atomicAdd(acc, loss);
+        atomicAdd(acc + 1, 1.0);
+    }
+    if (d != 0) {
+        const float inv = 1.0f / s;
+        const float hit = (conf - low) * gradScale;
+        for (int j = t; j < V; j += bs) {
+            float g = (expf(z[j] - m) * inv - low) * gradScale;
+            if (j == y) {
+                g -= hit;
+            }
+            d[j] = g;
+        }
+    }
+}
+
+// out = x - logsumexp(x) row by row; out may alias x.
+extern "C" __global__ void gr_log_softmax_f32(float* out, const float* x, int N, int V) {
+    __shared__ float shm[32];
+    __shared__ float shs[32];
+    const int row = blockIdx.x;
+    if (row >= N) {
+        return; // the whole block
+    }
+    const long long off = (long long)row * V;
+    const float* xr = x + off;
+    float* o = out + off;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    float m = GR_NEG_MAX, s = 0.0f;
+    for (int j = t; j < V; j += bs) {
+        sm_push(m, s, xr[j]);
+    }
+    block_softmax(m, s, shm, shs);
+    const float l = m + logf(s);
+    for (int j = t; j < V; j += bs) {
+        o[j] = xr[j] - l;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Optimizer and copies (flat)
+
+static __device__ __forceinline__ void adam_one(float* __restrict__ p, const float* __restrict__ g,
+                                                float* __restrict__ m, float* __restrict__ v, long long i, float lr,
+                                                float b1, float b2, float c1, float c2, float eps) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + c1 * gi;
+    const float vi = b2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= lr * mi / (sqrtf(vi) + eps);
+}
+
+// m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p -= lr*m/(sqrt(v)+eps).
+extern "C" __global__ void gr_adam_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                       float* __restrict__ v, long long n, float lr, float b1, float b2, float eps) {
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    const long long stride = flat_stride();
+    for (long long i = flat_start(); i < n; i += stride) {
+        adam_one(p, g, m, v, i, lr, b1, b2, c1, c2, eps);
+    }
+}
+
+// Adam on the rows rows[k] (k < nrows) of d elements only.
+extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                            float* __restrict__ v, const int* __restrict__ rows, int nrows, int d,
+                                            float lr, float b1, float b2, float eps) {
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    const long long n = (long long)nrows * d;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, d);
+    for (; e < n; e += stride) {
+        adam_one(p, g, m, v, (long long)rows[w.r] * d + w.c, lr, b1, b2, c1, c2, eps);
+        rc_next(w);
+    }
+}
+
+// dst[i*dstRow + c] = src[idx[i]*srcRow + c] for c < cols.
+extern "C" __global__ void gr_gather_rows_f32(float* __restrict__ dst, const float* __restrict__ src,
+                                              const int* __restrict__ idx, int n, int cols, long long srcRow,
+                                              long long dstRow) {
+    const long long total = (long long)n * cols;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= total) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, cols);
+    for (; e < total; e += stride) {
+        dst[w.r * dstRow + w.c] = src[(long long)idx[w.r] * srcRow + w.c];
+        rc_next(w);
+    }
+}
+
+// cache[(r*Tc + t)*D + j] = x[r*D + j]: step t of R rows of a [R, Tc, D]
+// cache.
+extern "C" __global__ void gr_write_step_f32(float* __restrict__ cache, const float* __restrict__ x, int R, int Tc,
+                                             int D, int t) {
+    const long long n = (long long)R * D;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, D);
+    for (; e < n; e += stride) {
+        cache[(w.r * Tc + t) * D + w.c] = x[e];
+        rc_next(w);
+    }
+}
