@@ -1,0 +1,147 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/gorun/gorun/kernels"
+)
+
+// Attention on the GPU: the heads are split out of the [B, S, H*Dh]
+// activations into [B*H, S, Dh] blocks so that each matrix product of the
+// B*H heads is one strided-batched cuBLAS call, and merged back after.
+// The CPU backend reads the heads in place instead; the results agree to
+// rounding.
+
+// attnScratch holds the per-head copies, grown to the largest call.
+type attnScratch struct {
+	qh, kh, vh, oh, pd, dqh, dkh, dvh kernels.Tensor
+}
+
+// buf returns a scratch tensor of n floats in *t, reallocating it when
+// too small.
+func (b *Backend) buf(t *kernels.Tensor, n int) kernels.Tensor {
+	if t.Len() < n || t.Rank == 0 {
+		if t.Rank > 0 {
+			b.Free(*t)
+		}
+		*t = b.Alloc(kernels.F32, n+n/4+1)
+	}
+	return t.Slice(0, n)
+}
+
+func checkAttn(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) int {
+	D := a.H * a.Dh
+	skCap := k.Dim(-2)
+	if q.Len() != a.B*a.Sq*D || o.Len() != a.B*a.Sq*D || k.Len() != a.B*skCap*D || v.Len() != k.Len() ||
+		probs.Len() != a.B*a.H*a.Sq*a.Sk || a.Sk > skCap || (a.KeyLen.Rank > 0 && a.KeyLen.Len() != a.B) {
+		panic(fmt.Sprintf("cuda: Attention shapes o %v probs %v q %v k %v v %v args %+v", o, probs, q, k, v, a))
+	}
+	return skCap
+}
+
+func (b *Backend) split(dst kernels.Tensor, src kernels.Tensor, B, S, H, Dh, srcS int) {
+	b.kern(kSplitHeads).ptr(dst.Ptr).ptr(b.dev32(src, "attention input")).i32(B).i32(S).i32(H).i32(Dh).i32(srcS).flat(B * H * S * Dh)
+}
+
+func (b *Backend) merge(dst kernels.Tensor, src kernels.Tensor, B, S, H, Dh, dstS int) {
+	b.kern(kMergeHeads).ptr(b.dev32(dst, "attention output")).ptr(src.Ptr).i32(B).i32(S).i32(H).i32(Dh).i32(dstS).flat(B * H * S * Dh)
+}
+
+// bgemm is one strided-batched product over the B*H heads of row-major
+// matrices, each packed contiguously.
+func (b *Backend) bgemm(transA, transB bool, m, n, k int, alpha float32, a, bm, c kernels.Tensor, batch int) {
+	g := gemmCall{transA: transA, transB: transB, m: m, n: n, k: k, a: a, b: bm, c: c, alpha: alpha, batch: batch,
+		sa: m * k, sb: k * n, sc: m * n}
+	g.lda, g.ldb, g.ldc = k, n, n
+	if transA {
+		g.lda = m
+	}
+	if transB {
+		g.ldb = k
+	}
+	b.gemm(&g)
+}
+
+func (b *Backend) keyLen(a kernels.AttnArgs) uintptr {
+	if a.KeyLen.Rank > 0 {
+		return b.devI32(a.KeyLen, "KeyLen")
+	}
+	return 0
+}
+
+// Attention implements kernels.Backend.
+func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) {
+	skCap := checkAttn(o, probs, q, k, v, a)
+	B, H, Sq, Sk, Dh := a.B, a.H, a.Sq, a.Sk, a.Dh
+	BH := B * H
+	if BH == 0 || Sq == 0 {
+		return
+	}
+	s := &b.attn
+	qh, kh, vh := b.buf(&s.qh, BH*Sq*Dh), b.buf(&s.kh, BH*Sk*Dh), b.buf(&s.vh, BH*Sk*Dh)
+	b.split(qh, q, B, Sq, H, Dh, Sq)
+	b.split(kh, k, B, Sk, H, Dh, skCap)
+	b.split(vh, v, B, Sk, H, Dh, skCap)
+	P := probs
+	b.dev32(P, "probs")
+	b.bgemm(false, true, Sq, Sk, Dh, a.Scale, qh, kh, P, BH)
+	b.kern(kAttnSoftmax).ptr(P.Ptr).ptr(b.keyLen(a)).i32(B).i32(H).i32(Sq).i32(Sk).i32(boolInt(a.Causal)).rows(BH*Sq, Sk)
+	pd := P
+	if a.Dropout > 0 {
+		pd = b.buf(&s.pd, P.Len())
+		b.dropout(pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
+	}
+	oh := b.buf(&s.oh, BH*Sq*Dh)
+	b.bgemm(false, false, Sq, Dh, Sk, 1, pd, vh, oh, BH)
+	b.merge(o, oh, B, Sq, H, Dh, Sq)
+}
+
+// AttentionBackward implements kernels.Backend.
+func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kernels.Tensor, a kernels.AttnArgs) {
+	skCap := checkAttn(do, probs, q, k, v, a)
+	sameLen(dprobs, probs, "AttentionBackward dprobs")
+	sameLen(dq, q, "AttentionBackward dq")
+	sameLen(dk, k, "AttentionBackward dk")
+	sameLen(dv, v, "AttentionBackward dv")
+	B, H, Sq, Sk, Dh := a.B, a.H, a.Sq, a.Sk, a.Dh
+	BH := B * H
+	if BH == 0 || Sq == 0 {
+		return
+	}
+	s := &b.attn
+	qh, kh, vh := b.buf(&s.qh, BH*Sq*Dh), b.buf(&s.kh, BH*Sk*Dh), b.buf(&s.vh, BH*Sk*Dh)
+	doh := b.buf(&s.oh, BH*Sq*Dh)
+	b.split(qh, q, B, Sq, H, Dh, Sq)
+	b.split(kh, k, B, Sk, H, Dh, skCap)
+	b.split(vh, v, B, Sk, H, Dh, skCap)
+	b.split(doh, do, B, Sq, H, Dh, Sq)
+	P, dP := probs, dprobs
+	b.dev32(P, "probs")
+	b.dev32(dP, "dprobs")
+	pd := P
+	if a.Dropout > 0 {
+		pd = b.buf(&s.pd, P.Len())
+		b.dropout(pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
+	}
+	dqh, dkh, dvh := b.buf(&s.dqh, BH*Sq*Dh), b.buf(&s.dkh, BH*Sk*Dh), b.buf(&s.dvh, BH*Sk*Dh)
+	// dPd = dO V^T; dV = Pd^T dO
+	b.bgemm(false, true, Sq, Sk, Dh, 1, doh, vh, dP, BH)
+	b.bgemm(true, false, Sk, Dh, Sq, 1, pd, doh, dvh, BH)
+	if a.Dropout > 0 {
+		b.dropout(dP.Ptr, 0, dP.Ptr, dP.Len(), a.Dropout, a.Seed)
+	}
+	b.kern(kAttnSoftmaxBwd).ptr(dP.Ptr).ptr(P.Ptr).i32(BH*Sq).i32(Sk).rows(BH*Sq, Sk)
+	// dQ = scale dS K; dK = scale dS^T Q
+	b.bgemm(false, false, Sq, Dh, Sk, a.Scale, dP, kh, dqh, BH)
+	b.bgemm(true, false, Sk, Dh, Sq, a.Scale, dP, qh, dkh, BH)
+	b.merge(dq, dqh, B, Sq, H, Dh, Sq)
+	b.merge(dk, dkh, B, Sk, H, Dh, skCap)
+	b.merge(dv, dvh, B, Sk, H, Dh, skCap)
+}
+
+func boolInt(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,614 @@
+// Package cuda is the NVIDIA GPU backend of kernels.Backend. It calls the
+// CUDA driver (libcuda.so.1), cuBLAS and NVML through purego, so gorun's
+// binaries stay CGO_ENABLED=0 and find the libraries at run time; its
+// kernels are CUDA C (kernels.cu) compiled to PTX by `make ptx` and
+// embedded, so a machine with only the NVIDIA driver runs them (the
+// driver compiles the PTX for its GPU). docs/cuda.md has the design.
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+	"os"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+	"github.com/gorun/gorun/kernels"
+)
+
+// The kernels as PTX for compute capability 7.0 (V100, the lab's GPU) and
+// 8.0 (A100, H100: native bfloat16 conversions). `make ptx` writes them.
+var (
+	//go:embed ptx/kernels_sm70.ptx
+	ptxSM70 []byte
+	//go:embed ptx/kernels_sm80.ptx
+	ptxSM80 []byte
+)
+
+// Backend runs kernels.Backend's ops on one GPU. Work is queued on one
+// compute stream in op order; a second stream copies gradient buckets to
+// the host (HostStaging) while the compute stream goes on. Like the CPU
+// backend it is not safe for concurrent use, except that the Fences of
+// CopyOutAsync may be waited on from any goroutine.
+type Backend struct {
+	// TF32 lets float32 GEMMs use TF32 tensor cores (about 3e-4
+	// relative error instead of 1e-6): PyTorch's allow_tf32.
+	TF32 bool
+	// Precision is the type GEMM inputs are rounded to: F32 (none), F16
+	// or BF16 (tensor cores, float32 accumulation and output, like
+	// PyTorch's autocast for matrix products). Everything else, the
+	// activations in memory included, stays float32.
+	Precision kernels.DType
+
+	drv    *driver
+	blas   *cublas
+	dev    int32
+	ctx    uintptr
+	stream uintptr // compute
+	copy   uintptr // device-to-host copies of gradient buckets
+	module uintptr
+	sms    int
+
+	name   string
+	cc     [2]int
+	index  int
+	mem    *allocator
+	args   *argBlock
+	l      launch
+	gemmSc *[2]float32
+
+	// small device buffers for reductions read back by the host
+	redBuf uintptr // 16 bytes
+	redOut *[2]uint64
+
+	attn    attnScratch
+	half    [2]kernels.Tensor // GEMM inputs rounded to Precision
+	staging map[uintptr]*stage
+	pinned  []uintptr
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+var _ kernels.HostStaging = (*Backend)(nil)
+
+// Available reports whether a usable GPU is there: the driver loads,
+// initialises and sees at least one device. Its error says what is
+// missing, in one line.
+func Available() error {
+	d, err := loadDriver()
+	if err != nil {
+		return err
+	}
+	n, err := d.deviceCount()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("cuda: the driver sees no GPU (CUDA_VISIBLE_DEVICES=%q)", os.Getenv("CUDA_VISIBLE_DEVICES"))
+	}
+	return nil
+}
+
+// Open starts a backend on device index (as this process numbers them,
+// after CUDA_VISIBLE_DEVICES).
+func Open(index int) (*Backend, error) {
+	d, err := loadDriver()
+	if err != nil {
+		return nil, err
+	}
+	n, err := d.deviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if index < 0 || index >= n {
+		return nil, fmt.Errorf("cuda: no device %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%q)", index, n, os.Getenv("CUDA_VISIBLE_DEVICES"))
+	}
+	b := &Backend{drv: d, index: index, args: newArgBlock(), gemmSc: new([2]float32), redOut: new([2]uint64),
+		staging: map[uintptr]*stage{}}
+	var dev int32
+	if err := d.check("cuDeviceGet", d.call(d.deviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
+		return nil, err
+	}
+	b.dev = dev
+	if err := d.check("cuDevicePrimaryCtxRetain", d.call(d.primaryCtxRetain, uintptr(unsafe.Pointer(&b.ctx)), uintptr(dev))); err != nil {
+		return nil, err
+	}
+	d.ctx = b.ctx
+	if err := d.check("cuCtxSetCurrent", d.call(d.ctxSetCurrent, b.ctx)); err != nil {
+		return nil, err
+	}
+	b.name = d.deviceName(dev)
+	b.cc = [2]int{d.attribute(dev, attrCCMajor), d.attribute(dev, attrCCMinor)}
+	b.sms = max(d.attribute(dev, attrMultiprocessors), 1)
+	for _, s := range []*uintptr{&b.stream, &b.copy} {
+		if err := d.check("cuStreamCreate", d.call(d.streamCreate, uintptr(unsafe.Pointer(s)), streamNonBlocking)); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.loadModule(); err != nil {
+		return nil, err
+	}
+	b.blas, err = loadCublas()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.blas.check("cublasCreate_v2", callRet(b.blas.create, uintptr(unsafe.Pointer(&b.blas.handle)))); err != nil {
+		return nil, err
+	}
+	if err := b.blas.check("cublasSetStream_v2", callRet(b.blas.setStream, b.blas.handle, b.stream)); err != nil {
+		return nil, err
+	}
+	if err := b.blas.check("cublasSetMathMode", callRet(b.blas.setMathMode, b.blas.handle, cublasDefaultMath)); err != nil {
+		return nil, err
+	}
+	b.mem = newAllocator(b)
+	b.redBuf = b.mem.alloc(16)
+	return b, nil
+}
+
+// loadModule loads the embedded PTX that fits the device and resolves
+// every kernel.
+func (b *Backend) loadModule() error {
+	ptx := ptxSM70
+	if b.cc[0] >= 8 {
+		ptx = ptxSM80
+	}
+	img := append(append([]byte(nil), ptx...), 0) // cuModuleLoadData reads a C string
+	d := b.drv
+	if err := d.check("cuModuleLoadData", d.call(d.moduleLoadData, uintptr(unsafe.Pointer(&b.module)), uintptr(unsafe.Pointer(&img[0])))); err != nil {
+		return fmt.Errorf("%w (the driver could not compile gorun's PTX for %s, compute capability %d.%d; a driver for CUDA 11.8 or newer is needed)", err, b.name, b.cc[0], b.cc[1])
+	}
+	for _, kn := range allKernels() {
+		name := append([]byte(kn.name), 0)
+		var fn uintptr
+		if err := d.check("cuModuleGetFunction "+kn.name, d.call(d.moduleGetFunction, uintptr(unsafe.Pointer(&fn)), b.module, uintptr(unsafe.Pointer(&name[0])))); err != nil {
+			return err
+		}
+		kn.fn = fn
+	}
+	return nil
+}
+
+// Name implements kernels.Backend.
+func (b *Backend) Name() string { return "cuda" }
+
+// Device implements kernels.Backend.
+func (b *Backend) Device() kernels.Device { return kernels.Device{Kind: kernels.CUDA, Index: b.index} }
+
+// Describe names the GPU, for logs and reports: "NVIDIA H100 80GB HBM3
+// (compute capability 9.0, 132 SMs, driver 12.4, cuBLAS 120304)".
+func (b *Backend) Describe() string {
+	v := b.drv.version()
+	return fmt.Sprintf("%s (compute capability %d.%d, %d SMs, driver %d.%d, cuBLAS %d)", b.name, b.cc[0], b.cc[1], b.sms,
+		v/1000, v%1000/10, b.blas.version())
+}
+
+// GPUName is the device's name as the driver reports it.
+func (b *Backend) GPUName() string { return b.name }
+
+// MemInfo returns the free and total device memory in bytes.
+func (b *Backend) MemInfo() (free, total uint64) {
+	b.drv.call(b.drv.memGetInfo, uintptr(unsafe.Pointer(&free)), uintptr(unsafe.Pointer(&total)))
+	return free, total
+}
+
+// Sync implements kernels.Backend: it waits for the compute stream and
+// panics with the error of a failed kernel.
+func (b *Backend) Sync() {
+	b.drv.must("cuStreamSynchronize", b.drv.call(b.drv.streamSynchronize, b.stream))
+}
+
+// Alloc implements kernels.Backend.
+func (b *Backend) Alloc(dt kernels.DType, dims ...int) kernels.Tensor {
+	t := kernels.Tensor{DType: dt, Rank: len(dims), Dev: b.Device()}
+	copy(t.Dims[:], dims)
+	n := t.Len() * dt.Size()
+	t.Ptr = b.mem.alloc(n)
+	b.memset(t.Ptr, n)
+	return t
+}
+
+// Free implements kernels.Backend.
+func (b *Backend) Free(t kernels.Tensor) {
+	if t.Ptr != 0 {
+		b.mem.free(t.Ptr)
+	}
+}
+
+func (b *Backend) memset(p uintptr, n int) {
+	if n > 0 {
+		b.drv.must("cuMemsetD8Async", b.drv.call(b.drv.memsetD8Async, p, 0, uintptr(n), b.stream))
+	}
+}
+
+func (b *Backend) dev32(t kernels.Tensor, what string) uintptr {
+	if t.Dev.Kind != kernels.CUDA || (t.Ptr == 0 && t.Len() > 0) {
+		panic(fmt.Sprintf("cuda: %s must be a tensor on the GPU, got %v", what, t))
+	}
+	if t.DType != kernels.F32 {
+		panic(fmt.Sprintf("cuda: %s must be F32, got %v", what, t))
+	}
+	return t.Ptr
+}
+
+func (b *Backend) devI32(t kernels.Tensor, what string) uintptr {
+	if t.Dev.Kind != kernels.CUDA || t.DType != kernels.I32 || (t.Ptr == 0 && t.Len() > 0) {
+		panic(fmt.Sprintf("cuda: %s must be an I32 tensor on the GPU, got %v", what, t))
+	}
+	return t.Ptr
+}
+
+func sameLen(a, c kernels.Tensor, op string) {
+	if a.Len() != c.Len() {
+		panic(fmt.Sprintf("cuda: %s: %v and %v differ in length", op, a, c))
+	}
+}
+
+// Upload implements kernels.Backend. The copy is queued in order; the
+// source may be reused as soon as Upload returns (the driver stages
+// pageable memory before returning).
+func (b *Backend) Upload(dst kernels.Tensor, src []float32) {
+	p := b.dev32(dst, "Upload dst")
+	n := min(len(src), dst.Len())
+	if n > 0 {
+		b.drv.must("cuMemcpyHtoDAsync", b.drv.call(b.drv.memcpyHtoDAsync, p, uintptr(unsafe.Pointer(&src[0])), uintptr(4*n), b.stream))
+	}
+}
+
+// UploadI32 implements kernels.Backend.
+func (b *Backend) UploadI32(dst kernels.Tensor, src []int32) {
+	p := b.devI32(dst, "UploadI32 dst")
+	n := min(len(src), dst.Len())
+	if n > 0 {
+		b.drv.must("cuMemcpyHtoDAsync", b.drv.call(b.drv.memcpyHtoDAsync, p, uintptr(unsafe.Pointer(&src[0])), uintptr(4*n), b.stream))
+	}
+}
+
+// Download implements kernels.Backend: it waits for the queued work.
+func (b *Backend) Download(dst []float32, src kernels.Tensor) {
+	p := b.dev32(src, "Download src")
+	n := min(len(dst), src.Len())
+	if n > 0 {
+		b.drv.must("cuMemcpyDtoHAsync", b.drv.call(b.drv.memcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), p, uintptr(4*n), b.stream))
+	}
+	b.Sync()
+}
+
+// Copy implements kernels.Backend.
+func (b *Backend) Copy(dst, src kernels.Tensor) {
+	sameLen(dst, src, "Copy")
+	if dst.DType != src.DType {
+		panic(fmt.Sprintf("cuda: Copy %v <- %v: types differ (use Cast)", dst, src))
+	}
+	n := dst.Len() * dst.DType.Size()
+	if n > 0 && dst.Ptr != src.Ptr {
+		b.drv.must("cuMemcpyDtoDAsync", b.drv.call(b.drv.memcpyDtoDAsync, dst.Ptr, src.Ptr, uintptr(n), b.stream))
+	}
+}
+
+// Zero implements kernels.Backend.
+func (b *Backend) Zero(t kernels.Tensor) { b.memset(t.Ptr, t.Len()*t.DType.Size()) }
+
+func typeName(dt kernels.DType) string {
+	switch dt {
+	case kernels.F16:
+		return "f16"
+	case kernels.BF16:
+		return "bf16"
+	case kernels.F32:
+		return "f32"
+	}
+	panic(fmt.Sprintf("cuda: Cast of %v", dt))
+}
+
+// Cast implements kernels.Backend.
+func (b *Backend) Cast(dst, src kernels.Tensor) {
+	sameLen(dst, src, "Cast")
+	if dst.DType == src.DType {
+		b.Copy(dst, src)
+		return
+	}
+	b.kern(kCast[[2]string{typeName(src.DType), typeName(dst.DType)}]).ptr(dst.Ptr).ptr(src.Ptr).i64(dst.Len()).flat(dst.Len())
+}
+
+// Scale implements kernels.Backend.
+func (b *Backend) Scale(x kernels.Tensor, s float32) {
+	b.kern(kScale).ptr(b.dev32(x, "x")).f32(s).i64(x.Len()).flat(x.Len())
+}
+
+// Axpy implements kernels.Backend.
+func (b *Backend) Axpy(y kernels.Tensor, a float32, x kernels.Tensor) {
+	sameLen(y, x, "Axpy")
+	b.kern(kAxpy).ptr(b.dev32(y, "y")).f32(a).ptr(b.dev32(x, "x")).i64(y.Len()).flat(y.Len())
+}
+
+// readReduction copies the 16-byte reduction buffer to the host.
+func (b *Backend) readReduction() {
+	b.drv.must("cuMemcpyDtoHAsync", b.drv.call(b.drv.memcpyDtoHAsync, uintptr(unsafe.Pointer(&b.redOut[0])), b.redBuf, 16, b.stream))
+	b.Sync()
+}
+
+// HasInfNaN implements kernels.Backend.
+func (b *Backend) HasInfNaN(x kernels.Tensor) bool {
+	b.memset(b.redBuf, 16)
+	b.kern(kInfNaN).ptr(b.redBuf).ptr(b.dev32(x, "x")).i64(x.Len()).flat(x.Len())
+	b.readReduction()
+	return uint32(b.redOut[0]) != 0
+}
+
+// SumSquares implements kernels.Backend.
+func (b *Backend) SumSquares(x kernels.Tensor) float64 {
+	b.memset(b.redBuf, 16)
+	b.kern(kSumSq).ptr(b.redBuf).ptr(b.dev32(x, "x")).i64(x.Len()).flat(x.Len())
+	b.readReduction()
+	return math.Float64frombits(b.redOut[0])
+}
+
+// Gemm implements kernels.Backend.
+func (b *Backend) Gemm(transA, transB bool, alpha float32, a, bt kernels.Tensor, beta float32, c kernels.Tensor) {
+	g := gemmCall{transA: transA, transB: transB, a: a, b: bt, c: c, alpha: alpha, beta: beta, batch: 1}
+	var ar, ac, br, bc int
+	if c.Rank >= 3 {
+		ar, ac, br, bc = a.Dim(-2), a.Dim(-1), bt.Dim(-2), bt.Dim(-1)
+		g.m, g.n = c.Dim(-2), c.Dim(-1)
+		g.batch = c.Len() / max(g.m*g.n, 1)
+		if a.Len() != g.batch*ar*ac || bt.Len() != g.batch*br*bc {
+			panic(fmt.Sprintf("cuda: Gemm shapes %v x %v -> %v (transA %v transB %v)", a, bt, c, transA, transB))
+		}
+		g.sa, g.sb, g.sc = ar*ac, br*bc, g.m*g.n
+	} else {
+		ar, ac, br, bc = a.Rows(), a.Cols(), bt.Rows(), bt.Cols()
+		g.m, g.n = c.Rows(), c.Cols()
+	}
+	g.k = ac
+	if transA {
+		g.k = ar
+	}
+	if (transA && ac != g.m) || (!transA && ar != g.m) || (transB && (br != g.n || bc != g.k)) || (!transB && (bc != g.n || br != g.k)) {
+		panic(fmt.Sprintf("cuda: Gemm shapes %v x %v -> %v (transA %v transB %v)", a, bt, c, transA, transB))
+	}
+	if g.m == 0 || g.n == 0 || g.batch == 0 {
+		return
+	}
+	if g.k == 0 {
+		if beta == 0 {
+			b.Zero(c)
+		} else {
+			b.Scale(c, beta)
+		}
+		return
+	}
+	g.lda, g.ldb, g.ldc = ac, bc, g.n
+	b.gemm(&g)
+}
+
+func (b *Backend) gemm(g *gemmCall) {
+	if p := b.Precision; p == kernels.F16 || p == kernels.BF16 {
+		g.a = b.rounded(0, g.a, p)
+		g.b = b.rounded(1, g.b, p)
+	}
+	if err := b.blas.run(g, b.TF32, b.gemmSc); err != nil {
+		panic(err)
+	}
+}
+
+// rounded casts a GEMM operand into half-precision scratch slot i.
+func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tensor {
+	if t.DType != kernels.F32 {
+		return t
+	}
+	n := t.Len()
+	s := &b.half[i]
+	if s.Len() < n || s.DType != p || s.Rank == 0 {
+		if s.Rank > 0 {
+			b.Free(*s)
+		}
+		*s = b.Alloc(p, n+n/4+1)
+	}
+	h := *s
+	h.Rank, h.Dims = t.Rank, t.Dims
+	b.kern(kCast[[2]string{"f32", typeName(p)}]).ptr(h.Ptr).ptr(t.Ptr).i64(n).flat(n)
+	return h
+}
+
+// AddBias implements kernels.Backend.
+func (b *Backend) AddBias(x, bias kernels.Tensor) {
+	d := bias.Len()
+	b.kern(kAddBias).ptr(b.dev32(x, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
+}
+
+// BiasGrad implements kernels.Backend.
+func (b *Backend) BiasGrad(dbias, dy kernels.Tensor) {
+	d := dbias.Len()
+	b.kern(kBiasGrad).ptr(b.dev32(dbias, "dbias")).ptr(b.dev32(dy, "dy")).i32(dy.Len() / d).i32(d).cols(d)
+}
+
+// BiasReLU implements kernels.Backend.
+func (b *Backend) BiasReLU(x, bias kernels.Tensor) {
+	d := bias.Len()
+	b.kern(kBiasReLU).ptr(b.dev32(x, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
+}
+
+// ReLUBackward implements kernels.Backend.
+func (b *Backend) ReLUBackward(dx, y kernels.Tensor) {
+	sameLen(dx, y, "ReLUBackward")
+	b.kern(kReLUBwd).ptr(b.dev32(dx, "dx")).ptr(b.dev32(y, "y")).i64(dx.Len()).flat(dx.Len())
+}
+
+// LayerNorm implements kernels.Backend.
+func (b *Backend) LayerNorm(y, mean, rstd, x, gamma, beta kernels.Tensor, eps float32) {
+	d := gamma.Len()
+	rows := x.Len() / d
+	b.kern(kLayerNorm).ptr(b.dev32(y, "y")).ptr(b.dev32(mean, "mean")).ptr(b.dev32(rstd, "rstd")).ptr(b.dev32(x, "x")).
+		ptr(b.dev32(gamma, "gamma")).ptr(b.dev32(beta, "beta")).i32(rows).i32(d).f32(eps).rows(rows, d)
+}
+
+// LayerNormBackward implements kernels.Backend.
+func (b *Backend) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma kernels.Tensor) {
+	d := gamma.Len()
+	rows := x.Len() / d
+	b.kern(kLayerNormBwd).ptr(b.dev32(dx, "dx")).ptr(b.dev32(dy, "dy")).ptr(b.dev32(x, "x")).ptr(b.dev32(mean, "mean")).
+		ptr(b.dev32(rstd, "rstd")).ptr(b.dev32(gamma, "gamma")).i32(rows).i32(d).rows(rows, d)
+	b.kern(kLayerNormParams).ptr(b.dev32(dgamma, "dgamma")).ptr(b.dev32(dbeta, "dbeta")).ptr(dy.Ptr).ptr(x.Ptr).
+		ptr(mean.Ptr).ptr(rstd.Ptr).i32(rows).i32(d).cols(d)
+}
+
+// dropThresh and dropScale are the CPU backend's: an element is kept when
+// its 16 random bits are >= round(p*65536) (kept as a uint16, as there),
+// and scaled by 1/(1-p) computed in float32.
+func dropThresh(p float32) uint32 { return uint32(uint16(math.Round(float64(p) * 65536))) }
+func dropScale(p float32) float32 { return 1 / (1 - p) }
+
+// dropout queues y = res + dropout(x); res 0 means none.
+func (b *Backend) dropout(y, res, x uintptr, n int, p float32, seed uint64) {
+	th, sc := uint32(0), float32(1)
+	if p > 0 {
+		th, sc = dropThresh(p), dropScale(p)
+	}
+	b.kern(kDropout).ptr(y).ptr(res).ptr(x).i64(n).u64(seed).u32(th).f32(sc).flat(n)
+}
+
+// Dropout implements kernels.Backend.
+func (b *Backend) Dropout(y, x kernels.Tensor, p float32, seed uint64) {
+	sameLen(y, x, "Dropout")
+	if p <= 0 {
+		b.Copy(y, x)
+		return
+	}
+	b.dropout(b.dev32(y, "y"), 0, b.dev32(x, "x"), y.Len(), p, seed)
+}
+
+// DropoutBackward implements kernels.Backend.
+func (b *Backend) DropoutBackward(dx, dy kernels.Tensor, p float32, seed uint64) {
+	b.Dropout(dx, dy, p, seed)
+}
+
+// ResidualDropout implements kernels.Backend.
+func (b *Backend) ResidualDropout(out, res, y kernels.Tensor, p float32, seed uint64) {
+	sameLen(out, y, "ResidualDropout")
+	sameLen(res, y, "ResidualDropout")
+	b.dropout(b.dev32(out, "out"), b.dev32(res, "res"), b.dev32(y, "y"), y.Len(), p, seed)
+}
+
+// Embedding implements kernels.Backend. Ids outside the vocabulary give
+// zero rows (the trainer validates batches before they reach the GPU).
+func (b *Backend) Embedding(out, table, ids kernels.Tensor, scale float32, padID int32) {
+	d := table.Cols()
+	n := ids.Len()
+	b.kern(kEmbedding).ptr(b.dev32(out, "out")).ptr(b.dev32(table, "table")).ptr(b.devI32(ids, "ids")).
+		i32(n).i32(d).i32(table.Rows()).f32(scale).i32(int(padID)).flat(n * d)
+}
+
+// EmbeddingBackward implements kernels.Backend. Rows of repeated ids are
+// summed with atomic adds, so their order (and last bits) may vary.
+func (b *Backend) EmbeddingBackward(dtable, dout, ids kernels.Tensor, scale float32, padID int32) {
+	d := dtable.Cols()
+	n := ids.Len()
+	b.kern(kEmbeddingBwd).ptr(b.dev32(dtable, "dtable")).ptr(b.dev32(dout, "dout")).ptr(b.devI32(ids, "ids")).
+		i32(n).i32(d).f32(scale).i32(int(padID)).flat(n * d)
+}
+
+// AddPositional implements kernels.Backend.
+func (b *Backend) AddPositional(x, pe kernels.Tensor, t0 int) {
+	T, d := x.Dim(-2), x.Dim(-1)
+	rows := x.Len() / d
+	if t0+T > pe.Dims[0] {
+		panic(fmt.Sprintf("cuda: AddPositional positions %d..%d of a table of %d", t0, t0+T, pe.Dims[0]))
+	}
+	b.kern(kAddPos).ptr(b.dev32(x, "x")).ptr(b.dev32(pe, "pe")).i64(rows).i32(T).i32(d).i32(t0).flat(x.Len())
+}
+
+// LogSoftmax implements kernels.Backend.
+func (b *Backend) LogSoftmax(out, x kernels.Tensor) {
+	sameLen(out, x, "LogSoftmax")
+	V := x.Cols()
+	N := x.Len() / V
+	b.kern(kLogSoftmax).ptr(b.dev32(out, "out")).ptr(b.dev32(x, "x")).i32(N).i32(V).rows(N, V)
+}
+
+// CrossEntropy implements kernels.Backend. It waits for the GPU to read
+// back the loss.
+func (b *Backend) CrossEntropy(dlogits, logits, targets kernels.Tensor, ls float32, padID int32, gradScale float32) (float64, int) {
+	V := logits.Cols()
+	N := logits.Rows()
+	if targets.Len() != N {
+		panic(fmt.Sprintf("cuda: CrossEntropy: %d targets for logits %v", targets.Len(), logits))
+	}
+	var dl uintptr
+	if dlogits.Len() > 0 {
+		sameLen(dlogits, logits, "CrossEntropy")
+		dl = b.dev32(dlogits, "dlogits")
+	}
+	b.memset(b.redBuf, 16)
+	b.kern(kXent).ptr(dl).ptr(b.dev32(logits, "logits")).ptr(b.devI32(targets, "targets")).ptr(b.redBuf).
+		i32(N).i32(V).f32(ls).i32(int(padID)).f32(gradScale).rows(N, V)
+	b.readReduction()
+	return math.Float64frombits(b.redOut[0]), int(math.Float64frombits(b.redOut[1]))
+}
+
+// Adam implements kernels.Backend.
+func (b *Backend) Adam(p, g, m, v kernels.Tensor, a kernels.AdamArgs) {
+	sameLen(p, g, "Adam")
+	sameLen(p, m, "Adam")
+	sameLen(p, v, "Adam")
+	b.kern(kAdam).ptr(b.dev32(p, "p")).ptr(b.dev32(g, "g")).ptr(b.dev32(m, "m")).ptr(b.dev32(v, "v")).i64(p.Len()).
+		f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).flat(p.Len())
+}
+
+// AdamRows implements kernels.Backend.
+func (b *Backend) AdamRows(p, g, m, v, rows kernels.Tensor, a kernels.AdamArgs) {
+	sameLen(p, g, "AdamRows")
+	sameLen(p, m, "AdamRows")
+	sameLen(p, v, "AdamRows")
+	d := p.Cols()
+	n := rows.Len()
+	b.kern(kAdamRows).ptr(b.dev32(p, "p")).ptr(b.dev32(g, "g")).ptr(b.dev32(m, "m")).ptr(b.dev32(v, "v")).
+		ptr(b.devI32(rows, "rows")).i32(n).i32(d).f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).flat(n * d)
+}
+
+// GatherRows implements kernels.Backend.
+func (b *Backend) GatherRows(dst, src, idx kernels.Tensor, cols int) {
+	rl := src.Len() / src.Dims[0]
+	dl := dst.Len() / dst.Dims[0]
+	n := idx.Len()
+	if cols > rl || cols > dl || n > dst.Dims[0] {
+		panic(fmt.Sprintf("cuda: GatherRows %v <- %v cols %d", dst, src, cols))
+	}
+	b.kern(kGatherRows).ptr(b.dev32(dst, "dst")).ptr(b.dev32(src, "src")).ptr(b.devI32(idx, "idx")).
+		i32(n).i32(cols).i64(rl).i64(dl).flat(n * cols)
+}
+
+// WriteStep implements kernels.Backend.
+func (b *Backend) WriteStep(cache, x kernels.Tensor, t int) {
+	R, Tc, D := cache.Dims[0], cache.Dims[1], cache.Dims[2]
+	if t < 0 || t >= Tc || x.Len() != R*D {
+		panic(fmt.Sprintf("cuda: WriteStep %v <- %v at %d", cache, x, t))
+	}
+	b.kern(kWriteStep).ptr(b.dev32(cache, "cache")).ptr(b.dev32(x, "x")).i32(R).i32(Tc).i32(D).i32(t).flat(R * D)
+}
+
+// callRet calls a C function and returns its first result.
+func callRet(fn uintptr, args ...uintptr) uintptr {
+	r, _, _ := purego.SyscallN(fn, args...)
+	return r
+}
+
+// VisibleIndex is the device a rank uses when it sees several: its local
+// rank modulo their number (Horovod's torch.cuda.set_device(local_rank)),
+// so ranks that outnumber the GPUs share them. gorun usually leaves each
+// rank one GPU through CUDA_VISIBLE_DEVICES; then this is 0.
+func VisibleIndex(localRank, count int) int {
+	if count <= 0 {
+		return 0
+	}
+	return localRank % count
+}
+
+// Count is the number of GPUs this process sees.
+func Count() (int, error) {
+	d, err := loadDriver()
+	if err != nil {
+		return 0, err
+	}
+	return d.deviceCount()
+}

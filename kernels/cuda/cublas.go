@@ -1,0 +1,166 @@
+package cuda
+
+import (
+	"fmt"
+	"path/filepath"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+	"github.com/gorun/gorun/kernels"
+)
+
+// cuBLAS through purego. cublasGemmEx takes 19 arguments and
+// cublasGemmStridedBatchedEx 23: purego v0.11 passes up to 32 (the older
+// releases stopped at 15), every one of them an integer or a pointer (alpha
+// and beta are host pointers), so the System V calling convention puts the
+// first six in registers and the rest on the stack, which purego's
+// trampoline does. No assembly of our own is needed.
+
+// cuBLAS enums.
+const (
+	cublasOpN = 0
+	cublasOpT = 1
+
+	cudaR32F  = 0
+	cudaR16F  = 2
+	cudaR16BF = 14
+
+	cublasCompute32F     = 68
+	cublasCompute32FTF32 = 77
+
+	cublasDefaultMath = 0
+)
+
+type cublas struct {
+	lib    *library
+	handle uintptr
+
+	create, destroy, setStream, setMathMode, getVersion, gemmEx, gemmStridedBatchedEx uintptr
+}
+
+func (c *cublas) symbols() ([]string, []*uintptr) {
+	return []string{"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetMathMode",
+			"cublasGetVersion_v2", "cublasGemmEx", "cublasGemmStridedBatchedEx"},
+		[]*uintptr{&c.create, &c.destroy, &c.setStream, &c.setMathMode, &c.getVersion, &c.gemmEx, &c.gemmStridedBatchedEx}
+}
+
+// cublasSonames are the cuBLAS major versions gorun can use, newest first.
+var cublasSonames = []string{"libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}
+
+// cublasCandidates lists where cuBLAS is looked for: the library
+// directories (GORUN_CUDA_LIB_DIR first), the loader's own search, and the
+// nvidia/cublas/lib directory of pip's wheels (where PyTorch keeps it).
+func cublasCandidates() []string {
+	dirs := append(libDirs(), pythonCUDALibDirs("cublas")...)
+	return candidates(dirs, cublasSonames...)
+}
+
+// loadCublas opens cuBLAS, loading its companion cublasLt from the same
+// directory first (pip's wheels do not always find it on their own).
+func loadCublas() (*cublas, error) {
+	for _, c := range cublasCandidates() {
+		if filepath.IsAbs(c) {
+			lt := filepath.Join(filepath.Dir(c), "libcublasLt"+filepath.Base(c)[len("libcublas"):])
+			if h, err := purego.Dlopen(lt, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
+				_ = h // kept loaded for the process's lifetime
+			}
+		}
+	}
+	lib, err := openFirst("cuBLAS ("+fmt.Sprint(cublasSonames)+")", cublasCandidates())
+	if err != nil {
+		return nil, fmt.Errorf("%w; install it (pip install nvidia-cublas-cu12, or the CUDA toolkit) or set %s", err, EnvLibDir)
+	}
+	c := &cublas{lib: lib}
+	names, ptrs := c.symbols()
+	if err := lib.resolve(names, ptrs); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cublas) check(call string, r uintptr) error {
+	if r == 0 {
+		return nil
+	}
+	return &Error{Call: call, Code: int(int32(r)), Name: cublasStatus(int32(r))}
+}
+
+func cublasStatus(s int32) string {
+	switch s {
+	case 1:
+		return "CUBLAS_STATUS_NOT_INITIALIZED"
+	case 3:
+		return "CUBLAS_STATUS_ALLOC_FAILED"
+	case 7:
+		return "CUBLAS_STATUS_INVALID_VALUE"
+	case 8:
+		return "CUBLAS_STATUS_ARCH_MISMATCH"
+	case 11:
+		return "CUBLAS_STATUS_MAPPING_ERROR"
+	case 13:
+		return "CUBLAS_STATUS_EXECUTION_FAILED"
+	case 14:
+		return "CUBLAS_STATUS_INTERNAL_ERROR"
+	case 15:
+		return "CUBLAS_STATUS_NOT_SUPPORTED"
+	}
+	return fmt.Sprintf("cublasStatus %d", s)
+}
+
+func (c *cublas) version() int {
+	var v int32
+	purego.SyscallN(c.getVersion, c.handle, uintptr(unsafe.Pointer(&v)))
+	return int(v)
+}
+
+func cudaType(dt kernels.DType) uintptr {
+	switch dt {
+	case kernels.F16:
+		return cudaR16F
+	case kernels.BF16:
+		return cudaR16BF
+	}
+	return cudaR32F
+}
+
+// gemmCall is one row-major GEMM, C = alpha*op(A)*op(B) + beta*C, for a
+// batch of matrices at fixed strides (batch 1: a plain GEMM).
+type gemmCall struct {
+	transA, transB bool
+	m, n, k        int
+	a, b, c        kernels.Tensor
+	lda, ldb, ldc  int
+	sa, sb, sc     int // strides between batch members, in elements
+	batch          int
+	alpha, beta    float32
+}
+
+// run issues the call. cuBLAS is column-major: a row-major C = A*B is
+// the column-major C^T = B^T * A^T, so the operands swap places and m and n
+// with them; the leading dimensions stay the row-major row lengths.
+func (c *cublas) run(g *gemmCall, tf32 bool, scalars *[2]float32) error {
+	opA, opB := uintptr(cublasOpN), uintptr(cublasOpN)
+	if g.transA {
+		opA = cublasOpT
+	}
+	if g.transB {
+		opB = cublasOpT
+	}
+	compute := uintptr(cublasCompute32F)
+	if tf32 && g.c.DType == kernels.F32 && g.a.DType == kernels.F32 {
+		compute = cublasCompute32FTF32
+	}
+	scalars[0], scalars[1] = g.alpha, g.beta
+	alpha, beta := uintptr(unsafe.Pointer(&scalars[0])), uintptr(unsafe.Pointer(&scalars[1]))
+	algo := ^uintptr(0) // CUBLAS_GEMM_DEFAULT, -1
+	if g.batch <= 1 {
+		r, _, _ := purego.SyscallN(c.gemmEx, c.handle, opB, opA, uintptr(g.n), uintptr(g.m), uintptr(g.k),
+			alpha, g.b.Ptr, cudaType(g.b.DType), uintptr(g.ldb), g.a.Ptr, cudaType(g.a.DType), uintptr(g.lda),
+			beta, g.c.Ptr, cudaType(g.c.DType), uintptr(g.ldc), compute, algo)
+		return c.check("cublasGemmEx", r)
+	}
+	r, _, _ := purego.SyscallN(c.gemmStridedBatchedEx, c.handle, opB, opA, uintptr(g.n), uintptr(g.m), uintptr(g.k),
+		alpha, g.b.Ptr, cudaType(g.b.DType), uintptr(g.ldb), uintptr(g.sb), g.a.Ptr, cudaType(g.a.DType), uintptr(g.lda), uintptr(g.sa),
+		beta, g.c.Ptr, cudaType(g.c.DType), uintptr(g.ldc), uintptr(g.sc), uintptr(g.batch), compute, algo)
+	return c.check("cublasGemmStridedBatchedEx", r)
+}

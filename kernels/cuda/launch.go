@@ -1,0 +1,190 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// ptype is the type of one kernel parameter, as the PTX declares it.
+type ptype uint8
+
+const (
+	pPtr ptype = iota // device pointer: .u64
+	pI32              // int: .u32
+	pI64              // long long: .u64
+	pU32              // unsigned: .u32
+	pU64              // unsigned long long: .u64
+	pF32              // float: .f32
+)
+
+func (p ptype) String() string {
+	return [...]string{"ptr", "i32", "i64", "u32", "u64", "f32"}[p]
+}
+
+// kernel is one __global__ function of kernels.cu: its name, parameter
+// types, and its handle once the module is loaded.
+type kernel struct {
+	name   string
+	params []ptype
+	fn     uintptr
+}
+
+func k(name string, params ...ptype) *kernel { return &kernel{name: name, params: params} }
+
+// The kernels of kernels.cu (docs/cuda.md, "Kernel ABI"). A test checks
+// every entry against the embedded PTX: same name, same parameter types.
+var (
+	kScale           = k("gr_scale_f32", pPtr, pF32, pI64)
+	kAxpy            = k("gr_axpy_f32", pPtr, pF32, pPtr, pI64)
+	kInfNaN          = k("gr_infnan_f32", pPtr, pPtr, pI64)
+	kSumSq           = k("gr_sumsq_f32", pPtr, pPtr, pI64)
+	kAddBias         = k("gr_add_bias_f32", pPtr, pPtr, pI64, pI32)
+	kBiasReLU        = k("gr_bias_relu_f32", pPtr, pPtr, pI64, pI32)
+	kReLUBwd         = k("gr_relu_bwd_f32", pPtr, pPtr, pI64)
+	kBiasGrad        = k("gr_bias_grad_f32", pPtr, pPtr, pI32, pI32)
+	kLayerNorm       = k("gr_layernorm_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32)
+	kLayerNormBwd    = k("gr_layernorm_bwd_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
+	kLayerNormParams = k("gr_layernorm_bwd_params_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
+	kDropout         = k("gr_dropout_f32", pPtr, pPtr, pPtr, pI64, pU64, pU32, pF32)
+	kEmbedding       = k("gr_embedding_f32", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32)
+	kEmbeddingBwd    = k("gr_embedding_bwd_f32", pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32)
+	kAddPos          = k("gr_add_pos_f32", pPtr, pPtr, pI64, pI32, pI32, pI32)
+	kSplitHeads      = k("gr_split_heads_f32", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
+	kMergeHeads      = k("gr_merge_heads_f32", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
+	kAttnSoftmax     = k("gr_attn_softmax_f32", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
+	kAttnSoftmaxBwd  = k("gr_attn_softmax_bwd_f32", pPtr, pPtr, pI32, pI32)
+	kXent            = k("gr_xent_f32", pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32, pF32)
+	kLogSoftmax      = k("gr_log_softmax_f32", pPtr, pPtr, pI32, pI32)
+	kAdam            = k("gr_adam_f32", pPtr, pPtr, pPtr, pPtr, pI64, pF32, pF32, pF32, pF32)
+	kAdamRows        = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pF32, pF32, pF32)
+	kGatherRows      = k("gr_gather_rows_f32", pPtr, pPtr, pPtr, pI32, pI32, pI64, pI64)
+	kWriteStep       = k("gr_write_step_f32", pPtr, pPtr, pI32, pI32, pI32, pI32)
+	kCast            = map[[2]string]*kernel{}
+)
+
+// halfNames are the storage types of Cast, as the kernels name them.
+var halfNames = []string{"f32", "f16", "bf16"}
+
+func init() {
+	for _, s := range halfNames {
+		for _, d := range halfNames {
+			if s != d {
+				kCast[[2]string{s, d}] = k("gr_cast_"+s+"_"+d, pPtr, pPtr, pI64)
+			}
+		}
+	}
+}
+
+// allKernels lists every kernel, for loading and for the ABI test.
+func allKernels() []*kernel {
+	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAddBias, kBiasReLU, kReLUBwd, kBiasGrad, kLayerNorm,
+		kLayerNormBwd, kLayerNormParams, kDropout, kEmbedding, kEmbeddingBwd, kAddPos, kSplitHeads, kMergeHeads,
+		kAttnSoftmax, kAttnSoftmaxBwd, kXent, kLogSoftmax, kAdam, kAdamRows, kGatherRows, kWriteStep}
+	for _, s := range halfNames {
+		for _, d := range halfNames {
+			if s != d {
+				ks = append(ks, kCast[[2]string{s, d}])
+			}
+		}
+	}
+	return ks
+}
+
+// maxParams bounds a kernel's parameter count.
+const maxParams = 16
+
+// argBlock is the parameter block of a launch: cuLaunchKernel reads
+// kernelParams[i], a pointer to parameter i's value. It lives on the Go
+// heap, which does not move, for the backend's lifetime; the driver copies
+// the values at launch, so one block serves every launch.
+type argBlock struct {
+	vals [maxParams]uint64
+	ptrs [maxParams]uintptr
+}
+
+func newArgBlock() *argBlock {
+	a := &argBlock{}
+	for i := range a.ptrs {
+		a.ptrs[i] = uintptr(unsafe.Pointer(&a.vals[i]))
+	}
+	return a
+}
+
+// launch builds one kernel launch; its methods append parameters in order
+// and panic if a type differs from the kernel's declaration (a Go-side bug
+// the conformance tests would otherwise find only on a GPU).
+type launch struct {
+	be *Backend
+	k  *kernel
+	n  int
+}
+
+func (b *Backend) kern(k *kernel) *launch {
+	b.l = launch{be: b, k: k}
+	return &b.l
+}
+
+func (l *launch) put(t ptype, v uint64) *launch {
+	if l.n >= len(l.k.params) || l.k.params[l.n] != t {
+		panic(fmt.Sprintf("cuda: %s parameter %d given as %s, declared %v", l.k.name, l.n, t, l.k.params))
+	}
+	l.be.args.vals[l.n] = v
+	l.n++
+	return l
+}
+
+func (l *launch) ptr(p uintptr) *launch { return l.put(pPtr, uint64(p)) }
+func (l *launch) i32(v int) *launch {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		panic(fmt.Sprintf("cuda: %s parameter %d = %d does not fit an int", l.k.name, l.n, v))
+	}
+	return l.put(pI32, uint64(uint32(int32(v))))
+}
+func (l *launch) i64(v int) *launch     { return l.put(pI64, uint64(int64(v))) }
+func (l *launch) u32(v uint32) *launch  { return l.put(pU32, uint64(v)) }
+func (l *launch) u64(v uint64) *launch  { return l.put(pU64, v) }
+func (l *launch) f32(v float32) *launch { return l.put(pF32, uint64(math.Float32bits(v))) }
+
+// grid launches on the compute stream with a grid of (gx, gy) blocks of
+// (bx, by) threads.
+func (l *launch) grid(gx, gy, bx, by int) {
+	if l.n != len(l.k.params) {
+		panic(fmt.Sprintf("cuda: %s launched with %d of its %d parameters", l.k.name, l.n, len(l.k.params)))
+	}
+	if gx <= 0 || gy <= 0 {
+		return // nothing to do
+	}
+	b := l.be
+	b.drv.must("cuLaunchKernel "+l.k.name, b.drv.call(b.drv.launchKernel, l.k.fn, uintptr(gx), uintptr(gy), 1,
+		uintptr(bx), uintptr(by), 1, 0, b.stream, uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0))
+}
+
+// flat launches over n elements with a grid-stride loop: 256 threads per
+// block and at most 32 blocks per multiprocessor.
+func (l *launch) flat(n int) {
+	const block = 256
+	g := (n + block - 1) / block
+	if mx := 32 * l.be.sms; g > mx {
+		g = mx
+	}
+	l.grid(g, 1, block, 1)
+}
+
+// rows launches one block per row of cols elements, the block sized to
+// the row: a warp for short rows, up to 512 threads for long ones.
+func (l *launch) rows(rows, cols int) {
+	block := 32
+	switch {
+	case cols > 8192:
+		block = 512
+	case cols > 1024:
+		block = 256
+	case cols > 128:
+		block = 128
+	}
+	l.grid(rows, 1, block, 1)
+}
+
+// cols launches a column reduction over d columns: blocks of 32x32.
+func (l *launch) cols(d int) { l.grid((d+31)/32, 1, 32, 32) }
