@@ -587,7 +587,10 @@ func (b *Backend) WriteStep(cache, x kernels.Tensor, t int) {
 	b.kern(kWriteStep).ptr(b.dev32(cache, "cache")).ptr(b.dev32(x, "x")).i32(R).i32(Tc).i32(D).i32(t).flat(R * D)
 }
 
-// callRet calls a C function and returns its first result.
+// callRet calls a C function and returns its first result (pointer
+// arguments as in driver.call).
+//
+//go:uintptrescapes
 func callRet(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return r

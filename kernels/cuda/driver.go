@@ -118,7 +118,11 @@ func loadDriver() (*driver, error) {
 // call runs one driver function. A thread that has no current context
 // (goroutines move between threads) gets the primary context and the call
 // is made again: the context is bound per thread, and this costs nothing
-// on threads that already have it.
+// on threads that already have it. Pointer arguments are passed as
+// uintptr(unsafe.Pointer(&x)) in the call itself; uintptrescapes keeps x
+// alive and in place (on the heap) until the call returns.
+//
+//go:uintptrescapes
 func (d *driver) call(fn uintptr, args ...uintptr) result {
 	r, _, _ := purego.SyscallN(fn, args...)
 	for i := 0; i < 4 && result(r) == cuInvalidContext && d.ctx != 0; i++ {

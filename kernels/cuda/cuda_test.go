@@ -1,0 +1,294 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/kernels/cuda/internal/emu"
+	"github.com/gorun/gorun/kernels/kerneltest"
+	"github.com/gorun/gorun/transformer"
+)
+
+// The tests run on a real GPU when this machine has one (/dev/nvidia0),
+// else on the CPU emulator of the driver, cuBLAS and NVML in
+// internal/emu, which runs kernels.cu compiled by g++: the Go side, the
+// kernels' logic and their ABI are then checked everywhere, the GPU's own
+// behaviour (timing, memory spaces, concurrency) only on a GPU.
+// GORUN_CUDA_TEST_DEVICE=gpu or emu forces one (bench/gpu/run.sh: gpu).
+const envTestDevice = "GORUN_CUDA_TEST_DEVICE"
+
+var (
+	testMode  string // "gpu" or "emu"
+	setupErr  error
+	beOnce    sync.Once
+	testBE    *Backend
+	testBEErr error
+)
+
+func TestMain(m *testing.M) {
+	testMode = os.Getenv(envTestDevice)
+	if testMode == "" {
+		testMode = "emu"
+		if _, err := os.Stat("/dev/nvidia0"); err == nil {
+			testMode = "gpu"
+		}
+	}
+	var dir string
+	if testMode == "emu" {
+		var err error
+		dir, err = os.MkdirTemp("", "gorun-cuda-emu")
+		if err == nil {
+			err = emu.Build(dir, "kernels.cu")
+		}
+		if err != nil {
+			setupErr = fmt.Errorf("building the CUDA emulator: %w", err)
+		} else {
+			os.Setenv(EnvLibDir, dir)
+		}
+	}
+	code := m.Run()
+	if dir != "" {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
+
+// backend opens the device once for the whole test binary.
+func backend(t *testing.T) *Backend {
+	t.Helper()
+	if setupErr != nil {
+		t.Fatal(setupErr)
+	}
+	beOnce.Do(func() {
+		testBE, testBEErr = Open(0)
+		if testBEErr == nil {
+			fmt.Fprintf(os.Stderr, "cuda tests on %s: %s\n", testMode, testBE.Describe())
+		}
+	})
+	if testBEErr != nil {
+		t.Fatalf("%s: %v", testMode, testBEErr)
+	}
+	return testBE
+}
+
+// TestConformance runs the op table every backend passes, against float64
+// references.
+func TestConformance(t *testing.T) {
+	be := backend(t)
+	kerneltest.Run(t, be, kerneltest.FP32())
+	if testMode == "gpu" {
+		be.TF32 = true
+		defer func() { be.TF32 = false }()
+		t.Run("tf32", func(t *testing.T) { kerneltest.Run(t, be, kerneltest.TF32()) })
+	}
+}
+
+// TestDeviceName says which device the tests ran on.
+func TestDeviceName(t *testing.T) {
+	be := backend(t)
+	emulated := strings.Contains(be.GPUName(), "emulator")
+	if emulated != (testMode == "emu") {
+		t.Fatalf("mode %s but the device is %q", testMode, be.GPUName())
+	}
+	t.Logf("%s", be.Describe())
+}
+
+// TestHostStagingRoundTrip sends a gradient to pinned host memory in each
+// wire format and back, as the Bucketer does, with the copy stream and
+// events in between.
+func TestHostStagingRoundTrip(t *testing.T) {
+	be := backend(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 1000, 70001} {
+		host := make([]float32, n)
+		for i := range host {
+			host[i] = float32(r.NormFloat64() * math.Pow(10, float64(r.IntN(9)-4)))
+		}
+		host[0] = float32(math.Inf(1))
+		g := be.Alloc(kernels.F32, n)
+		be.Upload(g, host)
+		for _, wire := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+			pin := be.PinnedHost(n * wire.Size())
+			for round := 0; round < 2; round++ { // the second reuses the stage
+				f := be.CopyOutAsync(pin, g, wire)
+				if err := f.Wait(); err != nil {
+					t.Fatal(err)
+				}
+				for i := 0; i < n; i++ {
+					var want, got float32
+					switch wire {
+					case kernels.F32:
+						want, got = host[i], math.Float32frombits(le32(pin[4*i:]))
+					case kernels.F16:
+						want, got = half.F16ToF32(half.F32ToF16(host[i])), half.F16ToF32(le16(pin[2*i:]))
+					case kernels.BF16:
+						want, got = half.BF16ToF32(half.F32ToBF16(host[i])), half.BF16ToF32(le16(pin[2*i:]))
+					}
+					if math.Float32bits(want) != math.Float32bits(got) {
+						t.Fatalf("n %d %v: host[%d] = %v, want %v", n, wire, i, got, want)
+					}
+				}
+				back := be.Alloc(kernels.F32, n)
+				be.CopyIn(back, pin, wire)
+				out := make([]float32, n)
+				be.Download(out, back)
+				be.Free(back)
+				for i := range out {
+					var want float32
+					switch wire {
+					case kernels.F32:
+						want = host[i]
+					case kernels.F16:
+						want = half.F16ToF32(half.F32ToF16(host[i]))
+					case kernels.BF16:
+						want = half.BF16ToF32(half.F32ToBF16(host[i]))
+					}
+					if math.Float32bits(out[i]) != math.Float32bits(want) {
+						t.Fatalf("n %d %v: round trip [%d] = %v, want %v", n, wire, i, out[i], want)
+					}
+				}
+			}
+		}
+		be.Free(g)
+	}
+}
+
+func le32(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+func le16(b []byte) uint16 { return uint16(b[0]) | uint16(b[1])<<8 }
+
+// TestAllocatorReuses checks that freed memory is handed out again and
+// that nothing grows in a steady state of free and alloc.
+func TestAllocatorReuses(t *testing.T) {
+	be := backend(t)
+	a := be.Alloc(kernels.F32, 1000)
+	p := a.Ptr
+	be.Free(a)
+	b := be.Alloc(kernels.F32, 900) // same 512-byte class rounded: 4000 and 3600 bytes -> 4096
+	if b.Ptr != p {
+		t.Fatalf("a freed block of the same class was not reused: %#x then %#x", p, b.Ptr)
+	}
+	host := make([]float32, 900)
+	be.Download(host, b)
+	for i, v := range host {
+		if v != 0 {
+			t.Fatalf("Alloc did not zero reused memory: [%d] = %v", i, v)
+		}
+	}
+	be.Free(b)
+	_, _, held := be.MemStats()
+	for i := 0; i < 50; i++ {
+		x := be.Alloc(kernels.F32, 1<<20-i) // one 4 MiB class
+		be.Free(x)
+	}
+	if _, _, h := be.MemStats(); h > held+int64(class(4<<20)) {
+		t.Fatalf("steady alloc/free grew the held memory from %d to %d bytes", held, h)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Free of a view did not panic")
+		}
+	}()
+	v := be.Alloc(kernels.F32, 10)
+	be.Free(v.Slice(2, 4))
+}
+
+// TestTransformerStepMatchesCPU trains a small Transformer for a few
+// steps on the GPU and on the CPU backend from the same weights and
+// batches, dropout on (both backends draw the same masks): loss, every
+// gradient and the updated weights must agree to float32 rounding.
+func TestTransformerStepMatchesCPU(t *testing.T) {
+	be := backend(t)
+	cfg := transformer.Config{Preset: "test", Vocab: 37, DModel: 32, Heads: 4, FFN: 64, EncLayers: 2, DecLayers: 2,
+		AttnDropout: 0.1, ReLUDropout: 0.1, PostDropout: 0.1, LabelSmoothing: 0.1, LNEps: 1e-6}
+	mc, err := transformer.New(cfg, cpu.New(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mg, err := transformer.New(cfg, be, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc, og := transformer.NewLazyAdam(mc), transformer.NewLazyAdam(mg)
+	r := rand.New(rand.NewPCG(1, 2))
+	for step := 0; step < 3; step++ {
+		var src, tgt [][]int32
+		for i := 0; i < 5; i++ {
+			s := make([]int32, 3+r.IntN(9))
+			for j := range s {
+				s[j] = int32(4 + r.IntN(cfg.Vocab-4))
+			}
+			g := make([]int32, 2+r.IntN(9))
+			for j := range g {
+				g[j] = int32(4 + r.IntN(cfg.Vocab-4))
+			}
+			g[len(g)-1] = transformer.EOS
+			src, tgt = append(src, s), append(tgt, g)
+		}
+		b, err := transformer.PadBatch(src, tgt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc, err := mc.Forward(b, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lg, err := mg.Forward(b, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := math.Abs(lc.Raw - lg.Raw); d > 1e-5*math.Abs(lc.Raw) || lc.Tokens != lg.Tokens {
+			t.Fatalf("step %d: loss cpu %.7f (%d tokens) gpu %.7f (%d)", step, lc.Raw, lc.Tokens, lg.Raw, lg.Tokens)
+		}
+		if err := mc.Backward(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := mg.Backward(nil); err != nil {
+			t.Fatal(err)
+		}
+		compare(t, fmt.Sprintf("step %d gradients", step), mc, mg, mc.Grads, mg.Grads, 2e-4)
+		if err := oc.Step(mc, 1e-3, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := og.Step(mg, 1e-3, nil); err != nil {
+			t.Fatal(err)
+		}
+		// Adam's m/(sqrt(v)+eps) turns rounding differences of gradients
+		// near zero into differences of up to lr in the update.
+		compare(t, fmt.Sprintf("step %d weights", step), mc, mg, mc.Weights, mg.Weights, 1e-4)
+	}
+}
+
+// compare checks two flat buffers parameter by parameter, relative to the
+// parameter's largest magnitude.
+func compare(t *testing.T, what string, mc, mg *transformer.Model, c, g kernels.Tensor, tol float64) {
+	t.Helper()
+	hc := make([]float32, c.Len())
+	hg := make([]float32, g.Len())
+	mc.Backend().Download(hc, c)
+	mg.Backend().Download(hg, g)
+	for _, p := range mc.Params {
+		var scale, worst float64
+		at := 0
+		for i := p.Offset; i < p.Offset+p.Len; i++ {
+			scale = math.Max(scale, math.Abs(float64(hc[i])))
+		}
+		for i := p.Offset; i < p.Offset+p.Len; i++ {
+			if d := math.Abs(float64(hc[i]) - float64(hg[i])); d > worst || math.IsNaN(d) {
+				worst, at = d, i
+			}
+		}
+		if worst > tol*math.Max(scale, 1e-6) || math.IsNaN(worst) {
+			t.Errorf("%s: %s[%d] cpu %v gpu %v (largest |value| %v)", what, p.Name, at-p.Offset, hc[at], hg[at], scale)
+		}
+	}
+}
