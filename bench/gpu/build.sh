@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds, on a machine with Go, everything bench/gpu/run.sh needs on a GPU
+# machine that has no Go and no network: static binaries (CGO_ENABLED=0; the
+# CUDA libraries are found at run time) and the test binaries of the CUDA
+# backend, packed into .gpu/gpu.tar.gz (ignored by git; carry `.gpu`).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.gpu
+rm -rf "$out" && mkdir -p "$out/pkg/bin"
+export CGO_ENABLED=0
+flags=(-trimpath -ldflags=-s\ -w)
+go build "${flags[@]}" -o "$out/pkg/bin/" ./cmd/...
+go test -c "${flags[@]}" -o "$out/pkg/cuda.test" ./kernels/cuda
+git rev-parse --short HEAD > "$out/pkg/COMMIT" 2>/dev/null || echo unknown > "$out/pkg/COMMIT"
+tar -C "$out/pkg" -czf "$out/gpu.tar.gz" .
+rm -rf "$out/pkg"
+ls -la "$out"

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The one-call GPU check (docs/cuda.md). Runs on the GPU machine, in the
+# repository root, after bench/gpu/build.sh made .gpu/gpu.tar.gz here:
+#
+#   bench/gpu/build.sh
+#   # then, on the GPU machine (the device tool: carry .gpu):
+#   bash bench/gpu/run.sh
+#
+# Steps, each with its own time limit, none stopping the others:
+#   env        the GPU, driver, libraries gorun finds
+#   conform    every backend op on the GPU against float64 references, the
+#              host staging path, a transformer step against the CPU backend
+#   tiny-np1   nmt-train on the built-in corpus, tiny preset, 1 rank on the GPU
+#   tiny-np2   the same with 2 ranks sharing the GPU (gradients through the mesh)
+#   base       Transformer-base (the lab's model) for a few hundred steps
+#   torch-check, torch  PyTorch's Transformer-base on the same GPU (bench/peers/torch_transformer.py,
+#              docs/gpu-bench.md): a quick self-check, then the sweep -> torch.jsonl
+#   translate  beam search from the tiny run's checkpoint on the GPU
+# Everything lands in $OUT (the device tool's) or bench/gpu/results/<date>/:
+# summary.txt and results.tar.gz (logs, metrics, reports).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+res=${OUT:-$root/bench/gpu/results/$stamp}
+mkdir -p "$res"
+work=$(mktemp -d)
+logs=$work/logs
+mkdir -p "$logs"
+summary=$res/summary.txt
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+tar -C "$work" -xzf .gpu/gpu.tar.gz || { say "no .gpu/gpu.tar.gz: run bench/gpu/build.sh first"; exit 2; }
+bin=$work/bin
+say "gorun GPU check $stamp, commit $(cat "$work/COMMIT")"
+
+# step NAME LIMIT_S CMD...: runs CMD with a time limit, its output in logs/NAME.log
+step() {
+	local name=$1 limit=$2
+	shift 2
+	local t0=$(date +%s)
+	timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1
+	local rc=$?
+	say "$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$logs/$name.log" | cut -c1-150)")"
+	return 0
+}
+
+step env 60 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
+step conform 400 env GORUN_CUDA_TEST_DEVICE=gpu "$work/cuda.test" -test.v -test.count=1 -test.timeout 380s
+runs=$work/runs
+step tiny-np1 240 "$bin/gorun" -np 1 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
+	--max-steps 300 --run-dir "$runs/tiny-np1"
+step tiny-np2 240 "$bin/gorun" -np 2 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
+	--max-steps 200 --run-dir "$runs/tiny-np2"
+step base 400 "$bin/gorun" -np 1 "$bin/nmt-train" train --preset base --synthetic-lines 200000 --device cuda \
+	--batch-tokens 8192 --max-steps 300 --log-every 25 --eval-every 300 --eval-sentences 100 --checkpoint-every 300 \
+	--run-dir "$runs/base"
+step torch-check 150 python3 bench/peers/torch_transformer.py --self-check
+step torch 420 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
+step translate 120 bash -c "printf 'a b c\n' | '$bin/nmt-train' translate --device cuda --run-dir '$runs/tiny-np1'"
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >> "$logs/env.log" 2>&1
+
+(cd "$work" && tar -czf "$res/results.tar.gz" logs $(cd "$work" && find runs -name '*.jsonl' -o -name '*.md' -o -name '*.png' 2>/dev/null))
+say "results: $res"
+rm -rf "$work"
