@@ -3,7 +3,7 @@ GO        ?= go
 export CGO_ENABLED ?= 0
 BIN       := bin
 # Packages with goroutines run their tests under the race detector (it needs cgo).
-RACE_DIRS := rank mpirun collective half data cmd/gorun
+RACE_DIRS := rank mpirun collective fusion metrics half data cmd/gorun
 RACE_PKGS := $(foreach d,$(RACE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)/...))
 empty     :=
 space     := $(empty) $(empty)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/transformer"
@@ -18,13 +19,13 @@ import (
 
 var (
 	baseOnce   sync.Once
-	baseParams []collective.ParamInfo
+	baseParams []fusion.ParamInfo
 	baseErr    error
 )
 
 // transformerBaseParams is the real parameter list of the base preset with
 // the lab's 32768 ids (60,880,896 parameters), in the model's order.
-func transformerBaseParams() ([]collective.ParamInfo, error) {
+func transformerBaseParams() ([]fusion.ParamInfo, error) {
 	baseOnce.Do(func() {
 		cfg, err := transformer.Preset("base", 32768)
 		if err != nil {
@@ -37,7 +38,7 @@ func transformerBaseParams() ([]collective.ParamInfo, error) {
 			return
 		}
 		for _, p := range m.Params {
-			baseParams = append(baseParams, collective.ParamInfo{Name: p.Name, Len: p.Len})
+			baseParams = append(baseParams, fusion.ParamInfo{Name: p.Name, Len: p.Len})
 		}
 	})
 	return baseParams, baseErr
@@ -102,7 +103,7 @@ func BenchmarkBucketer(b *testing.B) {
 				grads[r][i] = float32((i*7+r)%1000-500) * 1e-4
 			}
 		}
-		for _, comp := range []collective.Compression{collective.CompressNone, collective.CompressFP16} {
+		for _, comp := range []fusion.Compression{fusion.CompressNone, fusion.CompressFP16} {
 			b.Run(fmt.Sprintf("np%d/%v", np, comp), func(b *testing.B) {
 				benchBucketer(b, ts, ps, grads, comp, nsPer)
 			})
@@ -120,7 +121,7 @@ type modeStats struct {
 	buckets             int
 }
 
-func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo, grads [][]float32, comp collective.Compression, nsPer float64) {
+func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, grads [][]float32, comp fusion.Compression, nsPer float64) {
 	np := len(ts)
 	stats := map[string]*modeStats{}
 	for _, m := range benchModes {
@@ -139,7 +140,7 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo,
 				return
 			}
 			defer c.Close()
-			bk, err := collective.NewBucketer(c, ps, collective.BucketConfig{Compression: comp, Average: true})
+			bk, err := fusion.NewBucketer(c, ps, fusion.BucketConfig{Compression: comp, Average: true})
 			if err != nil {
 				errs[r] = err
 				return
@@ -191,8 +192,8 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []collective.ParamInfo,
 }
 
 // benchStepMode runs one step of a mode on one rank.
-func benchStepMode(c *collective.Communicator, bk *collective.Bucketer, t rank.Transport, ps []collective.ParamInfo, grads []float32,
-	comp collective.Compression, mode string, nsPer float64) (modeStats, error) {
+func benchStepMode(c *collective.Communicator, bk *fusion.Bucketer, t rank.Transport, ps []fusion.ParamInfo, grads []float32,
+	comp fusion.Compression, mode string, nsPer float64) (modeStats, error) {
 	var out modeStats
 	t0 := time.Now()
 	var pending []int
@@ -218,7 +219,7 @@ func benchStepMode(c *collective.Communicator, bk *collective.Bucketer, t rank.T
 	if mode == "plain" {
 		tb := time.Now()
 		var opts []collective.CallOption
-		if comp == collective.CompressFP16 {
+		if comp == fusion.CompressFP16 {
 			opts = append(opts, collective.WithWire(collective.Float16))
 		}
 		s0 := sentBytes(t)

@@ -2,10 +2,15 @@ package collective
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/rank"
 )
@@ -267,5 +272,47 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFP16WireOneElementSliceUnderRace guards against a bug found while
+// testing the Bucketer (fixed in reduce.go by 10d6bac): for float32 data on
+// a float16 wire the communicator viewed the received bytes as float32
+// before decoding them; with a 1-element slice that view was 2 bytes and
+// checkptr (on under -race, as make test runs this package) aborted the
+// process. Tiny buckets in small worlds have such slices. It runs in a
+// child process so that a crash fails this test instead of killing every
+// test of the package.
+func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
+	if os.Getenv("GORUN_FP16_TINY_CHILD") == "1" {
+		for np := 2; np <= 4; np++ {
+			for _, algo := range []Algorithm{Ring, Tree} {
+				for count := 1; count <= 4; count++ {
+					ts := rank.NewLocalGroup(np, 2)
+					errs := group(ts, Config{Timeout: 20 * time.Second}, func(c *Communicator) error {
+						buf := make([]float32, count)
+						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), Float32, Sum, WithWire(Float16), WithAlgorithm(algo))
+					})
+					rank.CloseAll(ts)
+					if err := firstErr(errs); err != nil {
+						t.Fatalf("np %d, %v, %d elements: %v", np, algo, count, err)
+					}
+				}
+			}
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFP16WireOneElementSliceUnderRace$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GORUN_FP16_TINY_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := string(out)
+		if i := strings.Index(msg, "fatal error"); i >= 0 {
+			msg = msg[i:]
+		}
+		if len(msg) > 1500 {
+			msg = msg[:1500]
+		}
+		t.Fatalf("float16-wire allreduces of 1..4 elements (np 2..4, ring and tree) failed: %v\n%s", err, msg)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/testenv"
+	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/metrics"
 )
 
@@ -268,15 +269,28 @@ func TestRunOutputs(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "c.yaml")
 	os.WriteFile(cfg, []byte("preset: tiny\nlearning_rat: 2\n"), 0o644)
-	cases := []struct {
+	devCfg := filepath.Join(t.TempDir(), "d.yaml")
+	os.WriteFile(devCfg, []byte("preset: tiny\ndevice: tpu\n"), 0o644)
+	type badCase struct {
 		args []string
 		want string
-	}{
+	}
+	cases := []badCase{
 		{[]string{"train", "--data", "/nonexistent/dir"}, "/nonexistent/dir"},
 		{[]string{"train", "--config", cfg}, cfg + ":2: unknown key"},
 		{[]string{"train", "--compression", "fp8"}, "--compression"},
 		{[]string{"train", "--preset", "huge", "--synthetic-lines", "200"}, "huge"},
 		{[]string{"translate", "--run-dir", "/nonexistent/run"}, "/nonexistent/run"},
+		{[]string{"train", "--device", "bogus"}, `"bogus"`},
+		{[]string{"train", "--config", devCfg}, `"tpu"`},
+		{[]string{"translate", "--device", "bogus"}, `"bogus"`},
+	}
+	if cuda.Available() == nil {
+		t.Log("a GPU is usable here: --device cuda is not an error to test")
+	} else {
+		// No GPU here: one line that names cuda (the rest is the backend's).
+		cases = append(cases, badCase{[]string{"train", "--device", "cuda"}, "cuda"},
+			badCase{[]string{"translate", "--device", "cuda"}, "cuda"})
 	}
 	for _, c := range cases {
 		cmd := exec.Command(trainBin, c.args...)
@@ -336,7 +350,7 @@ func TestUnderGorun(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	s := string(out)
-	for _, want := range []string{"[0] nmt-train: 2 rank(s)", "[0] step 6 |", "[0] eval at step 6", "[0] nmt-train: done"} {
+	for _, want := range []string{"[0] nmt-train: device ", "[0] nmt-train: 2 rank(s)", "[0] step 6 |", "[0] eval at step 6", "[0] nmt-train: done"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
-	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -27,8 +27,13 @@ func translateCommand() *cli.Command {
 			&cli.StringFlag{Name: "input", Value: "auto", Usage: "auto | text (apply the run's BPE) | pieces (the lab's tokenized lines) | words (one piece per word)"},
 			&cli.BoolFlag{Name: "pieces", Usage: "print vocabulary pieces instead of detokenized text"},
 			&cli.IntFlag{Name: "batch", Value: 32, Usage: "sentences per decoding batch"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
 		},
 		Action: func(c *cli.Context) error {
+			be, _, err := device.Open(c.String("device"))
+			if err != nil {
+				return err
+			}
 			dir := c.String("run-dir")
 			v, err := data.LoadVocab(filepath.Join(dir, train.VocabFile))
 			if err != nil {
@@ -50,7 +55,7 @@ func translateCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			m, err := transformer.New(st.Config, cpu.New(), st.Seed)
+			m, err := transformer.New(st.Config, be, st.Seed)
 			if err != nil {
 				return err
 			}

@@ -37,6 +37,7 @@ type Options struct {
 	Timeline       string
 	LinkGbps       float64
 	Threads        int
+	Device         string // auto, cpu or cuda (kernels/device)
 	NoDropout      bool
 	BatchSplit     bool
 	Timeout        time.Duration
@@ -74,7 +75,8 @@ func Flags() []cli.Flag {
 		&cli.IntFlag{Name: "backward-passes-per-step", Value: 1, Usage: "gradient accumulation: batches per optimizer step"},
 		&cli.StringFlag{Name: "timeline", Usage: "write a Chrome trace (Perfetto, chrome://tracing) of every layer and bucket to this file"},
 		&cli.Float64Flag{Name: "link-gbps", Usage: "network link capacity for the bottleneck analysis (0: unknown)"},
-		&cli.IntFlag{Name: "threads", Usage: "compute threads per rank (0: cores / ranks on this host)"},
+		&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
+		&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (0: cores / ranks on this host)"},
 		&cli.BoolFlag{Name: "no-dropout", Usage: "turn dropout off (for parity checks)"},
 		&cli.BoolFlag{Name: "batch-split", Usage: "every rank builds the same global batch of N x batch-tokens and takes its 1/N of the sentences (the parity test's mode)"},
 		&cli.DurationFlag{Name: "timeout", Value: 120 * time.Second, Usage: "a collective waiting longer than this on a peer is an error naming it"},
@@ -94,7 +96,7 @@ func OptionsFromCLI(c *cli.Context) (Options, error) {
 		Resume: c.Bool("resume"), Compression: c.String("compression"), BucketCapMB: c.Float64("bucket-cap-mb"),
 		FirstBucketMB: c.Float64("first-bucket-mb"), CycleTime: c.Duration("cycle-time"), Overlap: c.Bool("overlap"),
 		PassesPerStep: c.Int("backward-passes-per-step"), Timeline: c.String("timeline"), LinkGbps: c.Float64("link-gbps"),
-		Threads: c.Int("threads"), NoDropout: c.Bool("no-dropout"), BatchSplit: c.Bool("batch-split"),
+		Threads: c.Int("threads"), Device: c.String("device"), NoDropout: c.Bool("no-dropout"), BatchSplit: c.Bool("batch-split"),
 		Timeout: c.Duration("timeout"), Quiet: c.Bool("quiet"),
 	}
 	return o, o.Validate()

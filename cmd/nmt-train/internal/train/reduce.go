@@ -6,6 +6,10 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -28,6 +32,14 @@ type reducer interface {
 	Close()
 }
 
+// onCPU reports whether be is the CPU backend, whose tensors are host
+// memory that the collectives use in place. Any other backend's tensors
+// go through Download and Upload (or HostStaging).
+func onCPU(be kernels.Backend) bool {
+	_, ok := be.(*cpu.Backend)
+	return ok
+}
+
 // plainReducer is the no-overlap reference: one allreduce of the whole
 // gradient buffer after backward (what a naive data-parallel loop does).
 type plainReducer struct {
@@ -36,10 +48,15 @@ type plainReducer struct {
 	m     *transformer.Model
 	wire  collective.DType
 	start time.Time
+	host  []float32 // the gradients' host copy, off the CPU (nil on it: in place)
 }
 
 func newPlainReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, wire collective.DType) *plainReducer {
-	return &plainReducer{ctx: ctx, comm: comm, m: m, wire: wire}
+	p := &plainReducer{ctx: ctx, comm: comm, m: m, wire: wire}
+	if !onCPU(m.Backend()) && comm.Size() > 1 {
+		p.host = make([]float32, m.Grads.Len())
+	}
+	return p
 }
 
 func (p *plainReducer) Ready(int)     {}
@@ -50,46 +67,66 @@ func (p *plainReducer) Wait() (commStats, error) {
 	if p.comm.Size() == 1 {
 		return commStats{}, nil // nothing to exchange
 	}
-	g := collective.Float32Bytes(p.m.Grads.F32)
+	be := p.m.Backend()
+	g := p.m.Grads.F32
+	if p.host != nil {
+		be.Download(p.host, p.m.Grads)
+		g = p.host
+	}
+	buf := collective.Float32Bytes(g)
 	var opts []collective.CallOption
 	if p.wire != collective.Float32 {
 		opts = append(opts, collective.WithWire(p.wire))
 	}
-	err := p.comm.Allreduce(p.ctx, g, g, collective.Float32, collective.Sum, opts...)
+	err := p.comm.Allreduce(p.ctx, buf, buf, collective.Float32, collective.Sum, opts...)
+	if err == nil && p.host != nil {
+		be.Upload(p.m.Grads, p.host)
+	}
 	d := time.Since(p.start)
 	st := commStats{Comm: d, Exposed: d, Buckets: 1}
 	if err == nil {
-		st.Overflow = p.m.Backend().HasInfNaN(p.m.Grads)
+		st.Overflow = be.HasInfNaN(p.m.Grads)
 	}
 	return st, err
 }
 
 // bucketReducer is the overlapped path: the Bucketer all-reduces fused
-// fp16 buckets while backward still runs.
+// fp16 buckets while backward still runs. On the CPU the buckets are views
+// of the gradient buffer; on a backend with kernels.HostStaging (a GPU)
+// each bucket is cast and copied to pinned host memory as soon as its last
+// gradient is ready, and copied back after the allreduce.
 type bucketReducer struct {
-	b *collective.Bucketer
+	b *fusion.Bucketer
 }
 
-func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, wire collective.DType, tl *collective.Timeline) (reducer, error) {
-	params := make([]collective.ParamInfo, len(m.Params))
+func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, wire collective.DType, tl *metrics.Timeline) (reducer, error) {
+	params := make([]fusion.ParamInfo, len(m.Params))
 	off := 0
 	for i, p := range m.Params {
 		if p.Offset != off {
 			return nil, fmt.Errorf("internal: parameter %s at offset %d, want %d (gradients not contiguous)", p.Name, p.Offset, off)
 		}
-		params[i] = collective.ParamInfo{Name: p.Name, Len: p.Len}
+		params[i] = fusion.ParamInfo{Name: p.Name, Len: p.Len}
 		off += p.Len
 	}
-	comp := map[collective.DType]collective.Compression{collective.Float32: collective.CompressNone,
-		collective.Float16: collective.CompressFP16, collective.BFloat16: collective.CompressBF16}[wire]
-	b, err := collective.NewBucketer(comm, params, collective.BucketConfig{
+	comp := map[collective.DType]fusion.Compression{collective.Float32: fusion.CompressNone,
+		collective.Float16: fusion.CompressFP16, collective.BFloat16: fusion.CompressBF16}[wire]
+	b, err := fusion.NewBucketer(comm, params, fusion.BucketConfig{
 		CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20)),
 		Compression: comp, CycleTime: o.CycleTime, BackwardPassesPerStep: 1, Timeout: o.Timeout, Timeline: tl,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := b.AttachFlat(m.Grads.F32); err != nil {
+	if gs, ok := fusion.HostStaged(m.Backend(), m.Grads); ok {
+		err = b.AttachDevice(gs)
+	} else if m.Grads.F32 != nil || m.Grads.Len() == 0 {
+		err = b.AttachFlat(m.Grads.F32)
+	} else {
+		err = fmt.Errorf("backend %s keeps the gradients off the host and cannot stage them (no kernels.HostStaging): run with --overlap=false", m.Backend().Name())
+	}
+	if err != nil {
+		b.Close()
 		return nil, err
 	}
 	return &bucketReducer{b: b}, nil

@@ -16,7 +16,10 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/transformer"
@@ -62,12 +65,16 @@ type Trainer struct {
 	run  *metrics.Run
 	out  io.Writer
 	step int
-	tl   *collective.Timeline
+	tl   *metrics.Timeline
 	// scaler is OpenSeq2Seq's Backoff loss scaler. The CPU backend computes
 	// in float32 and needs no loss scaling, so only the fp16 wire can
 	// overflow here; the state is kept and checkpointed for a backend that
 	// computes in fp16.
-	scaler *collective.LossScaler
+	scaler *fusion.LossScaler
+
+	// openDevice opens the --device backend (device.Open; tests put a
+	// wrapped backend here).
+	openDevice func(spec string) (kernels.Backend, string, error)
 
 	linkSource   string
 	computeTotal float64
@@ -84,7 +91,13 @@ func Run(ctx context.Context, o Options, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	t := &Trainer{o: o, id: id, out: out}
+	return run(ctx, o, out, id, device.Open)
+}
+
+// run is Run for the rank id, on the backend that openDevice returns for
+// o.Device.
+func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDevice func(string) (kernels.Backend, string, error)) (err error) {
+	t := &Trainer{o: o, id: id, out: out, openDevice: openDevice}
 	defer func() {
 		if err != nil {
 			who := ""
@@ -136,8 +149,12 @@ func (t *Trainer) logf(format string, a ...any) {
 
 func (t *Trainer) setup(ctx context.Context) error {
 	o := t.o
-	var err error
-	// Data first: a bad corpus should fail before the network is touched.
+	// The device first: an unknown or unusable --device fails at once.
+	be, why, err := t.openDevice(o.Device)
+	if err != nil {
+		return err
+	}
+	// Then the data: a bad corpus should fail before the network is touched.
 	t.data, err = loadCorpus(o, t.id.Rank, t.id.Size)
 	if err != nil {
 		return err
@@ -149,10 +166,13 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if o.NoDropout {
 		cfg = cfg.NoDropout()
 	}
-	be := cpu.New()
-	threads := o.threadsFor(t.id.LocalSize)
-	be.Threads = threads
-	cpu.SetThreads(threads)
+	threads := 0 // compute threads per rank, on the CPU
+	if c, ok := be.(*cpu.Backend); ok {
+		threads = o.threadsFor(t.id.LocalSize)
+		c.Threads = threads
+		cpu.SetThreads(threads)
+	}
+	t.logf("nmt-train: device %s", why)
 	t.m, err = transformer.New(cfg, be, o.Seed)
 	if err != nil {
 		return err
@@ -183,7 +203,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 		return err
 	}
 	if o.Timeline != "" {
-		t.tl, err = collective.CreateTimeline(timelinePart(o.Timeline, t.id.Rank), t.id.Rank)
+		t.tl, err = metrics.CreateTimeline(timelinePart(o.Timeline, t.id.Rank), t.id.Rank)
 		if err != nil {
 			return err
 		}
@@ -243,8 +263,12 @@ func (t *Trainer) setup(ctx context.Context) error {
 			}
 		}
 	}
-	t.logf("nmt-train: %d rank(s) on %s; preset %s, %s parameters; %s; %d threads per rank; run dir %s",
-		t.id.Size, strings.Join(metrics.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, metrics.Commas(int64(t.m.NumParams())), t.data.Name, threads, o.RunDir)
+	compute := fmt.Sprintf("%d threads per rank", threads)
+	if threads == 0 {
+		compute = "on " + be.Device().String()
+	}
+	t.logf("nmt-train: %d rank(s) on %s; preset %s, %s parameters; %s; %s; run dir %s",
+		t.id.Size, strings.Join(metrics.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, metrics.Commas(int64(t.m.NumParams())), t.data.Name, compute, o.RunDir)
 	if st != nil {
 		t.logf("nmt-train: resumed from step %d", t.step)
 	}
@@ -253,11 +277,11 @@ func (t *Trainer) setup(ctx context.Context) error {
 
 // trainerState is the part of state.json that belongs to the trainer.
 type trainerState struct {
-	Step        int                    `json:"step"`
-	DropoutStep uint64                 `json:"dropout_step"`
-	OptStep     int                    `json:"optimizer_step"`
-	Data        json.RawMessage        `json:"data"`
-	Scaler      *collective.LossScaler `json:"loss_scaler,omitempty"`
+	Step        int                `json:"step"`
+	DropoutStep uint64             `json:"dropout_step"`
+	OptStep     int                `json:"optimizer_step"`
+	Data        json.RawMessage    `json:"data"`
+	Scaler      *fusion.LossScaler `json:"loss_scaler,omitempty"`
 }
 
 // broadcastState gives every rank rank 0's weights, optimizer moments and
@@ -270,7 +294,7 @@ func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) err
 			ts.Step, ts.DropoutStep, ts.OptStep = st.Step, st.DropoutStep, st.OptimizerStep
 			ts.Data = st.Trainer["data"]
 			if raw, ok := st.Trainer["loss_scaler"]; ok {
-				ts.Scaler = collective.NewLossScaler() // fields the file lacks keep their defaults
+				ts.Scaler = fusion.NewLossScaler() // fields the file lacks keep their defaults
 				json.Unmarshal(raw, ts.Scaler)
 			}
 		}
@@ -291,13 +315,11 @@ func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) err
 	if err := json.Unmarshal(blob, &ts); err != nil {
 		return fmt.Errorf("broadcast of the initial state: %v", err)
 	}
-	for _, buf := range [][]float32{t.m.Weights.F32, t.opt.M.F32, t.opt.V.F32} {
-		if err := t.comm.Broadcast(ctx, collective.Float32Bytes(buf), 0); err != nil {
-			return fmt.Errorf("broadcast of the initial weights: %w", err)
-		}
+	if err := t.broadcastTensors(ctx, t.m.Weights, t.opt.M, t.opt.V); err != nil {
+		return fmt.Errorf("broadcast of the initial weights: %w", err)
 	}
 	t.step, t.m.DropoutStep, t.opt.T = ts.Step, ts.DropoutStep, ts.OptStep
-	t.scaler = collective.NewLossScaler()
+	t.scaler = fusion.NewLossScaler()
 	if ts.Scaler != nil {
 		t.scaler = ts.Scaler
 	}
@@ -309,10 +331,44 @@ func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) err
 	return nil
 }
 
+// broadcastTensors gives every rank rank 0's values of the F32 tensors ts.
+// On the CPU they are broadcast in place; on another backend rank 0
+// downloads each one into a host buffer, which is broadcast and uploaded
+// on the other ranks.
+func (t *Trainer) broadcastTensors(ctx context.Context, ts ...kernels.Tensor) error {
+	if t.id.Size == 1 {
+		return nil
+	}
+	be := t.m.Backend()
+	var host []float32
+	for _, x := range ts {
+		if onCPU(be) {
+			if err := t.comm.Broadcast(ctx, collective.Float32Bytes(x.F32), 0); err != nil {
+				return err
+			}
+			continue
+		}
+		if cap(host) < x.Len() {
+			host = make([]float32, x.Len())
+		}
+		host = host[:x.Len()]
+		if t.leader() {
+			be.Download(host, x)
+		}
+		if err := t.comm.Broadcast(ctx, collective.Float32Bytes(host), 0); err != nil {
+			return err
+		}
+		if !t.leader() {
+			be.Upload(x, host)
+		}
+	}
+	return nil
+}
+
 func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	ri := metrics.RunInfo{
 		Preset: t.o.Preset, Params: int64(t.m.NumParams()), DModel: cfg.DModel, WorldSize: t.id.Size,
-		Hosts: t.mesh.HostNames(), Device: "cpu", Threads: threads, BatchTokens: t.o.BatchTokens,
+		Hosts: t.mesh.HostNames(), Device: t.m.Backend().Device().String(), Threads: threads, BatchTokens: t.o.BatchTokens,
 		LRPolicy: t.o.LRPolicy, LearningRate: t.o.LearningRate, Warmup: t.o.Warmup, MaxSteps: t.o.MaxSteps,
 		LinkGbps: t.o.LinkGbps, Compression: t.o.Compression, Dataset: t.data.Stats,
 		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
@@ -581,7 +637,7 @@ func (t *Trainer) mergeTimeline() error {
 			missing = append(missing, p)
 		}
 	}
-	if err := collective.MergeTimelineFiles(t.o.Timeline, parts...); err != nil {
+	if err := metrics.MergeTimelineFiles(t.o.Timeline, parts...); err != nil {
 		return fmt.Errorf("timeline: %v", err)
 	}
 	for _, p := range parts {

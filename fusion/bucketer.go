@@ -1,4 +1,10 @@
-package collective
+// Package fusion is the training policy above package collective: the
+// Bucketer fuses gradients into buckets and all-reduces each one while the
+// backward pass goes on (Horovod's tensor fusion, PyTorch DDP's Reducer),
+// for gradients in host memory or, through GradStaging, on a device; the
+// LossScaler is the loss scaling of mixed-precision training. Package
+// collective keeps only the collectives they call.
+package fusion
 
 import (
 	"bytes"
@@ -11,6 +17,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/metrics"
 )
 
 // Compression is how a Bucketer's gradients travel: float32 as they are, or
@@ -48,14 +57,14 @@ func (c Compression) String() string {
 	return fmt.Sprintf("compression(%d)", uint8(c))
 }
 
-func (c Compression) wire() DType {
+func (c Compression) wire() collective.DType {
 	switch c {
 	case CompressFP16:
-		return Float16
+		return collective.Float16
 	case CompressBF16:
-		return BFloat16
+		return collective.BFloat16
 	}
-	return Float32
+	return collective.Float32
 }
 
 // ParamInfo describes one parameter's gradient: a name for messages and
@@ -104,8 +113,8 @@ type BucketConfig struct {
 	// Timeout and the transport's).
 	Timeout time.Duration
 	// Timeline, if not nil, records each bucket's pack, allreduce and
-	// unpack.
-	Timeline *Timeline
+	// unpack (on a device: copy out, allreduce, check, copy in).
+	Timeline *metrics.Timeline
 }
 
 // Bucket is one fused message: the gradients of parameters Lo..Hi
@@ -116,7 +125,7 @@ type Bucket struct {
 	Index  int
 	Lo, Hi int
 	Elems  int // float32 elements
-	Offset int // of parameter Lo in the flat gradient buffer (AttachFlat)
+	Offset int // of parameter Lo in the flat gradient buffer (AttachFlat, AttachDevice)
 }
 
 // Bytes is the bucket's size in float32 bytes.
@@ -128,7 +137,8 @@ type BucketStats struct {
 	// Ready: its last gradient was marked. Launch: its turn came (the
 	// buckets before it were launched). Start: the allreduce began (the
 	// previous one finished). Reduced: the allreduce finished. End: the
-	// result was unpacked into the gradients.
+	// result was unpacked into the gradients (AttachDevice: checked in host
+	// memory, ready for the copy back that Wait or WaitBucket queues).
 	Ready, Launch, Start, Reduced, End time.Time
 	Overflow                           bool
 }
@@ -175,10 +185,14 @@ func (s StepStats) String() string {
 // as its gradients are ready, while the backward pass goes on (Horovod's
 // tensor fusion, PyTorch DDP's Reducer).
 //
-// Per step: MarkReady(i) for every parameter (any order, any goroutine),
-// BackwardDone() when the backward pass returns, then WaitBucket/WaitParam
-// (optional, per bucket, for an optimizer that updates bucket by bucket)
-// and Wait (required: it ends the step and returns its stats).
+// Per step: MarkReady(i) for every parameter (any order), BackwardDone()
+// when the backward pass returns, then WaitBucket/WaitParam (optional, per
+// bucket, for an optimizer that updates bucket by bucket) and Wait
+// (required: it ends the step and returns its stats). With host gradients
+// (AttachFlat, Attach) MarkReady may be called from any goroutine; with
+// device gradients (AttachDevice) MarkReady, WaitBucket, WaitParam and Wait
+// run the GradStaging's copies and must be called on the goroutine that
+// owns the device (the training goroutine, from the backward hook).
 //
 // The buckets are a pure function of the parameter list and the config
 // (until a CycleTime rebuild, which rank 0 broadcasts), so they are the
@@ -189,11 +203,12 @@ func (s StepStats) String() string {
 // After an error the Bucketer (and the Communicator under it) is out of
 // step with its peers: the error is returned by every later call.
 type Bucketer struct {
-	c       *Communicator
+	c       *collective.Communicator
 	params  []ParamInfo
 	offsets []int
+	total   int // elements of all the gradients
 	cfg     BucketConfig
-	wire    DType
+	wire    collective.DType
 	desc    []byte // fingerprint material
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -204,6 +219,9 @@ type Bucketer struct {
 	flat    []float32
 	grads   [][]float32 // Attach mode
 	bufs    [][]float32 // per bucket: a view of flat, or a pack buffer
+	dev     GradStaging // AttachDevice mode
+	pinned  []byte      // AttachDevice: every gradient in the wire format, in host memory
+	wbufs   [][]byte    // AttachDevice: per bucket, its view of pinned
 	scale   float32
 	pass    int
 	st      *stepState
@@ -217,7 +235,7 @@ type Bucketer struct {
 // parameter's first), and buckets are filled in readiness order, the first
 // bucket holding the last parameters. c is the communicator the buckets
 // are reduced on; it may carry other calls between steps.
-func NewBucketer(c *Communicator, params []ParamInfo, cfg BucketConfig) (*Bucketer, error) {
+func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfig) (*Bucketer, error) {
 	if cfg.CapBytes == 0 {
 		cfg.CapBytes = DefaultBucketCap
 	}
@@ -249,12 +267,11 @@ func NewBucketer(c *Communicator, params []ParamInfo, cfg BucketConfig) (*Bucket
 		b.offsets = append(b.offsets, off)
 		off += p.Len
 	}
+	b.total = off
 	b.setLayout(layout(params, b.offsets, cfg.CapBytes, cfg.FirstCapBytes, nil, nil, 0))
-	d, err := json.Marshal(describe(b))
-	if err != nil {
+	if err := b.describe(); err != nil {
 		return nil, err
 	}
-	b.desc = d
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	return b, nil
 }
@@ -311,8 +328,8 @@ func (b *Bucketer) setLayout(bs []Bucket) {
 			b.of[i] = bk.Index
 		}
 	}
-	b.bufs = nil
-	if b.flat != nil || b.grads != nil {
+	b.bufs, b.wbufs = nil, nil
+	if b.attached() {
 		b.makeBufs()
 	}
 }
@@ -326,16 +343,27 @@ type description struct {
 	CycleTime   int64
 	Names       []string
 	Lens        []int
+	// DeviceWire: the buckets are 16-bit data staged from a device, not
+	// float32 data sent as 16 bits (different collectives).
+	DeviceWire bool `json:",omitempty"`
 }
 
-func describe(b *Bucketer) description {
+// describe sets the fingerprint material from the parameters, the config
+// and the attach mode.
+func (b *Bucketer) describe() error {
 	d := description{Compression: b.cfg.Compression.String(), Average: b.cfg.Average, Passes: b.cfg.BackwardPassesPerStep,
-		CapBytes: b.cfg.CapBytes, FirstCap: b.cfg.FirstCapBytes, CycleTime: int64(b.cfg.CycleTime)}
+		CapBytes: b.cfg.CapBytes, FirstCap: b.cfg.FirstCapBytes, CycleTime: int64(b.cfg.CycleTime),
+		DeviceWire: b.dev != nil && b.wire != collective.Float32}
 	for _, p := range b.params {
 		d.Names = append(d.Names, p.Name)
 		d.Lens = append(d.Lens, p.Len)
 	}
-	return d
+	js, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	b.desc = js
+	return nil
 }
 
 // Buckets returns the current layout.
@@ -357,21 +385,17 @@ func (b *Bucketer) BucketOf(i int) int {
 // it (the transformer's Grads buffer). Buckets are views of it: nothing is
 // copied, and the reduced gradients are written back in place.
 func (b *Bucketer) AttachFlat(flat []float32) error {
-	n := 0
-	if len(b.params) > 0 {
-		n = b.offsets[len(b.params)-1] + b.params[len(b.params)-1].Len
-	}
-	if len(flat) != n {
-		return fmt.Errorf("bucketer: flat gradient buffer has %d elements, the parameters %d", len(flat), n)
+	if len(flat) != b.total {
+		return fmt.Errorf("bucketer: flat gradient buffer has %d elements, the parameters %d", len(flat), b.total)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.st != nil {
 		return errors.New("bucketer: Attach during a step")
 	}
-	b.flat, b.grads = flat, nil
+	b.flat, b.grads, b.dev = flat, nil, nil
 	b.makeBufs()
-	return nil
+	return b.describe()
 }
 
 // Attach hands the Bucketer one gradient slice per parameter. Each bucket
@@ -391,13 +415,56 @@ func (b *Bucketer) Attach(grads [][]float32) error {
 	if b.st != nil {
 		return errors.New("bucketer: Attach during a step")
 	}
-	b.flat, b.grads = nil, append([][]float32(nil), grads...)
+	b.flat, b.grads, b.dev = nil, append([][]float32(nil), grads...), nil
 	b.makeBufs()
-	return nil
+	return b.describe()
 }
 
+// AttachDevice hands the Bucketer a flat gradient buffer that the host
+// cannot read, laid out as for AttachFlat. When a bucket's last gradient
+// is marked ready, MarkReady queues its copy to host memory in the wire
+// format (s.CopyOut: the cast to float16 or bfloat16 runs on the device);
+// the bucket's communication goroutine waits for the copy, all-reduces the
+// host buffer and checks it for Inf and NaN there; WaitBucket and Wait
+// queue the copy back (s.CopyIn, which also applies SetScale's factor to
+// the float32 gradients). The host buffer, one for all the buckets, is
+// taken from s.Pinned once.
+func (b *Bucketer) AttachDevice(s GradStaging) error {
+	if n := s.Len(); n != b.total {
+		return fmt.Errorf("bucketer: device gradient buffer has %d elements, the parameters %d", n, b.total)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.st != nil {
+		return errors.New("bucketer: Attach during a step")
+	}
+	if b.dev != s || len(b.pinned) != b.total*b.wire.Size() {
+		b.pinned = nil
+		if b.total > 0 {
+			b.pinned = s.Pinned(b.total * b.wire.Size())
+			if len(b.pinned) < b.total*b.wire.Size() {
+				return fmt.Errorf("bucketer: %d bytes of pinned host memory for %d", len(b.pinned), b.total*b.wire.Size())
+			}
+		}
+	}
+	b.flat, b.grads, b.dev = nil, nil, s
+	b.makeBufs()
+	return b.describe()
+}
+
+func (b *Bucketer) attached() bool { return b.flat != nil || b.grads != nil || b.dev != nil }
+
 func (b *Bucketer) makeBufs() {
-	b.bufs = make([][]float32, len(b.buckets))
+	if b.dev != nil {
+		ws := b.wire.Size()
+		b.bufs, b.wbufs = nil, make([][]byte, len(b.buckets))
+		for k, bk := range b.buckets {
+			lo, hi := bk.Offset*ws, (bk.Offset+bk.Elems)*ws
+			b.wbufs[k] = b.pinned[lo:hi:hi]
+		}
+		return
+	}
+	b.bufs, b.wbufs = make([][]float32, len(b.buckets)), nil
 	for k, bk := range b.buckets {
 		if b.flat != nil {
 			b.bufs[k] = b.flat[bk.Offset : bk.Offset+bk.Elems : bk.Offset+bk.Elems]
@@ -441,6 +508,18 @@ type stepState struct {
 	readyAt []time.Time // per parameter (for the cycle-time rebuild)
 	sent0   uint64
 	recv0   uint64
+
+	// The layout and buffers of this step.
+	buckets []Bucket
+	bufs    [][]float32
+	grads   [][]float32
+
+	// AttachDevice mode.
+	dev      GradStaging
+	wbufs    [][]byte
+	fences   []Fence // per bucket: its copy out (set before ready is closed)
+	inMu     sync.Mutex
+	copiedIn []bool // per bucket: its copy back is queued
 }
 
 func (s *stepState) fail(err error) {
@@ -458,13 +537,18 @@ func (b *Bucketer) step() (*stepState, error) {
 	if b.st != nil {
 		return b.st, nil
 	}
-	if b.bufs == nil && len(b.params) > 0 {
-		return nil, errors.New("bucketer: no gradients attached (call AttachFlat or Attach)")
+	if !b.attached() && len(b.params) > 0 {
+		return nil, errors.New("bucketer: no gradients attached (call AttachFlat, Attach or AttachDevice)")
 	}
 	nb := len(b.buckets)
 	s := &stepState{scale: b.scale, marked: make([]bool, len(b.params)), left: make([]int, nb),
 		ready: make([]chan struct{}, nb), done: make([]chan struct{}, nb), errs: make([]error, nb),
-		stats: make([]BucketStats, nb), abort: make(chan struct{})}
+		stats: make([]BucketStats, nb), abort: make(chan struct{}),
+		buckets: b.buckets, bufs: b.bufs, grads: b.grads, dev: b.dev, wbufs: b.wbufs}
+	if s.dev != nil {
+		s.fences = make([]Fence, nb)
+		s.copiedIn = make([]bool, nb)
+	}
 	if b.cfg.CycleTime > 0 && !b.rebuilt {
 		s.readyAt = make([]time.Time, len(b.params))
 	}
@@ -475,34 +559,36 @@ func (b *Bucketer) step() (*stepState, error) {
 		s.stats[k] = BucketStats{Index: k, Params: bk.Hi - bk.Lo + 1, Bytes: bk.Bytes()}
 	}
 	b.st = s
-	bufs := b.bufs
-	buckets := b.buckets
-	grads := b.grads
 	check := !b.checked
 	b.checked = true
-	go b.launch(s, buckets, bufs, grads, check)
+	go b.launch(s, check)
 	return s, nil
 }
 
 // MarkReady records that parameter i's gradient is final for this pass.
-// It may be called from any goroutine. In the passes that only accumulate
-// it does nothing.
+// With host gradients it may be called from any goroutine; with device
+// gradients (AttachDevice) from the goroutine that owns the device, since
+// the call that completes a bucket queues the bucket's copy to the host.
+// In the passes that only accumulate it does nothing.
 func (b *Bucketer) MarkReady(i int) {
 	now := time.Now()
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.pass < b.cfg.BackwardPassesPerStep-1 {
+		b.mu.Unlock()
 		return
 	}
 	s, err := b.step()
 	if err != nil {
+		b.mu.Unlock()
 		return
 	}
 	if i < 0 || i >= len(b.params) {
+		b.mu.Unlock()
 		s.fail(fmt.Errorf("bucketer: MarkReady(%d): no such parameter (have %d)", i, len(b.params)))
 		return
 	}
 	if s.marked[i] {
+		b.mu.Unlock()
 		s.fail(fmt.Errorf("bucketer: parameter %d %q marked ready twice in one step", i, b.params[i].Name))
 		return
 	}
@@ -512,10 +598,20 @@ func (b *Bucketer) MarkReady(i int) {
 	}
 	k := b.of[i]
 	s.left[k]--
-	if s.left[k] == 0 {
-		s.stats[k].Ready = now
-		close(s.ready[k])
+	if s.left[k] != 0 {
+		b.mu.Unlock()
+		return
 	}
+	s.stats[k].Ready = now
+	b.mu.Unlock()
+	if s.dev != nil {
+		// Queued outside the lock (a device call); the launcher reads the
+		// fence after ready[k] is closed.
+		if bk := s.buckets[k]; bk.Elems > 0 {
+			s.fences[k] = s.dev.CopyOut(s.wbufs[k], bk.Offset, bk.Elems, b.wire)
+		}
+	}
+	close(s.ready[k])
 }
 
 // BackwardDone records the end of the backward pass: communication after
@@ -534,31 +630,37 @@ func (b *Bucketer) BackwardDone() {
 
 type launched struct {
 	k int
-	h *Handle
+	h *collective.Handle
 }
 
 // launch starts the buckets' allreduces in index order as they become
-// ready; a finisher goroutine unpacks them in the same order.
-func (b *Bucketer) launch(s *stepState, buckets []Bucket, bufs [][]float32, grads [][]float32, check bool) {
+// ready (on a device: and their copy to the host has finished); a
+// finisher goroutine unpacks (checks) them in the same order.
+func (b *Bucketer) launch(s *stepState, check bool) {
+	buckets := s.buckets
 	fin := make(chan launched, len(buckets))
-	go b.finish(s, buckets, bufs, grads, fin)
+	go b.finish(s, fin)
 	defer close(fin)
-	op := Sum
+	op := collective.Sum
 	if b.cfg.Average {
-		op = Average // each rank divides only the part it owns
+		op = collective.Average // each rank divides only the part it owns
 	}
-	var opts []CallOption
-	if b.wire != Float32 {
-		opts = append(opts, WithWire(b.wire))
+	var opts []collective.CallOption
+	if b.wire != collective.Float32 && s.dev == nil {
+		opts = append(opts, collective.WithWire(b.wire))
+	}
+	failFrom := func(k int, err error) {
+		s.fail(err)
+		for j := k; j < len(buckets); j++ {
+			s.errs[j] = err
+			close(s.done[j])
+		}
 	}
 	for k, bk := range buckets {
 		select {
 		case <-s.ready[k]:
 		case <-s.abort:
-			for j := k; j < len(buckets); j++ {
-				s.errs[j] = s.abortE
-				close(s.done[j])
-			}
+			failFrom(k, s.abortE)
 			return
 		}
 		st := &s.stats[k]
@@ -566,34 +668,42 @@ func (b *Bucketer) launch(s *stepState, buckets []Bucket, bufs [][]float32, grad
 		if k == 0 {
 			if check {
 				if err := b.verify(); err != nil {
-					s.fail(err)
-					for j := range buckets {
-						s.errs[j] = err
-						close(s.done[j])
-					}
+					failFrom(0, err)
 					return
 				}
 			}
 			s.sent0, s.recv0 = b.traffic()
 		}
-		buf := bufs[k]
-		if grads != nil {
-			o := 0
-			for i := bk.Lo; i <= bk.Hi; i++ {
-				o += copy(buf[o:], grads[i])
+		var h *collective.Handle
+		if s.dev != nil {
+			if f := s.fences[k]; f != nil {
+				if err := f.Wait(); err != nil {
+					failFrom(k, fmt.Errorf("bucketer: rank %d: copying bucket %d to the host: %w", b.c.Rank(), k, err))
+					return
+				}
 			}
-			b.cfg.Timeline.Span("fusion", fmt.Sprintf("pack b%d", k), st.Launch, time.Now())
+			b.cfg.Timeline.Span("fusion", fmt.Sprintf("copy out b%d", k), st.Ready, time.Now())
+			h = b.c.AllreduceAsync(b.ctx, nil, s.wbufs[k], b.wire, op)
+		} else {
+			buf := s.bufs[k]
+			if s.grads != nil {
+				o := 0
+				for i := bk.Lo; i <= bk.Hi; i++ {
+					o += copy(buf[o:], s.grads[i])
+				}
+				b.cfg.Timeline.Span("fusion", fmt.Sprintf("pack b%d", k), st.Launch, time.Now())
+			}
+			h = b.c.AllreduceAsync(b.ctx, nil, collective.Float32Bytes(buf), collective.Float32, op, opts...)
 		}
-		h := b.c.AllreduceAsync(b.ctx, nil, Float32Bytes(buf), Float32, op, opts...)
 		st.Start = time.Now() // corrected by finish to when the call could run
 		fin <- launched{k, h}
 	}
 }
 
-func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grads [][]float32, fin chan launched) {
+func (b *Bucketer) finish(s *stepState, fin chan launched) {
 	var prev time.Time
 	for l := range fin {
-		k, bk := l.k, buckets[l.k]
+		k, bk := l.k, s.buckets[l.k]
 		st := &s.stats[k]
 		err := l.h.Wait()
 		st.Reduced = time.Now()
@@ -602,12 +712,17 @@ func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grad
 		}
 		prev = st.Reduced
 		if err == nil {
-			buf := bufs[k]
-			st.Overflow = scaleAndCheck(buf, s.scale)
-			if grads != nil {
-				o := 0
-				for i := bk.Lo; i <= bk.Hi; i++ {
-					o += copy(grads[i], buf[o:])
+			if s.dev != nil {
+				// The scale is applied on the device by the copy back.
+				st.Overflow = wireOverflow(s.wbufs[k], b.wire, s.scale)
+			} else {
+				buf := s.bufs[k]
+				st.Overflow = scaleAndCheck(buf, s.scale)
+				if s.grads != nil {
+					o := 0
+					for i := bk.Lo; i <= bk.Hi; i++ {
+						o += copy(s.grads[i], buf[o:])
+					}
 				}
 			}
 		}
@@ -616,7 +731,11 @@ func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grad
 			args := map[string]any{"bytes": bk.Bytes(), "wire": b.wire.String(), "params": bk.Hi - bk.Lo + 1,
 				"first": b.params[bk.Hi].Name, "last": b.params[bk.Lo].Name}
 			tl.SpanArgs("allreduce", fmt.Sprintf("allreduce b%d", k), st.Start, st.Reduced, args)
-			tl.Span("fusion", fmt.Sprintf("unpack b%d", k), st.Reduced, st.End)
+			name := "unpack b%d"
+			if s.dev != nil {
+				name = "check b%d"
+			}
+			tl.Span("fusion", fmt.Sprintf(name, k), st.Reduced, st.End)
 		}
 		s.errs[k] = err
 		if err != nil {
@@ -624,6 +743,22 @@ func (b *Bucketer) finish(s *stepState, buckets []Bucket, bufs [][]float32, grad
 		}
 		close(s.done[k])
 	}
+}
+
+// copyIn queues the copy of reduced bucket k back to the device gradients
+// (AttachDevice mode), once per step; it runs on the device's goroutine.
+func (b *Bucketer) copyIn(s *stepState, k int) {
+	s.inMu.Lock()
+	defer s.inMu.Unlock()
+	if s.copiedIn[k] {
+		return
+	}
+	s.copiedIn[k] = true
+	t0 := time.Now()
+	if bk := s.buckets[k]; bk.Elems > 0 {
+		s.dev.CopyIn(bk.Offset, bk.Elems, s.wbufs[k], b.wire, s.scale)
+	}
+	b.cfg.Timeline.Span("fusion", fmt.Sprintf("copy in b%d", k), t0, time.Now())
 }
 
 // scaleAndCheck multiplies x by scale (unless it is 1) and reports whether
@@ -722,8 +857,9 @@ func (b *Bucketer) waitBucket(s *stepState, k int) error {
 	}
 }
 
-// WaitBucket waits until bucket k's gradients are reduced and unpacked.
-// In passes that only accumulate it returns at once.
+// WaitBucket waits until bucket k's gradients are reduced and unpacked
+// (AttachDevice: until their copy back is queued, ahead of the work queued
+// after it). In passes that only accumulate it returns at once.
 func (b *Bucketer) WaitBucket(k int) error {
 	b.mu.Lock()
 	if b.pass < b.cfg.BackwardPassesPerStep-1 {
@@ -747,6 +883,9 @@ func (b *Bucketer) WaitBucket(k int) error {
 		b.mu.Unlock()
 		return err
 	}
+	if s.dev != nil {
+		b.copyIn(s, k)
+	}
 	return nil
 }
 
@@ -762,8 +901,9 @@ func (b *Bucketer) WaitParam(i int) error {
 // Wait ends the backward pass: in a pass that only accumulates it returns
 // StepStats{Reduced: false} at once; otherwise it waits for every bucket
 // (an implicit BackwardDone if none was called) and returns the step's
-// stats. Gradients never marked ready make it fail after the Timeout with
-// an error naming them.
+// stats. With AttachDevice it queues the copy back of every bucket that
+// WaitBucket did not. Gradients never marked ready make it fail after the
+// Timeout with an error naming them.
 func (b *Bucketer) Wait() (StepStats, error) {
 	now := time.Now()
 	b.mu.Lock()
@@ -794,6 +934,11 @@ func (b *Bucketer) Wait() (StepStats, error) {
 					break
 				}
 			}
+		}
+	}
+	if err == nil && s.dev != nil {
+		for k := range s.done {
+			b.copyIn(s, k)
 		}
 	}
 	st := StepStats{Reduced: err == nil, BackwardDone: s.bwdDone}
@@ -940,6 +1085,15 @@ func diffDesc(a, b description, rb int) string {
 		return fmt.Sprintf("%s is %v on rank 0 but %v on rank %d", what, x, y, rb)
 	}
 	switch {
+	case a.DeviceWire != b.DeviceWire:
+		where := func(dev bool) string {
+			if dev {
+				return "16-bit data staged from a device"
+			}
+			return "float32 data sent as 16 bits"
+		}
+		return fmt.Sprintf("the buckets are %s on rank 0 but %s on rank %d (every rank must use the same kind of device, or --compression none)",
+			where(a.DeviceWire), where(b.DeviceWire), rb)
 	case a.Compression != b.Compression:
 		return field("compression", a.Compression, b.Compression)
 	case a.Average != b.Average:
@@ -968,37 +1122,4 @@ func (b *Bucketer) Close() error {
 	b.mu.Unlock()
 	b.cancel()
 	return nil
-}
-
-// LossScaler is OpenSeq2Seq's Backoff loss scaler for mixed-precision
-// training: multiply the loss by Scale before backward, unscale the
-// gradients (Bucketer.SetScale(1/Scale)), and call Update with the step's
-// overflow flag; when it returns true, skip the optimizer step.
-type LossScaler struct {
-	Scale    float32 // current scale (starts at 2^14)
-	Min, Max float32 // bounds (1 and 2^24)
-	Factor   float32 // backoff / growth factor (2)
-	Window   int     // clean steps before growing (2000)
-	Clean    int     // clean steps since the scale last changed (kept in checkpoints)
-}
-
-// NewLossScaler returns OpenSeq2Seq's defaults: scale 2^14, x0.5 on an
-// overflow, x2 after 2000 steps without one, within [1, 2^24].
-func NewLossScaler() *LossScaler {
-	return &LossScaler{Scale: 1 << 14, Min: 1, Max: 1 << 24, Factor: 2, Window: 2000}
-}
-
-// Update records one step and reports whether it must be skipped.
-func (l *LossScaler) Update(overflow bool) (skip bool) {
-	if overflow {
-		l.Scale = max(l.Scale/l.Factor, l.Min)
-		l.Clean = 0
-		return true
-	}
-	l.Clean++
-	if l.Clean >= l.Window {
-		l.Scale = min(l.Scale*l.Factor, l.Max)
-		l.Clean = 0
-	}
-	return false
 }

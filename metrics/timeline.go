@@ -1,4 +1,4 @@
-package collective
+package metrics
 
 import (
 	"bufio"
