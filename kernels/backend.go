@@ -29,6 +29,13 @@ type AdamArgs struct {
 	LR, Beta1, Beta2, Eps float32
 }
 
+// MatmulPrecision is implemented by backends that can run matrix products
+// with 16-bit inputs (tensor cores) and float32 accumulation and output:
+// SetMatmulPrecision(F16 or BF16) turns that on, F32 off.
+type MatmulPrecision interface {
+	SetMatmulPrecision(dt DType)
+}
+
 // Backend is the set of ops the Transformer needs. Every op takes Tensors
 // that live on the backend's device; outputs are preallocated by the caller,
 // so a training step allocates nothing in the steady state. Ops whose name

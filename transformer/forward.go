@@ -71,7 +71,11 @@ func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
 	if train {
 		dl = logits
 	}
-	sum, n := be.CrossEntropy(dl, logits, tgt, c.LabelSmoothing, PAD, 1/float32(tokens))
+	gs := 1 / float32(tokens)
+	if m.LossScale > 0 {
+		gs *= m.LossScale
+	}
+	sum, n := be.CrossEntropy(dl, logits, tgt, c.LabelSmoothing, PAD, gs)
 	m.haveGrad = train
 	m.traced("softmax", "forward", t0)
 	raw := sum / float64(n)

@@ -124,6 +124,10 @@ type Model struct {
 	Weights, Grads kernels.Tensor
 	// AccumulateGrads makes Backward add to Grads instead of zeroing first.
 	AccumulateGrads bool
+	// LossScale, when positive, multiplies the loss before Backward
+	// (mixed-precision loss scaling): the gradients come out scaled by it,
+	// and the caller divides them back before the optimizer.
+	LossScale float32
 	// Seed and DropoutStep determine the dropout masks: the masks of a
 	// training forward pass depend on (Seed, DropoutStep) only, and
 	// DropoutStep is incremented by each training forward pass.

@@ -392,6 +392,11 @@ func (b *Backend) gemm(g *gemmCall) {
 	}
 }
 
+// SetMatmulPrecision implements kernels.MatmulPrecision.
+func (b *Backend) SetMatmulPrecision(dt kernels.DType) { b.Precision = dt }
+
+var _ kernels.MatmulPrecision = (*Backend)(nil)
+
 // rounded casts a GEMM operand into half-precision scratch slot i.
 func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tensor {
 	if t.DType != kernels.F32 {

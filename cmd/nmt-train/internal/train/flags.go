@@ -38,6 +38,7 @@ type Options struct {
 	LinkGbps       float64
 	Threads        int
 	Device         string // auto, cpu or cuda (kernels/device)
+	Precision      string // auto, fp32, fp16 or bf16: the inputs of matrix products
 	NoDropout      bool
 	BatchSplit     bool
 	Timeout        time.Duration
@@ -76,6 +77,7 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "timeline", Usage: "write a Chrome trace (Perfetto, chrome://tracing) of every layer and bucket to this file"},
 		&cli.Float64Flag{Name: "link-gbps", Usage: "network link capacity for the bottleneck analysis (0: unknown)"},
 		&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
+		&cli.StringFlag{Name: "precision", Value: "auto", Usage: "inputs of matrix products: auto (fp16 on a GPU, fp32 on the CPU) | fp32 | fp16 (with dynamic loss scaling) | bf16"},
 		&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (0: cores / ranks on this host)"},
 		&cli.BoolFlag{Name: "no-dropout", Usage: "turn dropout off (for parity checks)"},
 		&cli.BoolFlag{Name: "batch-split", Usage: "every rank builds the same global batch of N x batch-tokens and takes its 1/N of the sentences (the parity test's mode)"},
@@ -96,7 +98,7 @@ func OptionsFromCLI(c *cli.Context) (Options, error) {
 		Resume: c.Bool("resume"), Compression: c.String("compression"), BucketCapMB: c.Float64("bucket-cap-mb"),
 		FirstBucketMB: c.Float64("first-bucket-mb"), CycleTime: c.Duration("cycle-time"), Overlap: c.Bool("overlap"),
 		PassesPerStep: c.Int("backward-passes-per-step"), Timeline: c.String("timeline"), LinkGbps: c.Float64("link-gbps"),
-		Threads: c.Int("threads"), Device: c.String("device"), NoDropout: c.Bool("no-dropout"), BatchSplit: c.Bool("batch-split"),
+		Threads: c.Int("threads"), Device: c.String("device"), Precision: c.String("precision"), NoDropout: c.Bool("no-dropout"), BatchSplit: c.Bool("batch-split"),
 		Timeout: c.Duration("timeout"), Quiet: c.Bool("quiet"),
 	}
 	return o, o.Validate()
@@ -127,6 +129,11 @@ func (o Options) Validate() error {
 	}
 	if o.LearningRate <= 0 {
 		return fmt.Errorf("--learning-rate %g: must be positive", o.LearningRate)
+	}
+	switch o.Precision {
+	case "auto", "fp32", "fp16", "bf16":
+	default:
+		return fmt.Errorf("--precision %q: want auto, fp32, fp16 or bf16", o.Precision)
 	}
 	switch o.Compression {
 	case "fp16", "bf16", "none":

@@ -71,6 +71,10 @@ type Trainer struct {
 	// overflow here; the state is kept and checkpointed for a backend that
 	// computes in fp16.
 	scaler *fusion.LossScaler
+	// lossScaling: --precision fp16 scales the loss by scaler.Scale and
+	// the gradients back before the optimizer.
+	lossScaling bool
+	gpu         *gpuSampler
 
 	// openDevice opens the --device backend (device.Open; tests put a
 	// wrapped backend here).
@@ -99,6 +103,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (err error) {
 func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDevice func(string) (kernels.Backend, string, error)) (err error) {
 	t := &Trainer{o: o, id: id, out: out, openDevice: openDevice}
 	defer func() {
+		if r := recover(); r != nil {
+			err = gpuFailure(r)
+		}
 		if err != nil {
 			who := ""
 			if id.Size > 1 {
@@ -119,6 +126,7 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 var ErrReported = errors.New("error reported")
 
 func (t *Trainer) close() {
+	t.gpu.close()
 	if t.red != nil {
 		t.red.Close()
 	}
@@ -173,6 +181,19 @@ func (t *Trainer) setup(ctx context.Context) error {
 		cpu.SetThreads(threads)
 	}
 	t.logf("nmt-train: device %s", why)
+	_, prec, err := precision(o.Precision, be)
+	if err != nil {
+		return err
+	}
+	t.lossScaling = prec == "fp16"
+	switch prec {
+	case "fp16", "bf16":
+		t.logf("nmt-train: precision %s: matrix products on tensor cores with float32 accumulation; weights, activations and Adam in float32%s",
+			prec, map[bool]string{true: "; dynamic loss scaling (OpenSeq2Seq's Backoff, from 2^14)"}[t.lossScaling])
+	}
+	if t.gpu, err = newGPUSampler(be); err != nil {
+		t.logf("nmt-train: no GPU utilization figures: %v", err)
+	}
 	t.m, err = transformer.New(cfg, be, o.Seed)
 	if err != nil {
 		return err
@@ -366,9 +387,13 @@ func (t *Trainer) broadcastTensors(ctx context.Context, ts ...kernels.Tensor) er
 }
 
 func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
+	dev := t.m.Backend().Device().String()
+	if d, ok := t.m.Backend().(interface{ Describe() string }); ok {
+		dev += " (" + d.Describe() + ")"
+	}
 	ri := metrics.RunInfo{
 		Preset: t.o.Preset, Params: int64(t.m.NumParams()), DModel: cfg.DModel, WorldSize: t.id.Size,
-		Hosts: t.mesh.HostNames(), Device: t.m.Backend().Device().String(), Threads: threads, BatchTokens: t.o.BatchTokens,
+		Hosts: t.mesh.HostNames(), Device: dev, Threads: threads, BatchTokens: t.o.BatchTokens,
 		LRPolicy: t.o.LRPolicy, LearningRate: t.o.LearningRate, Warmup: t.o.Warmup, MaxSteps: t.o.MaxSteps,
 		LinkGbps: t.o.LinkGbps, Compression: t.o.Compression, Dataset: t.data.Stats,
 		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
@@ -401,6 +426,9 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	// summed gradient is the gradient of the global mean loss, whatever the
 	// token counts of the ranks.
 	var raw, lab, cur, total float64
+	if t.lossScaling {
+		m.LossScale = t.scaler.Scale
+	}
 	for pass := 0; pass < k; pass++ {
 		last := pass == k-1
 		b, err := t.data.Train.Next()
@@ -474,6 +502,12 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	cs, err := t.red.Wait()
 	if err != nil {
 		return r, err
+	}
+	if t.lossScaling {
+		// unscale; an Inf or NaN anywhere (an fp16 product overflowed
+		// under the scale) skips the step and halves the scale
+		be.Scale(m.Grads, 1/m.LossScale)
+		cs.Overflow = cs.Overflow || be.HasInfNaN(m.Grads)
 	}
 	r.comm = cs
 	if t.scaler.Update(cs.Overflow) {
@@ -563,9 +597,17 @@ func (t *Trainer) loop(ctx context.Context) error {
 				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
 				"cpu_util_pct": cpuPct, "skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
 			}
+			gpuNote := ""
+			if util, used, peak, ok := t.gpu.take(); ok {
+				vals["gpu_util_pct"], vals["gpu_mem_used_MiB"], vals["gpu_mem_peak_MiB"] = util, used, peak
+				gpuNote = fmt.Sprintf(" | GPU %.0f %% busy, %s MiB", util, metrics.Commas(int64(used)))
+			}
+			if t.lossScaling {
+				vals["loss_scale"] = float64(t.scaler.Scale)
+			}
 			bar.clear()
-			t.logf("step %s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)",
-				metrics.Commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), outMB, inMB, a.exposed*1e3, a.hiddenPct)
+			t.logf("step %s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)%s",
+				metrics.Commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), outMB, inMB, a.exposed*1e3, a.hiddenPct, gpuNote)
 			if t.run != nil {
 				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
 					return err

@@ -1,0 +1,127 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/kernels/cuda"
+)
+
+// precision resolves --precision for the backend: the type the inputs of
+// matrix products are rounded to, and whether the loss is scaled (fp16
+// only: bf16 has float32's range).
+func precision(flag string, be kernels.Backend) (dt kernels.DType, name string, err error) {
+	mp, gpu := be.(kernels.MatmulPrecision)
+	switch flag {
+	case "auto":
+		if gpu {
+			flag = "fp16"
+		} else {
+			flag = "fp32"
+		}
+	case "fp16", "bf16":
+		if !gpu {
+			return 0, "", fmt.Errorf("--precision %s needs a GPU (--device cuda); the %s backend computes in fp32", flag, be.Name())
+		}
+	}
+	dt = map[string]kernels.DType{"fp32": kernels.F32, "fp16": kernels.F16, "bf16": kernels.BF16}[flag]
+	if gpu {
+		mp.SetMatmulPrecision(dt)
+	}
+	return dt, flag, nil
+}
+
+// gpuSampler averages NVML's utilization of the rank's GPU over each log
+// interval (the lab's "were the GPUs busy?"), sampling four times a
+// second; NVML's own figure is the share of its last sample period in
+// which a kernel ran.
+type gpuSampler struct {
+	be   *cuda.Backend
+	mon  *cuda.Monitor
+	stop chan struct{}
+	done chan struct{}
+
+	mu   sync.Mutex
+	sum  float64
+	n    int
+	last cuda.GPUStats
+}
+
+// newGPUSampler starts sampling when be is a GPU; nil when it is not.
+func newGPUSampler(be kernels.Backend) (*gpuSampler, error) {
+	cb, ok := be.(*cuda.Backend)
+	if !ok {
+		return nil, nil
+	}
+	mon, err := cb.NewMonitor()
+	if err != nil {
+		return nil, err
+	}
+	g := &gpuSampler{be: cb, mon: mon, stop: make(chan struct{}), done: make(chan struct{})}
+	go g.run()
+	return g, nil
+}
+
+func (g *gpuSampler) run() {
+	defer close(g.done)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-tick.C:
+		}
+		s, err := g.mon.Sample()
+		if err != nil {
+			continue
+		}
+		g.mu.Lock()
+		g.sum += float64(s.Util)
+		g.n++
+		g.last = s
+		g.mu.Unlock()
+	}
+}
+
+// take returns the interval's mean utilization (percent), the device
+// memory in use (MiB, every process, as nvidia-smi shows) and the peak
+// of gorun's own allocations (MiB), and starts a new interval.
+func (g *gpuSampler) take() (util, usedMiB, peakMiB float64, ok bool) {
+	if g == nil {
+		return 0, 0, 0, false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		return 0, 0, 0, false
+	}
+	util, usedMiB = g.sum/float64(g.n), float64(g.last.MemUsed)/(1<<20)
+	g.sum, g.n = 0, 0
+	_, peak, _ := g.be.MemStats()
+	return util, usedMiB, float64(peak) / (1 << 20), true
+}
+
+func (g *gpuSampler) close() {
+	if g != nil {
+		close(g.stop)
+		<-g.done
+	}
+}
+
+// gpuFailure turns the panic of a failed GPU call (the Backend interface
+// has no error results: a kernel fault or an exhausted device memory
+// surfaces as a panic carrying a *cuda.Error) into an error, so the rank
+// prints one line and the job stops; any other panic is a bug and goes on.
+func gpuFailure(r any) error {
+	if e, ok := r.(error); ok {
+		var ce *cuda.Error
+		if errors.As(e, &ce) {
+			return fmt.Errorf("GPU: %w", e)
+		}
+	}
+	panic(r)
+}
