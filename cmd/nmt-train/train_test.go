@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/metrics"
@@ -53,12 +54,19 @@ type job struct {
 
 func startJob(t *testing.T, n int, args ...string) *job {
 	t.Helper()
+	return startJobEnv(t, n, nil, args...)
+}
+
+// startJobEnv is startJob with extra environment variables.
+func startJobEnv(t *testing.T, n int, env []string, args ...string) *job {
+	t.Helper()
 	port := testenv.FreeUDPPort(t)
 	j := &job{}
 	for r := 0; r < n; r++ {
 		cmd := exec.Command(trainBin, args...)
 		cmd.Env = append(testenv.CleanEnv(), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n), fmt.Sprintf("LOCAL_RANK=%d", r),
 			fmt.Sprintf("LOCAL_WORLD_SIZE=%d", n), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port, "GORUN_SECRET="+strings.Repeat("a7", 32))
+		cmd.Env = append(cmd.Env, env...)
 		var b bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &b, &b
 		if err := cmd.Start(); err != nil {
@@ -353,6 +361,46 @@ func TestUnderGorun(t *testing.T) {
 	for _, want := range []string{"[0] nmt-train: device ", "[0] nmt-train: 2 rank(s)", "[0] step 6 |", "[0] eval at step 6", "[0] nmt-train: done"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+// TestCUDAEmulatorParity trains with --device cuda on the CPU emulator of
+// the CUDA driver, cuBLAS and NVML (internal/cudaemu: kernels.cu compiled
+// by g++): the whole GPU path of nmt-train (backend selection, kernels,
+// cuBLAS calls, gradient buckets staged through pinned memory with fp16
+// on the wire, the broadcast of the initial state) runs in real
+// processes, and 1 and 2 ranks must follow the CPU backend's loss curve.
+// It checks everything but the GPU itself (bench/gpu/run.sh does that).
+func TestCUDAEmulatorParity(t *testing.T) {
+	lib := cudaemu.ForTest(t)
+	const steps = 4
+	base := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-split", "--batch-tokens", "256",
+		"--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0", "--eval-every", "0", "--precision", "fp32")
+	run := func(n int, dev string) map[int64]float64 {
+		dir := t.TempDir()
+		args := append(append([]string{}, base...), "--device", dev, "--batch-tokens", fmt.Sprint(512/n), "--run-dir", dir)
+		j := startJobEnv(t, n, []string{"GORUN_CUDA_LIB_DIR=" + lib, "GORUN_CUDA_EMU_DEVICES=2"}, args...)
+		for r, err := range j.wait() {
+			if err != nil {
+				t.Fatalf("%s np %d rank %d: %v\n%s", dev, n, r, err, j.outs[r])
+			}
+		}
+		if dev == "cuda" && !strings.Contains(j.outs[0].String(), "gorun CUDA emulator") {
+			t.Fatalf("np %d did not run on the emulated GPU:\n%s", n, j.outs[0])
+		}
+		return trainLosses(t, dir)
+	}
+	ref := run(1, "cpu")
+	for _, n := range []int{1, 2} {
+		got := run(n, "cuda")
+		if len(got) != steps {
+			t.Fatalf("cuda np %d: %d logged steps, want %d", n, len(got), steps)
+		}
+		for s, want := range ref {
+			if d := math.Abs(got[s] - want); d > 1e-4*math.Max(1, math.Abs(want)) {
+				t.Errorf("cuda np %d step %d: loss %.6f, cpu %.6f", n, s, got[s], want)
+			}
 		}
 	}
 }

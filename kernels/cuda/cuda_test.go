@@ -12,14 +12,14 @@ import (
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
-	"github.com/gorun/gorun/kernels/cuda/internal/emu"
+	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/kernels/kerneltest"
 	"github.com/gorun/gorun/transformer"
 )
 
 // The tests run on a real GPU when this machine has one (/dev/nvidia0),
 // else on the CPU emulator of the driver, cuBLAS and NVML in
-// internal/emu, which runs kernels.cu compiled by g++: the Go side, the
+// internal/cudaemu, which runs kernels.cu compiled by g++: the Go side, the
 // kernels' logic and their ABI are then checked everywhere, the GPU's own
 // behaviour (timing, memory spaces, concurrency) only on a GPU.
 // GORUN_CUDA_TEST_DEVICE=gpu or emu forces one (bench/gpu/run.sh: gpu).
@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 		var err error
 		dir, err = os.MkdirTemp("", "gorun-cuda-emu")
 		if err == nil {
-			err = emu.Build(dir, "kernels.cu")
+			err = cudaemu.Build(dir, "kernels.cu")
 		}
 		if err != nil {
 			setupErr = fmt.Errorf("building the CUDA emulator: %w", err)

@@ -1,4 +1,4 @@
-package emu
+package cudaemu
 
 import (
 	"math"
