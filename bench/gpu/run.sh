@@ -18,6 +18,8 @@
 #   translate  beam search from the tiny run's checkpoint on the GPU
 # Everything lands in $OUT (the device tool's) or bench/gpu/results/<date>/:
 # summary.txt and results.tar.gz (logs, metrics, reports).
+# QUICK=1 runs every training for 3 steps: a smoke test of this script itself,
+# e.g. here on the CPU emulator (GORUN_CUDA_LIB_DIR=<internal/cudaemu build>).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -49,15 +51,16 @@ step() {
 step env 60 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
 step conform 400 env GORUN_CUDA_TEST_DEVICE=gpu "$work/cuda.test" -test.v -test.count=1 -test.timeout 380s
 runs=$work/runs
+n() { if [ "${QUICK:-}" = 1 ]; then echo 3; else echo "$1"; fi; }
 step tiny-np1 240 "$bin/gorun" -np 1 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
-	--max-steps 300 --run-dir "$runs/tiny-np1"
+	--max-steps "$(n 300)" --run-dir "$runs/tiny-np1"
 step tiny-np2 240 "$bin/gorun" -np 2 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
-	--max-steps 200 --run-dir "$runs/tiny-np2"
+	--max-steps "$(n 200)" --run-dir "$runs/tiny-np2"
 step base 400 "$bin/gorun" -np 1 "$bin/nmt-train" train --preset base --synthetic-lines 200000 --device cuda \
-	--batch-tokens 8192 --max-steps 300 --log-every 25 --eval-every 300 --eval-sentences 100 --checkpoint-every 300 \
+	--batch-tokens 8192 --max-steps "$(n 300)" --log-every 25 --eval-every 0 --eval-sentences 100 --checkpoint-every 0 \
 	--run-dir "$runs/base"
-step torch-check 150 python3 bench/peers/torch_transformer.py --self-check
-step torch 420 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
+[ "${QUICK:-}" = 1 ] || step torch-check 150 python3 bench/peers/torch_transformer.py --self-check
+[ "${QUICK:-}" = 1 ] || step torch 420 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
 step translate 120 bash -c "printf 'a b c\n' | '$bin/nmt-train' translate --device cuda --run-dir '$runs/tiny-np1'"
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >> "$logs/env.log" 2>&1
 
