@@ -285,7 +285,13 @@ func WriteReport(dir string) (string, error) {
 
 	w("## Were the devices busy?\n\n")
 	if len(gpu) > 0 {
-		w("- GPU utilization (NVML): **%s %%** on average.\n", fmtNum(mean(gpu), "%.0f"))
+		w("- GPU utilization (NVML): **%s %%** on average (rank 0's GPU; %s).\n", fmtNum(mean(gpu), "%.0f"), orStr(ri.Device, "cuda"))
+		if used, peak := series(recs, "train", "gpu_mem_used_MiB"), series(recs, "train", "gpu_mem_peak_MiB"); len(used) > 0 {
+			w("- GPU memory: %s MiB in use on the device at the last log line (every process, as nvidia-smi counts), gorun's own allocations peaked at %s MiB.\n",
+				fmtNum(used[len(used)-1].V, "%.0f"), fmtNum(maxOf(peak), "%.0f"))
+		}
+	} else if !strings.HasPrefix(ri.Device, "cuda") {
+		w("- Trained on the CPU (%s): no GPU was used.\n", orStr(ri.Device, "cpu"))
 	}
 	w("- CPU use: **%s %%** of the cores given to each rank on average.\n", fmtNum(mean(cpu), "%.0f"))
 	if len(compute) > 0 && len(stepTime) > 0 {
@@ -436,4 +442,14 @@ func Commas[T int64 | int](n T) string {
 		return "-" + string(out)
 	}
 	return string(out)
+}
+
+func maxOf(p []Point) float64 {
+	m := math.NaN()
+	for _, x := range p {
+		if math.IsNaN(m) || x.V > m {
+			m = x.V
+		}
+	}
+	return m
 }

@@ -68,3 +68,44 @@ func TestReportAnswersEveryQuestion(t *testing.T) {
 		}
 	}
 }
+
+// The devices section names the device: GPU utilization and memory from
+// NVML when a GPU trained, and plainly that no GPU was used on the CPU.
+func TestReportDevices(t *testing.T) {
+	for _, gpu := range []bool{false, true} {
+		dir := t.TempDir()
+		ri := RunInfo{Preset: "tiny", WorldSize: 1, Device: "cpu"}
+		vals := map[string]float64{"loss": 1, "loss_raw": 1, "step_time_s": 1, "cpu_util_pct": 90, "compute_s": 1}
+		if gpu {
+			ri.Device = "cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)"
+			vals["gpu_util_pct"], vals["gpu_mem_used_MiB"], vals["gpu_mem_peak_MiB"] = 87, 20480, 15000
+		}
+		if err := WriteRunInfo(dir, ri); err != nil {
+			t.Fatal(err)
+		}
+		r, err := OpenRun(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Log("train", 10, vals, nil)
+		r.Close()
+		path, err := WriteReport(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(path)
+		rep := string(b)
+		want := []string{"Trained on the CPU (cpu): no GPU was used"}
+		if gpu {
+			want = []string{"GPU utilization (NVML): **87 %**", "NVIDIA H100", "20480 MiB in use", "peaked at 15000 MiB"}
+		}
+		for _, w := range want {
+			if !strings.Contains(rep, w) {
+				t.Errorf("gpu %v: report lacks %q:\n%s", gpu, w, rep)
+			}
+		}
+		if !gpu && strings.Contains(rep, "GPU utilization") {
+			t.Errorf("a CPU run's report speaks of GPU utilization")
+		}
+	}
+}
