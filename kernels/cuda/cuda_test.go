@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
-	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/kernels/kerneltest"
 	"github.com/gorun/gorun/transformer"
 )
