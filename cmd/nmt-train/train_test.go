@@ -376,10 +376,11 @@ func TestCUDAEmulatorParity(t *testing.T) {
 	lib := cudaemu.ForTest(t)
 	const steps = 4
 	base := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-split", "--batch-tokens", "256",
-		"--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0", "--eval-every", "0", "--precision", "fp32")
-	run := func(n int, dev string) map[int64]float64 {
+		"--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0", "--eval-every", "0")
+	var last metrics.Record // the last train record of the latest run
+	run := func(n int, dev, prec string) map[int64]float64 {
 		dir := t.TempDir()
-		args := append(append([]string{}, base...), "--device", dev, "--batch-tokens", fmt.Sprint(512/n), "--run-dir", dir)
+		args := append(append([]string{}, base...), "--device", dev, "--precision", prec, "--batch-tokens", fmt.Sprint(512/n), "--run-dir", dir)
 		j := startJobEnv(t, n, []string{"GORUN_CUDA_LIB_DIR=" + lib, "GORUN_CUDA_EMU_DEVICES=2"}, args...)
 		for r, err := range j.wait() {
 			if err != nil {
@@ -389,11 +390,32 @@ func TestCUDAEmulatorParity(t *testing.T) {
 		if dev == "cuda" && !strings.Contains(j.outs[0].String(), "gorun CUDA emulator") {
 			t.Fatalf("np %d did not run on the emulated GPU:\n%s", n, j.outs[0])
 		}
+		if dev == "cuda" {
+			// every rank's NVML figures reach rank 0's metrics
+			recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"gpu_util_pct", "gpu_mem_used_MiB", "gpu_mem_peak_MiB"}
+			for r := 0; r < n && n > 1; r++ {
+				want = append(want, fmt.Sprintf("gpu_mem_used_MiB_rank%d", r))
+			}
+			for _, r := range recs {
+				if r.Kind == "train" {
+					last = r
+				}
+			}
+			for _, k := range want {
+				if v, ok := last.Values[k]; !ok || math.IsNaN(v) || (strings.Contains(k, "mem") && v <= 0) {
+					t.Errorf("np %d: last train record has %s = %v (present %v)", n, k, v, ok)
+				}
+			}
+		}
 		return trainLosses(t, dir)
 	}
-	ref := run(1, "cpu")
+	ref := run(1, "cpu", "fp32")
 	for _, n := range []int{1, 2} {
-		got := run(n, "cuda")
+		got := run(n, "cuda", "fp32")
 		if len(got) != steps {
 			t.Fatalf("cuda np %d: %d logged steps, want %d", n, len(got), steps)
 		}
@@ -402,5 +424,16 @@ func TestCUDAEmulatorParity(t *testing.T) {
 				t.Errorf("cuda np %d step %d: loss %.6f, cpu %.6f", n, s, got[s], want)
 			}
 		}
+	}
+	// fp16 matrix products with dynamic loss scaling: the same curve to
+	// fp16's rounding, and the scale (2^14, no overflow yet) recorded
+	got := run(1, "cuda", "fp16")
+	for s, want := range ref {
+		if d := math.Abs(got[s] - want); d > 1e-2*math.Max(1, math.Abs(want)) {
+			t.Errorf("cuda fp16 step %d: loss %.6f, cpu fp32 %.6f", s, got[s], want)
+		}
+	}
+	if sc := last.Values["loss_scale"]; sc != 1<<14 {
+		t.Errorf("fp16: loss_scale %v, want 16384", sc)
 	}
 }

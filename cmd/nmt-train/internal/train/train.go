@@ -597,10 +597,9 @@ func (t *Trainer) loop(ctx context.Context) error {
 				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
 				"cpu_util_pct": cpuPct, "skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
 			}
-			gpuNote := ""
-			if util, used, peak, ok := t.gpu.take(); ok {
-				vals["gpu_util_pct"], vals["gpu_mem_used_MiB"], vals["gpu_mem_peak_MiB"] = util, used, peak
-				gpuNote = fmt.Sprintf(" | GPU %.0f %% busy, %s MiB", util, metrics.Commas(int64(used)))
+			gpuNote, err := t.gpuStats(ctx, vals)
+			if err != nil {
+				return fmt.Errorf("step %d: gathering GPU figures: %w", t.step, err)
 			}
 			if t.lossScaling {
 				vals["loss_scale"] = float64(t.scaler.Scale)
