@@ -294,10 +294,11 @@ extern "C" __global__ void gr_relu_bwd_f32(float* dx, const float* y, long long 
 }
 
 // ---------------------------------------------------------------------------
-// Column reductions (col: block 32x32, gridDim.x = ceil(d/32))
+// Column reductions (col: block 32x32, gridDim.x = ceil(d/32)). 1024 threads a
+// block: __launch_bounds__ keeps the driver's JIT within 64 registers a thread.
 
 // db[j] += sum over rows of dy[r, j].
-extern "C" __global__ void gr_bias_grad_f32(float* __restrict__ db, const float* __restrict__ dy, int rows, int d) {
+extern "C" __global__ void __launch_bounds__(1024) gr_bias_grad_f32(float* __restrict__ db, const float* __restrict__ dy, int rows, int d) {
     __shared__ float sh[32][33];
     const int x = threadIdx.x;
     const int y = threadIdx.y;
@@ -330,7 +331,7 @@ extern "C" __global__ void gr_bias_grad_f32(float* __restrict__ db, const float*
 
 // dgamma[j] += sum_r dy[r,j]*n[r,j], dbeta[j] += sum_r dy[r,j], with
 // n = (x - mean[r])*rstd[r].
-extern "C" __global__ void gr_layernorm_bwd_params_f32(float* __restrict__ dgamma, float* __restrict__ dbeta,
+extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_f32(float* __restrict__ dgamma, float* __restrict__ dbeta,
                                                        const float* __restrict__ dy, const float* __restrict__ x,
                                                        const float* __restrict__ mean, const float* __restrict__ rstd,
                                                        int rows, int d) {
