@@ -11,6 +11,7 @@ export CGO_ENABLED=0
 flags=(-trimpath -ldflags=-s\ -w)
 go build "${flags[@]}" -o "$out/pkg/bin/" ./cmd/...
 go test -c "${flags[@]}" -o "$out/pkg/cuda.test" ./kernels/cuda
+go test -c "${flags[@]}" -o "$out/pkg/bench.test" ./bench
 git rev-parse --short HEAD > "$out/pkg/COMMIT" 2>/dev/null || echo unknown > "$out/pkg/COMMIT"
 tar -C "$out/pkg" -czf "$out/gpu.tar.gz" .
 rm -rf "$out/pkg"

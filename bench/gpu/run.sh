@@ -3,24 +3,32 @@
 # repository root, after bench/gpu/build.sh made .gpu/gpu.tar.gz here:
 #
 #   bench/gpu/build.sh
-#   # then, on the GPU machine (the device tool: carry .gpu):
-#   bash bench/gpu/run.sh
+#   # then, on the GPU machine (the device tool: carry .gpu), one group a call:
+#   bash bench/gpu/run.sh check   # then train, bench, torch: one 10-minute call each
 #
 # Steps, each with its own time limit, none stopping the others:
-#   env        the GPU, driver, libraries gorun finds
-#   conform    every backend op on the GPU against float64 references, the
-#              host staging path, a transformer step against the CPU backend
-#   tiny-np1   nmt-train on the built-in corpus, tiny preset, 1 rank on the GPU
-#   tiny-np2   the same with 2 ranks sharing the GPU (gradients through the mesh)
-#   base       Transformer-base (the lab's model) for a few hundred steps
-#   torch-check, torch  PyTorch's Transformer-base on the same GPU (bench/peers/torch_transformer.py,
-#              docs/gpu-bench.md): a quick self-check, then the sweep -> torch.jsonl
-#   translate  beam search from the tiny run's checkpoint on the GPU
+#   env          the GPU, driver, libraries gorun finds (every group)
+#   check:
+#     conform    every backend op on the GPU against float64 references, the
+#                host staging path, a transformer step against the CPU backend
+#     tiny-np1   nmt-train on the built-in corpus, tiny preset, 1 rank on the GPU
+#     tiny-np2   the same with 2 ranks sharing the GPU (gradients through the mesh)
+#     translate  beam search from the tiny run's checkpoint on the GPU
+#   train:
+#     base       Transformer-base (the lab's model) for 300 steps
+#   bench:
+#     gorun-fp16, -bf16, -fp32  Transformer-base steps (bench/device_test.go) on
+#                the batch shapes torch_transformer.py --dump-batches gives
+#   torch:
+#     torch-check, torch  PyTorch's Transformer-base on the same GPU and shapes
+#                (bench/peers/torch_transformer.py, docs/gpu-bench.md): a quick
+#                self-check, then the sweep -> torch.jsonl
 # Everything lands in $OUT (the device tool's) or bench/gpu/results/<date>/:
 # summary.txt and results.tar.gz (logs, metrics, reports).
 # QUICK=1 runs every training for 3 steps: a smoke test of this script itself,
 # e.g. here on the CPU emulator (GORUN_CUDA_LIB_DIR=<internal/cudaemu build>).
 set -uo pipefail
+groups="$*" # check, train, bench, torch (default: all); each group's limits add up to under 10 minutes, one device call
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -48,20 +56,37 @@ step() {
 	return 0
 }
 
-step env 60 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
-step conform 400 env GORUN_CUDA_TEST_DEVICE=gpu "$work/cuda.test" -test.v -test.count=1 -test.timeout 380s
 runs=$work/runs
 n() { if [ "${QUICK:-}" = 1 ]; then echo 3; else echo "$1"; fi; }
-step tiny-np1 240 "$bin/gorun" -np 1 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
-	--max-steps "$(n 300)" --run-dir "$runs/tiny-np1"
-step tiny-np2 240 "$bin/gorun" -np 2 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
-	--max-steps "$(n 200)" --run-dir "$runs/tiny-np2"
-step base 400 "$bin/gorun" -np 1 "$bin/nmt-train" train --preset base --synthetic-lines 200000 --device cuda \
-	--batch-tokens 8192 --max-steps "$(n 300)" --log-every 25 --eval-every 0 --eval-sentences 100 --checkpoint-every 0 \
-	--run-dir "$runs/base"
-[ "${QUICK:-}" = 1 ] || step torch-check 150 python3 bench/peers/torch_transformer.py --self-check
-[ "${QUICK:-}" = 1 ] || step torch 420 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
-step translate 120 bash -c "printf 'a b c\n' | '$bin/nmt-train' translate --device cuda --run-dir '$runs/tiny-np1'"
+want() { [ -z "$groups" ] || [[ " $groups " == *" $1 "* ]]; }
+
+step env 30 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
+if want check; then
+	step conform 200 env GORUN_CUDA_TEST_DEVICE=gpu "$work/cuda.test" -test.v -test.count=1 -test.timeout 190s
+	step tiny-np1 140 "$bin/gorun" -np 1 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
+		--max-steps "$(n 300)" --run-dir "$runs/tiny-np1"
+	step tiny-np2 140 "$bin/gorun" -np 2 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
+		--max-steps "$(n 200)" --run-dir "$runs/tiny-np2"
+	step translate 40 bash -c "printf 'la gana vomego beto .\n' | '$bin/nmt-train' translate --device cuda --run-dir '$runs/tiny-np1'"
+fi
+if want train; then
+	step base 420 "$bin/gorun" -np 1 "$bin/nmt-train" train --preset base --synthetic-lines 200000 --device cuda \
+		--batch-tokens 8192 --max-steps "$(n 300)" --log-every 25 --eval-every 0 --eval-sentences 100 --checkpoint-every 0 \
+		--run-dir "$runs/base"
+fi
+if want bench; then
+	# the same batch shapes for gorun and PyTorch (the dump needs no torch)
+	python3 bench/peers/torch_transformer.py --dump-batches "$work/batches.jsonl" --batch-tokens 4096,12288,25000 --steps 20 \
+		> "$logs/batches.log" 2>&1
+	for p in fp16 bf16 fp32; do
+		step gorun-$p 150 env GORUN_BENCH_DEVICE=cuda GORUN_BENCH_PRECISION=$p GORUN_BENCH_BATCHES="$work/batches.jsonl" \
+			"$work/bench.test" -test.run '^$' -test.bench TrainStepDevice -test.benchtime 20x
+	done
+fi
+if want torch && [ "${QUICK:-}" != 1 ]; then
+	step torch-check 120 python3 bench/peers/torch_transformer.py --self-check
+	step torch 300 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >> "$logs/env.log" 2>&1
 
 (cd "$work" && tar -czf "$res/results.tar.gz" logs $(cd "$work" && find runs -name '*.jsonl' -o -name '*.md' -o -name '*.png' 2>/dev/null))
