@@ -1,5 +1,7 @@
 package kernels
 
+import "fmt"
+
 // AttnArgs describes one multi-head scaled-dot-product attention call.
 //
 // Q is [B, Sq, H*Dh]; K and V are [B, SkCap, H*Dh] of which the first Sk
@@ -19,6 +21,19 @@ type AttnArgs struct {
 	// Dropout on the attention weights, regenerated from Seed in backward.
 	Dropout float32
 	Seed    uint64
+}
+
+// Check validates the shapes of an Attention call (o is the output, or
+// dO in backward) and returns SkCap, the key/value capacity per batch
+// row; the error names every shape.
+func (a AttnArgs) Check(o, probs, q, k, v Tensor) (int, error) {
+	D := a.H * a.Dh
+	skCap := k.Dim(-2)
+	if q.Len() != a.B*a.Sq*D || o.Len() != a.B*a.Sq*D || k.Len() != a.B*skCap*D || v.Len() != k.Len() ||
+		probs.Len() != a.B*a.H*a.Sq*a.Sk || a.Sk > skCap || (a.KeyLen.Rank > 0 && a.KeyLen.Len() != a.B) {
+		return 0, fmt.Errorf("Attention shapes o %v probs %v q %v k %v v %v args %+v", o, probs, q, k, v, a)
+	}
+	return skCap, nil
 }
 
 // AdamArgs are the hyper-parameters of one Adam update. LR is the step size

@@ -40,11 +40,9 @@ func (be *Backend) scratch(n int) []float32 {
 }
 
 func checkAttn(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) int {
-	D := a.H * a.Dh
-	skCap := k.Dim(-2)
-	if q.Len() != a.B*a.Sq*D || o.Len() != a.B*a.Sq*D || k.Len() != a.B*skCap*D || v.Len() != k.Len() ||
-		probs.Len() != a.B*a.H*a.Sq*a.Sk || a.Sk > skCap || (a.KeyLen.Rank > 0 && a.KeyLen.Len() != a.B) {
-		panic(fmt.Sprintf("cpu: Attention shapes o %v probs %v q %v k %v v %v args %+v", o, probs, q, k, v, a))
+	skCap, err := a.Check(o, probs, q, k, v)
+	if err != nil {
+		panic("cpu: " + err.Error())
 	}
 	return skCap
 }

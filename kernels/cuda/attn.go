@@ -1,8 +1,6 @@
 package cuda
 
 import (
-	"fmt"
-
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -30,11 +28,9 @@ func (b *Backend) buf(t *kernels.Tensor, n int) kernels.Tensor {
 }
 
 func checkAttn(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) int {
-	D := a.H * a.Dh
-	skCap := k.Dim(-2)
-	if q.Len() != a.B*a.Sq*D || o.Len() != a.B*a.Sq*D || k.Len() != a.B*skCap*D || v.Len() != k.Len() ||
-		probs.Len() != a.B*a.H*a.Sq*a.Sk || a.Sk > skCap || (a.KeyLen.Rank > 0 && a.KeyLen.Len() != a.B) {
-		panic(fmt.Sprintf("cuda: Attention shapes o %v probs %v q %v k %v v %v args %+v", o, probs, q, k, v, a))
+	skCap, err := a.Check(o, probs, q, k, v)
+	if err != nil {
+		panic("cuda: " + err.Error())
 	}
 	return skCap
 }
@@ -62,6 +58,17 @@ func (b *Backend) bgemm(transA, transB bool, m, n, k int, alpha float32, a, bm, 
 	b.gemm(&g)
 }
 
+// heads splits q, k and v into the per-head scratch buffers.
+func (b *Backend) heads(q, k, v kernels.Tensor, a kernels.AttnArgs, skCap int) (qh, kh, vh kernels.Tensor) {
+	s := &b.attn
+	BH := a.B * a.H
+	qh, kh, vh = b.buf(&s.qh, BH*a.Sq*a.Dh), b.buf(&s.kh, BH*a.Sk*a.Dh), b.buf(&s.vh, BH*a.Sk*a.Dh)
+	b.split(qh, q, a.B, a.Sq, a.H, a.Dh, a.Sq)
+	b.split(kh, k, a.B, a.Sk, a.H, a.Dh, skCap)
+	b.split(vh, v, a.B, a.Sk, a.H, a.Dh, skCap)
+	return qh, kh, vh
+}
+
 func (b *Backend) keyLen(a kernels.AttnArgs) uintptr {
 	if a.KeyLen.Rank > 0 {
 		return b.devI32(a.KeyLen, "KeyLen")
@@ -78,10 +85,7 @@ func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs
 		return
 	}
 	s := &b.attn
-	qh, kh, vh := b.buf(&s.qh, BH*Sq*Dh), b.buf(&s.kh, BH*Sk*Dh), b.buf(&s.vh, BH*Sk*Dh)
-	b.split(qh, q, B, Sq, H, Dh, Sq)
-	b.split(kh, k, B, Sk, H, Dh, skCap)
-	b.split(vh, v, B, Sk, H, Dh, skCap)
+	qh, kh, vh := b.heads(q, k, v, a, skCap)
 	P := probs
 	b.dev32(P, "probs")
 	b.bgemm(false, true, Sq, Sk, Dh, a.Scale, qh, kh, P, BH)
@@ -109,11 +113,8 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kerne
 		return
 	}
 	s := &b.attn
-	qh, kh, vh := b.buf(&s.qh, BH*Sq*Dh), b.buf(&s.kh, BH*Sk*Dh), b.buf(&s.vh, BH*Sk*Dh)
+	qh, kh, vh := b.heads(q, k, v, a, skCap)
 	doh := b.buf(&s.oh, BH*Sq*Dh)
-	b.split(qh, q, B, Sq, H, Dh, Sq)
-	b.split(kh, k, B, Sk, H, Dh, skCap)
-	b.split(vh, v, B, Sk, H, Dh, skCap)
 	b.split(doh, do, B, Sq, H, Dh, Sq)
 	P, dP := probs, dprobs
 	b.dev32(P, "probs")
