@@ -1,9 +1,13 @@
 package metrics
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -25,7 +29,9 @@ type Point struct {
 	V    float64
 }
 
-// OpenRun creates (or appends to) the run's files in dir.
+// OpenRun creates (or appends to) the run's files in dir: metrics.jsonl
+// is appended to, and a new TensorBoard event file is started. To
+// continue a run from a checkpoint, call RewindRun first.
 func OpenRun(dir string) (*Run, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -80,4 +86,90 @@ func (r *Run) Close() error {
 		return err1
 	}
 	return err2
+}
+
+// Rewind is what RewindRun did.
+type Rewind struct {
+	Dropped  int    // records of metrics.jsonl removed: after the step, or torn
+	LastStep int64  // the last step of the removed records
+	Aside    string // the copy of metrics.jsonl as it was ("" if nothing was removed)
+	Events   int    // event files cut back
+}
+
+// RewindRun prepares the run directory dir for a run that continues from
+// its checkpoint of step: the records of the steps after it (an attempt
+// that was killed before its next checkpoint) go, so the files hold the
+// run as it went, each step once, and the report counts the steps the
+// run really made. metrics.jsonl is copied to
+// metrics.jsonl.before-resume-STEP (.2, .3, ... if that exists) and then
+// replaced by its records up to step (a torn line, from a writer killed
+// mid-line, is removed too); each event file loses its events after step
+// (CutEvents), and the next OpenRun starts a new one. Every file is
+// replaced atomically: a crash leaves the old or the new version, and
+// RewindRun can run again. A directory with nothing after step is left
+// as it is.
+func RewindRun(dir string, step int64) (Rewind, error) {
+	var rw Rewind
+	path := filepath.Join(dir, "metrics.jsonl")
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return rw, err
+	}
+	var keep []byte
+	for rest := b; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i+1], rest[i+1:]
+		} else {
+			rest = nil // a last line without its newline: torn
+		}
+		body := bytes.TrimSpace(line)
+		if len(body) == 0 {
+			continue
+		}
+		var r Record
+		if line[len(line)-1] != '\n' || json.Unmarshal(body, &r) != nil {
+			rw.Dropped++
+			continue
+		}
+		if r.Step > step {
+			rw.Dropped++
+			rw.LastStep = max(rw.LastStep, r.Step)
+			continue
+		}
+		keep = append(keep, line...)
+	}
+	if rw.Dropped > 0 {
+		aside := path + ".before-resume-" + strconv.FormatInt(step, 10)
+		for n := 2; ; n++ {
+			if _, err := os.Lstat(aside); errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			aside = path + ".before-resume-" + strconv.FormatInt(step, 10) + "." + strconv.Itoa(n)
+		}
+		if err := writeFileAtomic(aside, ".metrics.aside.tmp*", b); err != nil {
+			return rw, err
+		}
+		rw.Aside = aside
+		if err := writeFileAtomic(path, ".metrics.jsonl.tmp*", keep); err != nil {
+			return rw, err
+		}
+	}
+	evs, err := filepath.Glob(filepath.Join(dir, "events.out.tfevents.*"))
+	if err != nil {
+		return rw, err
+	}
+	for _, f := range evs {
+		if fi, err := os.Lstat(f); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		cut, err := CutEvents(f, step)
+		if err != nil {
+			return rw, err
+		}
+		if cut {
+			rw.Events++
+		}
+	}
+	return rw, nil
 }

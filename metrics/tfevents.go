@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -35,16 +36,29 @@ type EventWriter struct {
 	path string
 }
 
-// NewEventWriter creates dir/events.out.tfevents.<unix>.<host>.
+// NewEventWriter creates dir/events.out.tfevents.<unix>.<host>, or, when a
+// file of that name exists (a resumed run started in the same second),
+// the same name with the suffix .1, .2, ...: an existing event file is
+// never truncated. TensorBoard reads the files of a directory in name
+// order.
 func NewEventWriter(dir string) (*EventWriter, error) {
 	host, _ := os.Hostname()
 	if host == "" {
 		host = "localhost"
 	}
-	path := filepath.Join(dir, fmt.Sprintf("events.out.tfevents.%d.%s", time.Now().Unix(), host))
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
+	base := filepath.Join(dir, fmt.Sprintf("events.out.tfevents.%d.%s", time.Now().Unix(), host))
+	path := base
+	var f *os.File
+	for n := 1; ; n++ {
+		var err error
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrExist) || n > 1000 {
+			return nil, err
+		}
+		path = fmt.Sprintf("%s.%d", base, n)
 	}
 	ew := &EventWriter{f: f, w: bufio.NewWriter(f), path: path}
 	var ev []byte
@@ -110,6 +124,87 @@ func (e *EventWriter) Close() error {
 		return err
 	}
 	return e.f.Close()
+}
+
+// CutEvents removes from the event file path every event of a step after
+// step, and a torn or corrupt tail (a writer killed mid-record), by
+// writing the events it keeps to a temporary file (no "tfevents" in its
+// name, so TensorBoard does not read it) renamed over path. It reports
+// whether it changed the file.
+func CutEvents(path string, step int64) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	var keep []byte
+	cut := false
+	for rest := b; len(rest) > 0; {
+		if len(rest) < 12 || maskedCRC(rest[:8]) != binary.LittleEndian.Uint32(rest[8:12]) {
+			cut = true
+			break
+		}
+		ln := binary.LittleEndian.Uint64(rest[:8])
+		if len(rest) < 16 || ln > uint64(len(rest)-16) {
+			cut = true
+			break
+		}
+		data := rest[12 : 12+ln]
+		if maskedCRC(data) != binary.LittleEndian.Uint32(rest[12+ln:16+ln]) {
+			cut = true
+			break
+		}
+		ev, err := parseEvent(data)
+		if err != nil {
+			cut = true
+			break
+		}
+		if ev.Step > step {
+			cut = true
+		} else {
+			keep = append(keep, rest[:16+ln]...)
+		}
+		rest = rest[16+ln:]
+	}
+	if !cut {
+		return false, nil
+	}
+	return true, writeFileAtomic(path, ".events.cut.tmp*", keep)
+}
+
+// writeFileAtomic replaces path with data through a temporary file of
+// the pattern (os.CreateTemp's) in the same directory: write, fsync,
+// rename, fsync of the directory.
+func writeFileAtomic(path, pattern string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err2 := tmp.Close(); err == nil {
+		err = err2
+	}
+	if err == nil {
+		if fi, serr := os.Stat(path); serr == nil {
+			os.Chmod(tmp.Name(), fi.Mode().Perm())
+		} else {
+			os.Chmod(tmp.Name(), 0o644)
+		}
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Event is a decoded scalar event.

@@ -1,19 +1,28 @@
 package transformer
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // State is the content of a checkpoint's state.json.
 type State struct {
-	Format    int    `json:"format"`
-	Step      int    `json:"step"`
+	Format int `json:"format"`
+	Step   int `json:"step"`
+	// Run names the run (the lineage of checkpoints, kept across resumes)
+	// that wrote it; "" in checkpoints of SaveCheckpoint and of versions
+	// before it. PruneCheckpoints removes only checkpoints of its run.
+	Run       string `json:"run,omitempty"`
 	Config    Config `json:"config"`
 	VocabHash string `json:"vocab_hash"`
 	// Optimizer is "lazyadam" or "adam"; OptimizerStep its update count
@@ -79,18 +88,43 @@ func writeFileAtomic(path string, data []byte) error {
 	return syncDir(dir)
 }
 
-// SaveCheckpoint writes dir/ckpt-STEP/ (model.safetensors with the weights
+// NewRunID returns a new run name for SaveRunCheckpoint: the UTC time and
+// random bits.
+func NewRunID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
+}
+
+// SaveCheckpoint is SaveRunCheckpoint for no run in particular.
+func SaveCheckpoint(dir string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage) (string, error) {
+	return SaveRunCheckpoint(dir, "", step, m, opt, vocabHash, trainer)
+}
+
+// SaveRunCheckpoint writes dir/ckpt-STEP/ (model.safetensors with the weights
 // under their parameter names, optimizer.safetensors with "m/NAME" and
 // "v/NAME", state.json) into a temporary directory, renames it into place,
 // and then points dir/latest at it (atomically: temp file, fsync, rename,
 // fsync of dir). A crash at any point leaves latest naming a complete
-// checkpoint. It returns the checkpoint's path.
-func SaveCheckpoint(dir string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage) (string, error) {
+// checkpoint. run (NewRunID; may be "") is recorded in state.json. An
+// existing ckpt-STEP is replaced only if it is of the same run (not ""),
+// and never when latest names it. It returns the checkpoint's path.
+func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	name := CheckpointDir(step)
 	final := filepath.Join(dir, name)
+	if _, err := os.Lstat(final); err == nil {
+		if cur, err := LatestCheckpoint(dir); err == nil && filepath.Clean(cur) == filepath.Clean(final) {
+			return "", fmt.Errorf("checkpoint %s: exists and latest names it: not replacing it", final)
+		}
+		if run != "" {
+			if old, err := ReadState(final); err != nil || old.Run != run {
+				return "", fmt.Errorf("checkpoint %s: exists and is not of this run (%s): not replacing it", final, run)
+			}
+		}
+	}
 	tmp, err := os.MkdirTemp(dir, "."+name+".tmp")
 	if err != nil {
 		return "", err
@@ -110,7 +144,7 @@ func SaveCheckpoint(dir string, step int, m *Model, opt *Adam, vocabHash string,
 	if err := WriteSafetensors(filepath.Join(tmp, modelFile), ts, meta); err != nil {
 		return fail(err)
 	}
-	st := State{Format: 1, Step: step, Config: m.Cfg, VocabHash: vocabHash, Seed: m.Seed, DropoutStep: m.DropoutStep, Trainer: trainer}
+	st := State{Format: 1, Step: step, Run: run, Config: m.Cfg, VocabHash: vocabHash, Seed: m.Seed, DropoutStep: m.DropoutStep, Trainer: trainer}
 	if opt != nil {
 		mh, vh := make([]float32, m.NumParams()), make([]float32, m.NumParams())
 		be.Download(mh, opt.M)
@@ -153,6 +187,175 @@ func SaveCheckpoint(dir string, step int, m *Model, opt *Adam, vocabHash string,
 		return "", fmt.Errorf("checkpoint %s: updating latest: %w", final, err)
 	}
 	return final, nil
+}
+
+// CheckpointSteps returns the steps of dir's ckpt-STEP directories,
+// ascending.
+func CheckpointSteps(dir string) ([]int, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var steps []int
+	for _, e := range ents {
+		var s int
+		if e.IsDir() && strings.HasPrefix(e.Name(), "ckpt-") {
+			if _, err := fmt.Sscanf(e.Name(), "ckpt-%d", &s); err == nil && CheckpointDir(s) == e.Name() {
+				steps = append(steps, s)
+			}
+		}
+	}
+	sort.Ints(steps)
+	return steps, nil
+}
+
+// PruneCheckpoints keeps the newest keep (at least 1) checkpoints of run
+// in dir, counting the one latest names, and removes that run's older
+// ones; it returns the names it removed. A checkpoint is confirmed only
+// once latest names it, so it never removes the checkpoint latest names,
+// one of a later step (not confirmed: a writer killed between its rename
+// and latest), one of another run or with no run, or one whose state.json
+// it cannot read. If latest names no checkpoint of run, it removes
+// nothing.
+func PruneCheckpoints(dir, run string, keep int) ([]string, error) {
+	if run == "" {
+		return nil, nil
+	}
+	keep = max(keep, 1)
+	ck, err := LatestCheckpoint(dir)
+	if err != nil {
+		return nil, err
+	}
+	latest, err := ReadState(ck)
+	if err != nil {
+		return nil, err
+	}
+	if latest.Run != run || filepath.Base(ck) != CheckpointDir(latest.Step) {
+		return nil, nil
+	}
+	steps, err := CheckpointSteps(dir)
+	if err != nil {
+		return nil, err
+	}
+	var older []int // of run, before latest, newest first
+	for i := len(steps) - 1; i >= 0; i-- {
+		s := steps[i]
+		if s >= latest.Step {
+			continue
+		}
+		st, err := ReadState(filepath.Join(dir, CheckpointDir(s)))
+		if err != nil || st.Run != run || st.Step != s {
+			continue
+		}
+		older = append(older, s)
+	}
+	var removed []string
+	for _, s := range older[min(keep-1, len(older)):] {
+		if err := os.RemoveAll(filepath.Join(dir, CheckpointDir(s))); err != nil {
+			return removed, err
+		}
+		removed = append(removed, CheckpointDir(s))
+	}
+	return removed, nil
+}
+
+// RemoveUnconfirmed prepares dir to resume from latest, the state of the
+// checkpoint latest names: a ckpt-STEP of a later step was renamed into
+// place by a writer killed before it updated latest. If every such
+// checkpoint is of latest's run, they are removed (they were never
+// confirmed; the resumed run writes its own) and their names returned.
+// Otherwise nothing is removed and the error names the ones of another
+// run or of none (written by another run in this directory, or before
+// checkpoints named their run): their owner must move them.
+func RemoveUnconfirmed(dir string, latest *State) ([]string, error) {
+	steps, err := CheckpointSteps(dir)
+	if err != nil {
+		return nil, err
+	}
+	var mine, foreign []string
+	for _, s := range steps {
+		if s <= latest.Step {
+			continue
+		}
+		name := CheckpointDir(s)
+		if st, err := ReadState(filepath.Join(dir, name)); err == nil && latest.Run != "" && st.Run == latest.Run {
+			mine = append(mine, name)
+		} else {
+			foreign = append(foreign, name)
+		}
+	}
+	if len(foreign) > 0 {
+		return nil, fmt.Errorf("%s: %s newer than the checkpoint latest names (%s) and not of its run: move them out of %s to resume",
+			dir, strings.Join(foreign, ", "), CheckpointDir(latest.Step), dir)
+	}
+	for i, name := range mine {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return mine[:i], err
+		}
+	}
+	return mine, nil
+}
+
+// RemoveStaleTemps removes the temporary directories and files of
+// checkpoint writes (.ckpt-STEP.tmp*, .latest.tmp*) from dir and returns
+// their names. They belong to a writer that was killed: call it only
+// while holding dir's lock (LockRunDir), so that no live writer is using
+// one.
+func RemoveStaleTemps(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, e := range ents {
+		n := e.Name()
+		if (strings.HasPrefix(n, ".ckpt-") && strings.Contains(n, ".tmp")) || strings.HasPrefix(n, "."+latestFile+".tmp") {
+			if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
+				return removed, err
+			}
+			removed = append(removed, n)
+		}
+	}
+	return removed, nil
+}
+
+// RunDirInUseError is LockRunDir's error when another process holds the
+// lock.
+type RunDirInUseError struct {
+	Dir string
+	PID int // 0 if unknown
+}
+
+func (e *RunDirInUseError) Error() string {
+	if e.PID > 0 {
+		return fmt.Sprintf("%s is in use by another process (pid %d)", e.Dir, e.PID)
+	}
+	return fmt.Sprintf("%s is in use by another process", e.Dir)
+}
+
+// LockRunDir takes dir/.lock (flock, exclusive, not waiting) for the
+// life of the process or until release is called, and writes the pid
+// into it. The kernel drops the lock when the process dies, however it
+// dies. If another process holds it the error is a *RunDirInUseError.
+func LockRunDir(dir string) (release func(), err error) {
+	path := filepath.Join(dir, ".lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		defer f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			b := make([]byte, 32)
+			n, _ := f.ReadAt(b, 0)
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+			return nil, &RunDirInUseError{Dir: dir, PID: pid}
+		}
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return func() { f.Close() }, nil
 }
 
 // LatestCheckpoint returns the path of the checkpoint dir/latest names, or

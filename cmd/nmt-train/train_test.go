@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/transformer"
 )
 
 var trainBin, gorunBin string
@@ -436,4 +438,280 @@ func TestCUDAEmulatorParity(t *testing.T) {
 	if sc := last.Values["loss_scale"]; sc != 1<<14 {
 		t.Errorf("fp16: loss_scale %v, want 16384", sc)
 	}
+}
+
+// ckptDirs lists the ckpt-* directories of dir, sorted.
+func ckptDirs(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "ckpt-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range m {
+		out = append(out, filepath.Base(p))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// checkLatest fails unless dir/latest names a complete checkpoint of step
+// want.
+func checkLatest(t *testing.T, dir string, want int) {
+	t.Helper()
+	ck, err := transformer.LatestCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := transformer.ReadState(ck)
+	if err != nil {
+		t.Fatalf("latest names %s: %v (checkpoints: %v)", ck, err, ckptDirs(t, dir))
+	}
+	if st.Step != want {
+		t.Fatalf("latest names step %d, want %d", st.Step, want)
+	}
+	if _, err := os.Stat(filepath.Join(ck, "model.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkTranslate runs translate on the run directory.
+func checkTranslate(t *testing.T, dir string) {
+	t.Helper()
+	cmd := exec.Command(trainBin, "translate", "--run-dir", dir)
+	cmd.Stdin = strings.NewReader(syntheticSample(t, dir) + "\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		t.Fatalf("translate: %v\n%s", err, out)
+	}
+}
+
+// checkMetricsSteps fails unless metrics.jsonl's records have strictly
+// increasing train steps (eval records at the step of the train record
+// before them), the last train step is last, and the report says so.
+func checkMetricsSteps(t *testing.T, dir string, last int64) {
+	t.Helper()
+	recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prev, prevAny int64 = -1, -1
+	for i, r := range recs {
+		if r.Step < prevAny {
+			t.Fatalf("metrics.jsonl record %d (%s) at step %d after step %d", i+1, r.Kind, r.Step, prevAny)
+		}
+		prevAny = r.Step
+		if r.Kind == "train" {
+			if r.Step <= prev {
+				t.Fatalf("metrics.jsonl train record %d at step %d after step %d", i+1, r.Step, prev)
+			}
+			prev = r.Step
+		}
+	}
+	if prev != last {
+		t.Fatalf("last train record at step %d, want %d", prev, last)
+	}
+	rep, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("**%d steps**", last); !strings.Contains(string(rep), want) {
+		t.Fatalf("report.md does not say %q:\n%s", want, rep)
+	}
+	// TensorBoard: every tag at most once per step over all event files,
+	// none after the last step.
+	files, _ := filepath.Glob(filepath.Join(dir, "*tfevents*"))
+	seen := map[string]bool{}
+	for _, f := range files {
+		evs, err := metrics.ReadEvents(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			for tag := range e.Scalars {
+				k := fmt.Sprintf("%s@%d", tag, e.Step)
+				if seen[k] {
+					t.Fatalf("TensorBoard: %s twice (event files %v)", k, files)
+				}
+				seen[k] = true
+				if e.Step > last {
+					t.Fatalf("TensorBoard: %s at step %d after the run's last step %d (%s)", tag, e.Step, last, f)
+				}
+			}
+		}
+	}
+}
+
+// A second run in a directory that holds a run is refused with one line
+// and touches nothing: the first run's checkpoints, latest and metrics
+// stay, and translate and --resume work on them.
+func TestSecondRunInRunDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	base := append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--eval-every", "0",
+		"--checkpoint-every", "5", "--keep-checkpoints", "3", "--run-dir", dir)
+	runJob(t, 2, append(base, "--max-steps", "30")...)
+	before, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := startJob(t, 2, append(base, "--max-steps", "12")...)
+	errs := j.wait()
+	out := strings.TrimSpace(j.outs[0].String())
+	if errs[0] == nil {
+		t.Fatalf("a second run in %s: exit 0; checkpoints now %v\n%s", dir, ckptDirs(t, dir), out)
+	}
+	if !strings.Contains(out, "already holds a run (latest ckpt-30)") || !strings.Contains(out, "--resume") || strings.Contains(out, "\n") {
+		t.Fatalf("want one line saying the directory holds a run, got:\n%s", out)
+	}
+	if o1 := strings.TrimSpace(j.outs[1].String()); o1 != "" {
+		t.Errorf("rank 1 printed more than rank 0's line:\n%s", o1)
+	}
+	if got := strings.Join(ckptDirs(t, dir), " "); got != "ckpt-20 ckpt-25 ckpt-30" {
+		t.Fatalf("checkpoints after the refused run: %s", got)
+	}
+	checkLatest(t, dir, 30)
+	after, _ := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if !bytes.Equal(before, after) {
+		t.Fatal("the refused run changed metrics.jsonl")
+	}
+	checkTranslate(t, dir)
+	out = runJob(t, 2, append(base, "--max-steps", "35", "--resume")...)
+	if !strings.Contains(out, "resumed from step 30") {
+		t.Fatalf("no resume line:\n%s", out)
+	}
+	checkLatest(t, dir, 35)
+	checkMetricsSteps(t, dir, 35)
+}
+
+// Killed between the rename of ckpt-15 and the update of latest: latest
+// still names ckpt-10 and ckpt-15 is an orphan, never confirmed. A resumed
+// run with --keep-checkpoints 1 keeps its own checkpoints, and latest
+// names one that exists.
+func TestOrphanCheckpointKeepOne(t *testing.T) {
+	dir := t.TempDir()
+	base := append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--eval-every", "0", "--run-dir", dir)
+	runJob(t, 1, append(base, "--max-steps", "15", "--checkpoint-every", "5", "--keep-checkpoints", "5")...)
+	if got := strings.Join(ckptDirs(t, dir), " "); got != "ckpt-10 ckpt-15 ckpt-5" {
+		t.Fatalf("checkpoints: %s", got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "latest"), []byte("ckpt-10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runJob(t, 1, append(base, "--max-steps", "14", "--checkpoint-every", "2", "--keep-checkpoints", "1", "--resume")...)
+	if !strings.Contains(out, "resumed from step 10") {
+		t.Fatalf("no resume line:\n%s", out)
+	}
+	checkLatest(t, dir, 14)
+	if got := strings.Join(ckptDirs(t, dir), " "); got != "ckpt-14" {
+		t.Fatalf("checkpoints after resuming with --keep-checkpoints 1: %s", got)
+	}
+	checkTranslate(t, dir)
+	checkMetricsSteps(t, dir, 14)
+}
+
+// Killed at step K after the checkpoint of step S < K-1, and resumed to
+// S+1: metrics.jsonl and the event files hold the run as it went (no
+// record after S of the abandoned attempt), the report says S+1 steps,
+// and the temporary directories of a killed checkpoint write are gone.
+func TestKillResumeMetrics(t *testing.T) {
+	dir := t.TempDir()
+	base := append(append([]string{}, tinyArgs...), "--batch-tokens", "256", "--eval-every", "0", "--checkpoint-every", "50", "--run-dir", dir)
+	j := startJob(t, 1, append(base, "--max-steps", "100000")...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl")); err == nil && len(recs) > 0 && recs[len(recs)-1].Step >= 60 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no step 60 after 60 s:\n%s", j.outs[0])
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	j.cmds[0].Process.Signal(syscall.SIGKILL)
+	j.wait()
+	ck, err := transformer.LatestCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := transformer.ReadState(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+	if k := recs[len(recs)-1].Step; k < int64(st.Step)+2 {
+		t.Fatalf("killed at step %d, latest checkpoint %d: the test proves nothing", k, st.Step)
+	}
+	// a checkpoint write that was killed half way
+	stale := []string{filepath.Join(dir, fmt.Sprintf(".ckpt-%d.tmp123456", st.Step+50)), filepath.Join(dir, ".ckpt-7.tmp1")}
+	for _, s := range stale {
+		if err := os.MkdirAll(s, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(s, "model.safetensors"), []byte("half"), 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, ".latest.tmp42"), []byte("ckpt-"), 0o644)
+	last := st.Step + 1
+	out := runJob(t, 1, append(base, "--max-steps", fmt.Sprint(last), "--resume")...)
+	if !strings.Contains(out, fmt.Sprintf("resumed from step %d", st.Step)) {
+		t.Fatalf("no resume line:\n%s", out)
+	}
+	for _, s := range append(stale, filepath.Join(dir, ".latest.tmp42")) {
+		if _, err := os.Stat(s); err == nil {
+			t.Errorf("%s left behind", filepath.Base(s))
+		}
+	}
+	checkLatest(t, dir, last)
+	checkMetricsSteps(t, dir, int64(last))
+	// the killed attempt's records are kept aside, where TensorBoard does
+	// not read them
+	aside, err := metrics.ReadJSONL(filepath.Join(dir, fmt.Sprintf("metrics.jsonl.before-resume-%d", st.Step)))
+	if err != nil || len(aside) != len(recs) {
+		t.Fatalf("metrics.jsonl.before-resume-%d: %d records, %v; the killed run wrote %d", st.Step, len(aside), err, len(recs))
+	}
+}
+
+// A run directory in use by a live nmt-train is refused to a second one,
+// even with --resume, and the live writer's temporary files are left
+// alone.
+func TestRunDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	base := append(append([]string{}, tinyArgs...), "--batch-tokens", "256", "--eval-every", "0", "--checkpoint-every", "5", "--run-dir", dir)
+	j := startJob(t, 1, append(base, "--max-steps", "1000000")...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "latest")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint after 60 s:\n%s", j.outs[0])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	live := filepath.Join(dir, ".ckpt-999999.tmp77")
+	if err := os.Mkdir(live, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(trainBin, append(base, "--max-steps", "3", "--resume")...)
+	out, err := cmd.CombinedOutput()
+	s := strings.TrimSpace(string(out))
+	if err == nil || !strings.Contains(s, "in use") || strings.Contains(s, "\n") {
+		t.Fatalf("a second nmt-train in a run directory in use: err %v, output:\n%s", err, s)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Fatalf("the live writer's temporary directory: %v", err)
+	}
+	// the first run goes on checkpointing
+	first, _ := os.ReadFile(filepath.Join(dir, "latest"))
+	for {
+		if now, _ := os.ReadFile(filepath.Join(dir, "latest")); len(now) > 0 && !bytes.Equal(now, first) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first run stopped checkpointing:\n%s", j.outs[0])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	j.cmds[0].Process.Kill()
+	j.wait()
 }

@@ -61,9 +61,7 @@ func loadCublas() (*cublas, error) {
 	for _, c := range cublasCandidates() {
 		if filepath.IsAbs(c) {
 			lt := filepath.Join(filepath.Dir(c), "libcublasLt"+filepath.Base(c)[len("libcublas"):])
-			if h, err := purego.Dlopen(lt, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
-				_ = h // kept loaded for the process's lifetime
-			}
+			dlopen(lt) // kept loaded for the process's lifetime; cuBLAS reports what is missing
 		}
 	}
 	lib, err := openFirst("cuBLAS ("+fmt.Sprint(cublasSonames)+")", cublasCandidates())

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"unsafe"
@@ -41,7 +42,7 @@ func openFirst(what string, candidates []string) (*library, error) {
 				continue // not there: not worth listing every absent path
 			}
 		}
-		h, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		h, err := dlopen(c)
 		if err == nil {
 			return &library{path: c, handle: h}, nil
 		}
@@ -53,6 +54,14 @@ func openFirst(what string, candidates []string) (*library, error) {
 			what, EnvLibDir, strings.Join(libDirs()[len(libDirs())-5:], ", "))
 	}
 	return nil, fmt.Errorf("%s could not be loaded: %s", what, strings.Join(tried, "; "))
+}
+
+// dlopen opens a library on one OS thread: dlerror's message is per
+// thread, and a goroutine moved between the two calls would lose it.
+func dlopen(path string) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 }
 
 // sym resolves name or returns an error naming the library.

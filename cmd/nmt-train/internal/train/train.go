@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"time"
 
@@ -83,6 +82,14 @@ type Trainer struct {
 	linkSource   string
 	computeTotal float64
 	computeSteps int
+
+	// runID names this run's checkpoints (transformer.State.Run): new for
+	// a fresh run, the checkpoint's on --resume. Rank 0 only.
+	runID string
+	// unlockDir releases the run directory's lock (rank 0).
+	unlockDir func()
+	// resumedFrom is the step of the checkpoint resumed from (-1: fresh).
+	resumedFrom int
 }
 
 // Run trains as the rank described by the environment.
@@ -101,12 +108,14 @@ func Run(ctx context.Context, o Options, out io.Writer) (err error) {
 // run is Run for the rank id, on the backend that openDevice returns for
 // o.Device.
 func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDevice func(string) (kernels.Backend, string, error)) (err error) {
-	t := &Trainer{o: o, id: id, out: out, openDevice: openDevice}
+	t := &Trainer{o: o, id: id, out: out, openDevice: openDevice, resumedFrom: -1}
 	defer func() {
 		if r := recover(); r != nil {
 			err = gpuFailure(r)
 		}
-		if err != nil {
+		if errors.Is(err, errLeaderFailed) {
+			err = ErrReported // rank 0 printed why
+		} else if err != nil {
 			who := ""
 			if id.Size > 1 {
 				who = fmt.Sprintf("rank %d: ", id.Rank)
@@ -124,6 +133,10 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 
 // ErrReported is returned by Run after it printed the error itself.
 var ErrReported = errors.New("error reported")
+
+// errLeaderFailed: rank 0 could not open the run directory or its
+// checkpoint, and says why; the other ranks exit without a word.
+var errLeaderFailed = errors.New("rank 0 failed to start the run")
 
 func (t *Trainer) close() {
 	t.gpu.close()
@@ -145,6 +158,10 @@ func (t *Trainer) close() {
 	if t.data != nil && t.data.Close != nil {
 		t.data.Close()
 	}
+	if t.unlockDir != nil {
+		t.unlockDir()
+		t.unlockDir = nil
+	}
 }
 
 func (t *Trainer) leader() bool { return t.id.Rank == 0 }
@@ -157,6 +174,19 @@ func (t *Trainer) logf(format string, a ...any) {
 
 func (t *Trainer) setup(ctx context.Context) error {
 	o := t.o
+	// Rank 0 takes an existing run directory first: one in use by another
+	// process, or holding a run without --resume, is refused before the
+	// device, the data or the model are touched. An absent one is created
+	// (and taken) later, so that a bad flag leaves nothing behind.
+	if t.leader() {
+		if fi, err := os.Stat(o.RunDir); err == nil && fi.IsDir() {
+			if err := t.takeRunDir(); err != nil {
+				return t.abortJob(ctx, err)
+			}
+		} else if o.Resume {
+			return t.abortJob(ctx, fmt.Errorf("--resume: --run-dir %s: no such directory", o.RunDir))
+		}
+	}
 	// The device first: an unknown or unusable --device fails at once.
 	be, why, err := t.openDevice(o.Device)
 	if err != nil {
@@ -174,25 +204,9 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if o.NoDropout {
 		cfg = cfg.NoDropout()
 	}
-	threads := 0 // compute threads per rank, on the CPU
-	if c, ok := be.(*cpu.Backend); ok {
-		threads = o.threadsFor(t.id.LocalSize)
-		c.Threads = threads
-		cpu.SetThreads(threads)
-	}
-	t.logf("nmt-train: device %s", why)
-	_, prec, err := precision(o.Precision, be)
+	threads, err := t.configure(be, why)
 	if err != nil {
 		return err
-	}
-	t.lossScaling = prec == "fp16"
-	switch prec {
-	case "fp16", "bf16":
-		t.logf("nmt-train: precision %s: matrix products on tensor cores with float32 accumulation; weights, activations and Adam in float32%s",
-			prec, map[bool]string{true: "; dynamic loss scaling (OpenSeq2Seq's Backoff, from 2^14)"}[t.lossScaling])
-	}
-	if t.gpu, err = newGPUSampler(be); err != nil {
-		t.logf("nmt-train: no GPU utilization figures: %v", err)
 	}
 	t.m, err = transformer.New(cfg, be, o.Seed)
 	if err != nil {
@@ -231,27 +245,18 @@ func (t *Trainer) setup(ctx context.Context) error {
 		t.m.Trace = t.tl.LayerHook()
 	}
 
-	// Resume: rank 0 reads the checkpoint; everything is broadcast.
+	// Rank 0 takes the run directory and, on --resume, reads the
+	// checkpoint; everything is broadcast (or, if rank 0 failed, the
+	// failure, so that the other ranks stop without a word).
 	var st *transformer.State
-	if t.leader() {
-		if err := os.MkdirAll(o.RunDir, 0o755); err != nil {
-			return err
-		}
-		if o.Resume {
-			ck, err := transformer.LatestCheckpoint(o.RunDir)
-			if err != nil {
-				return fmt.Errorf("--resume: %v", err)
-			}
-			if prev, err := transformer.ReadState(ck); err == nil && prev.VocabHash != t.data.VocabHash {
-				return fmt.Errorf("--resume: %s was trained with another vocabulary (hash %.12s) than %s's (hash %.12s, %d pieces): resume with the data it was trained on", ck, prev.VocabHash, t.data.Name, t.data.VocabHash, t.data.VocabSize)
-			}
-			st, err = transformer.LoadCheckpoint(ck, t.m, t.opt, t.data.VocabHash)
-			if err != nil {
-				return err
-			}
-		}
+	var dirErr error
+	if t.leader() && t.unlockDir == nil {
+		dirErr = t.takeRunDir()
 	}
-	if err := t.broadcastState(ctx, st); err != nil {
+	if t.leader() && o.Resume && dirErr == nil {
+		st, dirErr = t.resumeRunDir()
+	}
+	if err := t.broadcastState(ctx, st, dirErr); err != nil {
 		return err
 	}
 	// Every rank draws its own dropout masks.
@@ -268,20 +273,8 @@ func (t *Trainer) setup(ctx context.Context) error {
 	}
 
 	if t.leader() {
-		t.run, err = metrics.OpenRun(o.RunDir)
-		if err != nil {
+		if err := t.openRunFiles(cfg, threads); err != nil {
 			return err
-		}
-		if err := t.writeRunInfo(cfg, threads); err != nil {
-			return err
-		}
-		if err := t.data.Vocab.WriteFile(filepath.Join(o.RunDir, VocabFile)); err != nil {
-			return err
-		}
-		for _, f := range t.data.Extra {
-			if err := copyFile(f, filepath.Join(o.RunDir, filepath.Base(f))); err != nil {
-				return err
-			}
 		}
 	}
 	compute := fmt.Sprintf("%d threads per rank", threads)
@@ -296,8 +289,200 @@ func (t *Trainer) setup(ctx context.Context) error {
 	return nil
 }
 
+// configure sets the backend up: the CPU threads (0 on a device, the
+// count otherwise), the --precision, the GPU sampler.
+func (t *Trainer) configure(be kernels.Backend, why string) (int, error) {
+	o := t.o
+	threads := 0 // compute threads per rank, on the CPU
+	if c, ok := be.(*cpu.Backend); ok {
+		threads = o.threadsFor(t.id.LocalSize)
+		c.Threads = threads
+		cpu.SetThreads(threads)
+	}
+	t.logf("nmt-train: device %s", why)
+	_, prec, err := precision(o.Precision, be)
+	if err != nil {
+		return 0, err
+	}
+	t.lossScaling = prec == "fp16"
+	switch prec {
+	case "fp16", "bf16":
+		t.logf("nmt-train: precision %s: matrix products on tensor cores with float32 accumulation; weights, activations and Adam in float32%s",
+			prec, map[bool]string{true: "; dynamic loss scaling (OpenSeq2Seq's Backoff, from 2^14)"}[t.lossScaling])
+	}
+	if t.gpu, err = newGPUSampler(be); err != nil {
+		t.logf("nmt-train: no GPU utilization figures: %v", err)
+	}
+	return threads, nil
+}
+
+// openRunFiles (rank 0) cuts the killed attempt's records after a resume,
+// opens metrics and events, and writes run.json and the vocabulary.
+func (t *Trainer) openRunFiles(cfg transformer.Config, threads int) error {
+	o := t.o
+	if t.resumedFrom >= 0 {
+		// The records of the steps after the checkpoint belong to the
+		// attempt that was killed: they go (kept aside), so that the
+		// files and the report hold the run as it went.
+		rw, err := metrics.RewindRun(o.RunDir, int64(t.resumedFrom))
+		if err != nil {
+			return fmt.Errorf("--resume: %v", err)
+		}
+		if rw.Dropped > 0 || rw.Events > 0 {
+			t.logf("nmt-train: metrics.jsonl and the event files cut back to step %d (records up to step %d of the killed attempt removed; the old metrics.jsonl is %s)",
+				t.resumedFrom, rw.LastStep, orNone(filepath.Base(rw.Aside)))
+		}
+	}
+	var err error
+	t.run, err = metrics.OpenRun(o.RunDir)
+	if err != nil {
+		return err
+	}
+	if err := t.writeRunInfo(cfg, threads); err != nil {
+		return err
+	}
+	if err := t.data.Vocab.WriteFile(filepath.Join(o.RunDir, VocabFile)); err != nil {
+		return err
+	}
+	for _, f := range t.data.Extra {
+		if err := copyFile(f, filepath.Join(o.RunDir, filepath.Base(f))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" || s == "." {
+		return "unchanged"
+	}
+	return s
+}
+
+// takeRunDir (rank 0) creates and takes the run directory: its lock, held
+// until the process ends (a second nmt-train on the same directory is refused);
+// without --resume, a directory that holds a run is refused (one run
+// directory, one run); then the temporary files of a checkpoint write
+// that was killed are removed (no live writer can own them: the lock).
+func (t *Trainer) takeRunDir() error {
+	o := t.o
+	if err := os.MkdirAll(o.RunDir, 0o755); err != nil {
+		return err
+	}
+	unlock, err := transformer.LockRunDir(o.RunDir)
+	var inUse *transformer.RunDirInUseError
+	if errors.As(err, &inUse) {
+		pid := ""
+		if inUse.PID > 0 {
+			pid = fmt.Sprintf(" (pid %d)", inUse.PID)
+		}
+		return fmt.Errorf("--run-dir %s is in use by another nmt-train%s: a run directory holds one run; wait for it, or use another --run-dir", o.RunDir, pid)
+	}
+	if err != nil {
+		return err
+	}
+	t.unlockDir = unlock
+	if !o.Resume {
+		if what := heldRun(o.RunDir); what != "" {
+			if strings.HasPrefix(what, "latest ") {
+				return fmt.Errorf("--run-dir %s already holds a run (%s); use --resume to continue it, or another --run-dir", o.RunDir, what)
+			}
+			return fmt.Errorf("--run-dir %s already holds a run (%s, no checkpoint to resume from); remove it, or use another --run-dir", o.RunDir, what)
+		}
+		t.runID = transformer.NewRunID()
+	}
+	removed, err := transformer.RemoveStaleTemps(o.RunDir)
+	if err != nil {
+		return err
+	}
+	if len(removed) > 0 {
+		t.logf("nmt-train: removed %s (left by a checkpoint write that was killed)", strings.Join(removed, ", "))
+	}
+	return nil
+}
+
+// abortJob is rank 0's way out when it fails before the mesh exists:
+// alone it returns err; in a job it joins the mesh, as far as the first
+// broadcast, to tell the other ranks, which then stop without a word
+// (instead of waiting for a rendezvous that never comes).
+func (t *Trainer) abortJob(ctx context.Context, err error) error {
+	if t.id.Size == 1 {
+		return err
+	}
+	mesh, cerr := rank.Connect(ctx, t.id, rank.Options{Timeout: t.o.Timeout})
+	if cerr != nil {
+		return err
+	}
+	t.mesh = mesh
+	if t.o.LinkGbps == 0 {
+		if _, _, perr := probeLink(ctx, mesh); perr != nil {
+			return err
+		}
+	}
+	if t.comm, cerr = collective.New(mesh, collective.Config{Timeout: t.o.Timeout}); cerr != nil {
+		return err
+	}
+	return t.broadcastState(ctx, nil, err)
+}
+
+// resumeRunDir (rank 0, --resume) loads the checkpoint latest names into
+// the model and optimizer, and removes the checkpoints written after it
+// that latest never named (refusing if one is not of its run).
+func (t *Trainer) resumeRunDir() (*transformer.State, error) {
+	o := t.o
+	ck, err := transformer.LatestCheckpoint(o.RunDir)
+	if err != nil {
+		return nil, fmt.Errorf("--resume: %v", err)
+	}
+	if prev, err := transformer.ReadState(ck); err == nil && prev.VocabHash != t.data.VocabHash {
+		return nil, fmt.Errorf("--resume: %s was trained with another vocabulary (hash %.12s) than %s's (hash %.12s, %d pieces): resume with the data it was trained on", ck, prev.VocabHash, t.data.Name, t.data.VocabHash, t.data.VocabSize)
+	}
+	st, err := transformer.LoadCheckpoint(ck, t.m, t.opt, t.data.VocabHash)
+	if err != nil {
+		return nil, err
+	}
+	removed, err := transformer.RemoveUnconfirmed(o.RunDir, st)
+	if err != nil {
+		return nil, fmt.Errorf("--resume: %v", err)
+	}
+	if len(removed) > 0 {
+		t.logf("nmt-train: removed %s: written after %s, but latest never named them (the run was killed before it did)", strings.Join(removed, ", "), filepath.Base(ck))
+	}
+	t.runID = st.Run
+	if t.runID == "" {
+		// a checkpoint of an older version: the checkpoints of its run
+		// are never pruned, this run's are
+		t.runID = transformer.NewRunID()
+	}
+	t.resumedFrom = st.Step
+	return st, nil
+}
+
+// heldRun describes what in dir shows that it holds a run ("" if
+// nothing): "latest ckpt-N", or the files found.
+func heldRun(dir string) string {
+	if b, err := os.ReadFile(filepath.Join(dir, "latest")); err == nil {
+		return "latest " + strings.TrimSpace(string(b))
+	}
+	var found []string
+	if steps, _ := transformer.CheckpointSteps(dir); len(steps) > 0 {
+		found = append(found, transformer.CheckpointDir(steps[len(steps)-1]))
+	}
+	for _, f := range []string{"metrics.jsonl", "run.json"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			found = append(found, f)
+		}
+	}
+	if evs, _ := filepath.Glob(filepath.Join(dir, "events.out.tfevents.*")); len(evs) > 0 {
+		found = append(found, filepath.Base(evs[0]))
+	}
+	return strings.Join(found, ", ")
+}
+
 // trainerState is the part of state.json that belongs to the trainer.
 type trainerState struct {
+	// Abort: rank 0 failed (it says why); nothing else is sent.
+	Abort       bool               `json:"abort,omitempty"`
 	Step        int                `json:"step"`
 	DropoutStep uint64             `json:"dropout_step"`
 	OptStep     int                `json:"optimizer_step"`
@@ -306,12 +491,15 @@ type trainerState struct {
 }
 
 // broadcastState gives every rank rank 0's weights, optimizer moments and
-// position (fresh or resumed).
-func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) error {
+// position (fresh or resumed). If rank 0 failed (failed: its error), the
+// ranks learn that instead, meet at a barrier (so that rank 0 does not
+// close the mesh under the message) and return: rank 0 failed, the others
+// errLeaderFailed.
+func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State, failed error) error {
 	var blob []byte
 	if t.leader() {
-		ts := trainerState{}
-		if st != nil {
+		ts := trainerState{Abort: failed != nil}
+		if st != nil && failed == nil {
 			ts.Step, ts.DropoutStep, ts.OptStep = st.Step, st.DropoutStep, st.OptimizerStep
 			ts.Data = st.Trainer["data"]
 			if raw, ok := st.Trainer["loss_scaler"]; ok {
@@ -324,17 +512,30 @@ func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State) err
 	// Length first, then the bytes.
 	n := []float32{float32(len(blob))}
 	if err := t.comm.Broadcast(ctx, collective.Float32Bytes(n), 0); err != nil {
+		if failed != nil {
+			return failed
+		}
 		return fmt.Errorf("broadcast of the initial state: %w", err)
 	}
 	if !t.leader() {
 		blob = make([]byte, int(n[0]))
 	}
 	if err := t.comm.Broadcast(ctx, blob, 0); err != nil {
+		if failed != nil {
+			return failed
+		}
 		return fmt.Errorf("broadcast of the initial state: %w", err)
 	}
 	var ts trainerState
 	if err := json.Unmarshal(blob, &ts); err != nil {
 		return fmt.Errorf("broadcast of the initial state: %v", err)
+	}
+	if ts.Abort {
+		t.comm.Barrier(ctx)
+		if failed != nil {
+			return failed
+		}
+		return errLeaderFailed
 	}
 	if err := t.broadcastTensors(ctx, t.m.Weights, t.opt.M, t.opt.V); err != nil {
 		return fmt.Errorf("broadcast of the initial weights: %w", err)
@@ -400,6 +601,12 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	}
 	if t.o.LinkGbps > 0 {
 		ri.LinkSource = t.linkSource
+	}
+	if t.resumedFrom >= 0 {
+		// the run started when its first attempt did
+		if prev, err := metrics.ReadRunInfo(t.o.RunDir); err == nil && prev.Started > 0 {
+			ri.Started = prev.Started
+		}
 	}
 	return metrics.WriteRunInfo(t.o.RunDir, ri)
 }
@@ -700,35 +907,16 @@ func (t *Trainer) checkpoint() error {
 	sc, _ := json.Marshal(t.scaler)
 	ts["loss_scaler"] = sc
 	end := t.tl.Begin("checkpoint", "save")
-	path, err := transformer.SaveCheckpoint(t.o.RunDir, t.step, t.m, t.opt, t.data.VocabHash, ts)
+	path, err := transformer.SaveRunCheckpoint(t.o.RunDir, t.runID, t.step, t.m, t.opt, t.data.VocabHash, ts)
 	end()
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: %v", t.step, err)
 	}
 	t.logf("nmt-train: checkpoint %s", path)
-	return pruneCheckpoints(t.o.RunDir, t.o.KeepCkpts)
-}
-
-func pruneCheckpoints(dir string, keep int) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	var steps []int
-	for _, e := range ents {
-		var s int
-		if e.IsDir() && strings.HasPrefix(e.Name(), "ckpt-") {
-			if _, err := fmt.Sscanf(e.Name(), "ckpt-%d", &s); err == nil && transformer.CheckpointDir(s) == e.Name() {
-				steps = append(steps, s)
-			}
-		}
-	}
-	sort.Ints(steps)
-	for len(steps) > keep {
-		if err := os.RemoveAll(filepath.Join(dir, transformer.CheckpointDir(steps[0]))); err != nil {
-			return err
-		}
-		steps = steps[1:]
+	// this run's newest --keep-checkpoints, counting back from the one
+	// latest now names; never that one, a newer one or another run's
+	if _, err := transformer.PruneCheckpoints(t.o.RunDir, t.runID, t.o.KeepCkpts); err != nil {
+		return fmt.Errorf("checkpoint at step %d: pruning old checkpoints: %v", t.step, err)
 	}
 	return nil
 }
