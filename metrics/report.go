@@ -72,7 +72,7 @@ func series(recs []Record, kind, name string) []Point {
 		if r.Kind != kind {
 			continue
 		}
-		if v, ok := r.Values[name]; ok && !math.IsNaN(v) {
+		if v, ok := r.Values[name]; ok && !math.IsNaN(v) && !math.IsInf(v, 0) { // non-finite values are recorded, not plotted
 			out = append(out, Point{Step: r.Step, Time: r.Time, V: v})
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -49,7 +50,9 @@ func OpenRun(dir string) (*Run, error) {
 }
 
 // Log writes one record: a JSON line, a TensorBoard event with every value
-// as a scalar named kind/name, and a point on each series.
+// as a scalar named kind/name, and a point on each series. A value that is
+// not finite (a diverged loss) is recorded, not an error: as a string in
+// the JSON line (see Record), as a float in TensorBoard, and on no series.
 func (r *Run) Log(kind string, step int64, values map[string]float64, text map[string]string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,7 +68,9 @@ func (r *Run) Log(kind string, step int64, values map[string]float64, text map[s
 	tb := make(map[string]float64, len(values))
 	for k, v := range values {
 		tb[kind+"/"+k] = v
-		r.Series[kind+"/"+k] = append(r.Series[kind+"/"+k], Point{Step: step, Time: rec.Time, V: v})
+		if !math.IsNaN(v) && !math.IsInf(v, 0) { // a series holds only what can be plotted
+			r.Series[kind+"/"+k] = append(r.Series[kind+"/"+k], Point{Step: step, Time: rec.Time, V: v})
+		}
 	}
 	if err := r.events.Scalars(step, now, tb); err != nil {
 		return err

@@ -1,11 +1,16 @@
 package transformer
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -44,6 +49,7 @@ const (
 	modelFile  = "model.safetensors"
 	optimFile  = "optimizer.safetensors"
 	stateFile  = "state.json"
+	sumsFile   = "SHA256SUMS"
 	latestFile = "latest"
 )
 
@@ -103,7 +109,8 @@ func SaveCheckpoint(dir string, step int, m *Model, opt *Adam, vocabHash string,
 
 // SaveRunCheckpoint writes dir/ckpt-STEP/ (model.safetensors with the weights
 // under their parameter names, optimizer.safetensors with "m/NAME" and
-// "v/NAME", state.json) into a temporary directory, renames it into place,
+// "v/NAME", state.json, and last SHA256SUMS with the SHA-256 of each of
+// them, in sha256sum's format) into a temporary directory, renames it into place,
 // and then points dir/latest at it (atomically: temp file, fsync, rename,
 // fsync of dir). A crash at any point leaves latest naming a complete
 // checkpoint. run (NewRunID; may be "") is recorded in state.json. An
@@ -141,7 +148,8 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 		ts = append(ts, STensor{Name: p.Name, Shape: p.Shape, Data: host[p.Offset : p.Offset+p.Len]})
 	}
 	meta := map[string]string{"format": "gorun-transformer", "preset": m.Cfg.Preset, "step": strconv.Itoa(step), "vocab_hash": vocabHash}
-	if err := WriteSafetensors(filepath.Join(tmp, modelFile), ts, meta); err != nil {
+	sums := map[string]string{}
+	if sums[modelFile], err = writeSafetensors(filepath.Join(tmp, modelFile), ts, meta); err != nil {
 		return fail(err)
 	}
 	st := State{Format: 1, Step: step, Run: run, Config: m.Cfg, VocabHash: vocabHash, Seed: m.Seed, DropoutStep: m.DropoutStep, Trainer: trainer}
@@ -158,7 +166,7 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 		}
 		meta["optimizer"] = opt.Name()
 		meta["optimizer_step"] = strconv.Itoa(opt.T)
-		if err := WriteSafetensors(filepath.Join(tmp, optimFile), ts, meta); err != nil {
+		if sums[optimFile], err = writeSafetensors(filepath.Join(tmp, optimFile), ts, meta); err != nil {
 			return fail(err)
 		}
 		st.Optimizer, st.OptimizerStep = opt.Name(), opt.T
@@ -168,7 +176,13 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 	if err != nil {
 		return fail(err)
 	}
-	if err := writeFileAtomic(filepath.Join(tmp, stateFile), append(js, '\n')); err != nil {
+	js = append(js, '\n')
+	if err := writeFileAtomic(filepath.Join(tmp, stateFile), js); err != nil {
+		return fail(err)
+	}
+	sums[stateFile] = sha256Hex(js)
+	// SHA256SUMS last: the checksums of the other files (sha256sum -c reads it).
+	if err := writeFileAtomic(filepath.Join(tmp, sumsFile), formatSums(sums)); err != nil {
 		return fail(err)
 	}
 	if err := syncDir(tmp); err != nil {
@@ -372,13 +386,17 @@ func LatestCheckpoint(dir string) (string, error) {
 	return filepath.Join(dir, name), nil
 }
 
-// ReadState reads ckpt/state.json.
+// ReadState reads ckpt/state.json and checks its ranges (CheckState).
 func ReadState(ckpt string) (*State, error) {
 	path := filepath.Join(ckpt, stateFile)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
+	return parseState(path, b)
+}
+
+func parseState(path string, b []byte) (*State, error) {
 	var st State
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("%s: %v", path, err)
@@ -386,7 +404,168 @@ func ReadState(ckpt string) (*State, error) {
 	if st.Format != 1 {
 		return nil, fmt.Errorf("%s: unknown checkpoint format %d", path, st.Format)
 	}
+	if err := CheckState(&st); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
 	return &st, nil
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// CheckState refuses a state out of range, naming the field: a negative
+// step, an optimizer step outside [0, step] (an update is applied at most
+// once a step), an unknown optimizer or Adam hyperparameters outside
+// their domain, and in the trainer's part a loss scale that is not
+// positive and finite, or a data position that is negative or past the
+// end of its epoch.
+func CheckState(st *State) error {
+	if st.Step < 0 {
+		return fmt.Errorf("step %d is negative", st.Step)
+	}
+	if st.OptimizerStep < 0 || st.OptimizerStep > st.Step {
+		return fmt.Errorf("optimizer_step %d is outside [0, step %d]", st.OptimizerStep, st.Step)
+	}
+	switch st.Optimizer {
+	case "":
+		if st.OptimizerStep != 0 {
+			return fmt.Errorf("optimizer_step %d without an optimizer", st.OptimizerStep)
+		}
+	case "adam", "lazyadam":
+		if !(st.Beta1 >= 0 && st.Beta1 < 1) {
+			return fmt.Errorf("beta1 %v is outside [0, 1)", st.Beta1)
+		}
+		if !(st.Beta2 >= 0 && st.Beta2 < 1) {
+			return fmt.Errorf("beta2 %v is outside [0, 1)", st.Beta2)
+		}
+		if !(st.Epsilon > 0 && finite(st.Epsilon)) {
+			return fmt.Errorf("epsilon %v is not positive and finite", st.Epsilon)
+		}
+	default:
+		return fmt.Errorf("optimizer %q is unknown (adam, lazyadam)", st.Optimizer)
+	}
+	if raw, ok := st.Trainer["loss_scaler"]; ok && string(raw) != "null" {
+		var sc struct {
+			Scale, Min, Max, Factor *float64
+			Window, Clean           *int
+		}
+		if err := json.Unmarshal(raw, &sc); err != nil {
+			return fmt.Errorf("trainer.loss_scaler: %v", err)
+		}
+		if sc.Scale != nil && !(*sc.Scale > 0 && finite(*sc.Scale)) {
+			return fmt.Errorf("trainer.loss_scaler.Scale %v is not positive and finite", *sc.Scale)
+		}
+		if sc.Min != nil && !(*sc.Min > 0 && finite(*sc.Min)) {
+			return fmt.Errorf("trainer.loss_scaler.Min %v is not positive and finite", *sc.Min)
+		}
+		if sc.Max != nil && !(finite(*sc.Max) && (sc.Min == nil || *sc.Max >= *sc.Min)) {
+			return fmt.Errorf("trainer.loss_scaler.Max %v is not finite and at least Min", *sc.Max)
+		}
+		if sc.Factor != nil && !(*sc.Factor > 1 && finite(*sc.Factor)) {
+			return fmt.Errorf("trainer.loss_scaler.Factor %v is not finite and above 1", *sc.Factor)
+		}
+		if sc.Window != nil && *sc.Window < 1 {
+			return fmt.Errorf("trainer.loss_scaler.Window %d is below 1", *sc.Window)
+		}
+		if sc.Clean != nil && *sc.Clean < 0 {
+			return fmt.Errorf("trainer.loss_scaler.Clean %d is negative", *sc.Clean)
+		}
+	}
+	if raw, ok := st.Trainer["data"]; ok && len(bytes.TrimSpace(raw)) > 0 && bytes.TrimSpace(raw)[0] == '{' {
+		var p struct {
+			Epoch, Index, Size, Lines, Steps *int64
+		}
+		p2 := map[string]json.RawMessage{}
+		if err := json.Unmarshal(raw, &p2); err != nil {
+			return fmt.Errorf("trainer.data: %v", err)
+		}
+		for k, dst := range map[string]**int64{"epoch": &p.Epoch, "index": &p.Index, "size": &p.Size, "lines": &p.Lines, "steps_per_epoch": &p.Steps} {
+			if v, ok := p2[k]; ok {
+				var n int64
+				if err := json.Unmarshal(v, &n); err != nil {
+					return fmt.Errorf("trainer.data.%s: %v", k, err)
+				}
+				if n < 0 {
+					return fmt.Errorf("trainer.data.%s %d is negative", k, n)
+				}
+				*dst = &n
+			}
+		}
+		if p.Size != nil && *p.Size < 1 {
+			return fmt.Errorf("trainer.data.size %d is below 1", *p.Size)
+		}
+		if p.Index != nil && p.Steps != nil && *p.Index > *p.Steps {
+			return fmt.Errorf("trainer.data.index %d is past steps_per_epoch %d", *p.Index, *p.Steps)
+		}
+	}
+	return nil
+}
+
+func sha256Hex(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// formatSums writes sums in sha256sum's format ("HEX  NAME" lines, sorted).
+func formatSums(sums map[string]string) []byte {
+	names := make([]string, 0, len(sums))
+	for n := range sums {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b bytes.Buffer
+	for _, n := range names {
+		fmt.Fprintf(&b, "%s  %s\n", sums[n], n)
+	}
+	return b.Bytes()
+}
+
+// readSums reads ckpt/SHA256SUMS; nil, nil if there is none (a checkpoint
+// of a version before checksums).
+func readSums(ckpt string) (map[string]string, error) {
+	path := filepath.Join(ckpt, sumsFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	sums := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for line := 1; sc.Scan(); line++ {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		sum, name := "", ""
+		if len(f) == 2 {
+			sum, name = f[0], strings.TrimPrefix(f[1], "*")
+		}
+		if _, err := hex.DecodeString(sum); err != nil || len(sum) != 64 || name == "" || strings.ContainsAny(name, "/\\") {
+			return nil, fmt.Errorf("%s:%d: not a \"SHA256  FILE\" line (the file changed after it was written)", path, line)
+		}
+		sums[name] = strings.ToLower(sum)
+	}
+	if len(sums) == 0 {
+		return nil, fmt.Errorf("%s: empty (the file changed after it was written)", path)
+	}
+	return sums, nil
+}
+
+// verifySum checks the SHA-256 got of ckpt/name against sums (nil: a
+// checkpoint without checksums, nothing to check).
+func verifySum(ckpt string, sums map[string]string, name, got string) error {
+	if sums == nil {
+		return nil
+	}
+	want, ok := sums[name]
+	if !ok {
+		return fmt.Errorf("%s: no checksum in %s (the checkpoint changed after it was written)", filepath.Join(ckpt, name), sumsFile)
+	}
+	if got != want {
+		return fmt.Errorf("%s: checksum mismatch (the file changed after it was written)", filepath.Join(ckpt, name))
+	}
+	return nil
 }
 
 // ErrMismatch is wrapped by the errors of LoadCheckpoint when the
@@ -401,13 +580,27 @@ func describe(c Config) string {
 // directory ckpt. It refuses, with an error naming the file, a checkpoint
 // of another preset or shape, one written with another vocabulary
 // (vocabHash differs; an empty vocabHash skips that check), and truncated
-// or corrupt files.
+// or corrupt files: a file whose SHA-256 differs from the one SHA256SUMS
+// records, a state.json out of range (CheckState), weights or moments
+// that are not finite. Checkpoints without SHA256SUMS (of versions before
+// it) load without the checksum check.
 func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State, error) {
-	st, err := ReadState(ckpt)
+	sums, err := readSums(ckpt)
 	if err != nil {
 		return nil, err
 	}
 	sp := filepath.Join(ckpt, stateFile)
+	sb, err := os.ReadFile(sp)
+	if err != nil {
+		return nil, err
+	}
+	if err := verifySum(ckpt, sums, stateFile, sha256Hex(sb)); err != nil {
+		return nil, err
+	}
+	st, err := parseState(sp, sb)
+	if err != nil {
+		return nil, err
+	}
 	a, b := st.Config, m.Cfg
 	if a.Preset != b.Preset || a.Vocab != b.Vocab || a.DModel != b.DModel || a.Heads != b.Heads || a.FFN != b.FFN || a.EncLayers != b.EncLayers || a.DecLayers != b.DecLayers {
 		return nil, fmt.Errorf("%s: %w: written for %s, this model is %s", sp, ErrMismatch, describe(a), describe(b))
@@ -417,6 +610,9 @@ func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State,
 	}
 	mf, err := ReadSafetensors(filepath.Join(ckpt, modelFile))
 	if err != nil {
+		return nil, err
+	}
+	if err := verifySum(ckpt, sums, modelFile, mf.SHA256); err != nil {
 		return nil, err
 	}
 	if mf.Metadata["vocab_hash"] != st.VocabHash {
@@ -437,6 +633,9 @@ func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State,
 		if err != nil {
 			return nil, err
 		}
+		if err := verifySum(ckpt, sums, optimFile, of.SHA256); err != nil {
+			return nil, err
+		}
 		mh, vh = make([]float32, m.NumParams()), make([]float32, m.NumParams())
 		for _, p := range m.Params {
 			if err := of.Read("m/"+p.Name, p.Shape, mh[p.Offset:p.Offset+p.Len]); err != nil {
@@ -445,6 +644,17 @@ func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State,
 			if err := of.Read("v/"+p.Name, p.Shape, vh[p.Offset:p.Offset+p.Len]); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if err := checkFinite(filepath.Join(ckpt, modelFile), "", m, host); err != nil {
+		return nil, err
+	}
+	if opt != nil {
+		if err := checkFinite(filepath.Join(ckpt, optimFile), "m/", m, mh); err != nil {
+			return nil, err
+		}
+		if err := checkFinite(filepath.Join(ckpt, optimFile), "v/", m, vh); err != nil {
+			return nil, err
 		}
 	}
 	// Everything is read and checked: now change the model.
@@ -458,4 +668,16 @@ func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State,
 		opt.Beta1, opt.Beta2, opt.Eps = st.Beta1, st.Beta2, st.Epsilon
 	}
 	return st, nil
+}
+
+// checkFinite refuses a NaN or infinite value in a tensor read from path.
+func checkFinite(path, prefix string, m *Model, data []float32) error {
+	for _, p := range m.Params {
+		for i, v := range data[p.Offset : p.Offset+p.Len] {
+			if f := float64(v); !finite(f) {
+				return fmt.Errorf("%s: tensor %s%s holds %v at index %d", path, prefix, p.Name, f, i)
+			}
+		}
+	}
+	return nil
 }

@@ -2,7 +2,9 @@ package transformer
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -33,6 +35,21 @@ type stEntry struct {
 // WriteSafetensors writes tensors (in the given order) and metadata to path
 // and fsyncs it.
 func WriteSafetensors(path string, tensors []STensor, meta map[string]string) error {
+	_, err := writeSafetensors(path, tensors, meta)
+	return err
+}
+
+// writeSafetensors is WriteSafetensors; it also returns the SHA-256 of
+// the bytes written (hex).
+func writeSafetensors(path string, tensors []STensor, meta map[string]string) (string, error) {
+	h := sha256.New()
+	if err := writeSafetensorsTo(path, tensors, meta, h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func writeSafetensorsTo(path string, tensors []STensor, meta map[string]string, hash io.Writer) error {
 	hdr := map[string]any{}
 	if len(meta) > 0 {
 		hdr["__metadata__"] = meta
@@ -67,7 +84,7 @@ func WriteSafetensors(path string, tensors []STensor, meta map[string]string) er
 	if err != nil {
 		return err
 	}
-	w := bufio.NewWriterSize(f, 1<<20)
+	w := bufio.NewWriterSize(io.MultiWriter(f, hash), 1<<20)
 	var l [8]byte
 	binary.LittleEndian.PutUint64(l[:], uint64(len(js)))
 	w.Write(l[:])
@@ -102,8 +119,10 @@ func WriteSafetensors(path string, tensors []STensor, meta map[string]string) er
 type SafetensorsFile struct {
 	Path     string
 	Metadata map[string]string
-	entries  map[string]stEntry
-	data     []byte
+	// SHA256 is the SHA-256 of the whole file as read (hex).
+	SHA256  string
+	entries map[string]stEntry
+	data    []byte
 }
 
 // ReadSafetensors reads and validates a safetensors file: a header that
@@ -120,8 +139,10 @@ func ReadSafetensors(path string) (*SafetensorsFile, error) {
 		return nil, err
 	}
 	size := st.Size()
+	h := sha256.New()
+	r := io.TeeReader(f, h)
 	var l [8]byte
-	if _, err := io.ReadFull(f, l[:]); err != nil {
+	if _, err := io.ReadFull(r, l[:]); err != nil {
 		return nil, fmt.Errorf("%s: not a safetensors file (%d bytes, truncated header)", path, size)
 	}
 	n := binary.LittleEndian.Uint64(l[:])
@@ -129,7 +150,7 @@ func ReadSafetensors(path string) (*SafetensorsFile, error) {
 		return nil, fmt.Errorf("%s: truncated or not a safetensors file (header of %d bytes, file of %d)", path, n, size)
 	}
 	js := make([]byte, n)
-	if _, err := io.ReadFull(f, js); err != nil {
+	if _, err := io.ReadFull(r, js); err != nil {
 		return nil, fmt.Errorf("%s: reading header: %w", path, err)
 	}
 	var raw map[string]json.RawMessage
@@ -180,9 +201,10 @@ func ReadSafetensors(path string) (*SafetensorsFile, error) {
 		return nil, fmt.Errorf("%s: %d bytes of trailing data after the tensors", path, have-int64(end))
 	}
 	sf.data = make([]byte, end)
-	if _, err := io.ReadFull(f, sf.data); err != nil {
+	if _, err := io.ReadFull(r, sf.data); err != nil {
 		return nil, fmt.Errorf("%s: reading tensor data: %w", path, err)
 	}
+	sf.SHA256 = hex.EncodeToString(h.Sum(nil))
 	return sf, nil
 }
 

@@ -62,10 +62,16 @@ func startJob(t *testing.T, n int, args ...string) *job {
 // startJobEnv is startJob with extra environment variables.
 func startJobEnv(t *testing.T, n int, env []string, args ...string) *job {
 	t.Helper()
+	return startJobRanks(t, n, env, func(int) []string { return args })
+}
+
+// startJobRanks is startJobEnv with each rank's own arguments.
+func startJobRanks(t *testing.T, n int, env []string, args func(r int) []string) *job {
+	t.Helper()
 	port := testenv.FreeUDPPort(t)
 	j := &job{}
 	for r := 0; r < n; r++ {
-		cmd := exec.Command(trainBin, args...)
+		cmd := exec.Command(trainBin, args(r)...)
 		cmd.Env = append(testenv.CleanEnv(), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n), fmt.Sprintf("LOCAL_RANK=%d", r),
 			fmt.Sprintf("LOCAL_WORLD_SIZE=%d", n), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port, "GORUN_SECRET="+strings.Repeat("a7", 32))
 		cmd.Env = append(cmd.Env, env...)
@@ -714,4 +720,33 @@ func TestRunDirInUse(t *testing.T) {
 	}
 	j.cmds[0].Process.Kill()
 	j.wait()
+}
+
+// Ranks started with different settings are refused at once, every rank
+// with the same line naming the first differing setting and the ranks, and
+// nothing is written to the run directory.
+func TestSettingsDifferBetweenRanks(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	t0 := time.Now()
+	j := startJobRanks(t, 3, nil, func(r int) []string {
+		a := append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--max-steps", "5", "--run-dir", dir)
+		if r == 1 {
+			a = append(a, "--learning-rate", "2", "--seed", "7") // only the first (in the flags' order) is named
+		}
+		return a
+	})
+	errs := j.wait()
+	if d := time.Since(t0); d > 60*time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	want := "settings differ between ranks: --learning-rate is 1 on ranks 0, 2 and 2 on rank 1"
+	for r, err := range errs {
+		out := strings.TrimSpace(j.outs[r].String())
+		if err == nil || !strings.Contains(out, want) || strings.Count(out, "settings differ") != 1 {
+			t.Errorf("rank %d: err %v, want one line with %q, got:\n%s", r, err, want, out)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the refused job created %s (%v)", dir, err)
+	}
 }

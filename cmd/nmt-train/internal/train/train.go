@@ -73,7 +73,9 @@ type Trainer struct {
 	// lossScaling: --precision fp16 scales the loss by scaler.Scale and
 	// the gradients back before the optimizer.
 	lossScaling bool
-	gpu         *gpuSampler
+	// prec is the --precision resolved on this rank's device.
+	prec string
+	gpu  *gpuSampler
 
 	// openDevice opens the --device backend (device.Open; tests put a
 	// wrapped backend here).
@@ -222,6 +224,15 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout})
+	if err != nil {
+		return err
+	}
+	// Ranks started with different settings are refused before anything
+	// is written (and before the link probe, which --link-gbps decides).
+	if err := t.checkSettings(ctx, t.settings()); err != nil {
+		return err
+	}
 	t.linkSource = "flag"
 	if o.LinkGbps == 0 && t.id.Size > 1 {
 		gbps, peer, err := probeLink(ctx, t.mesh)
@@ -232,10 +243,6 @@ func (t *Trainer) setup(ctx context.Context) error {
 			t.o.LinkGbps, t.linkSource = gbps, "probe"
 			t.logf("nmt-train: link probe rank 0 -> rank %d (%s): %.2f Gbit/s point to point", peer, t.mesh.HostNames()[peer], gbps)
 		}
-	}
-	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout})
-	if err != nil {
-		return err
 	}
 	if o.Timeline != "" {
 		t.tl, err = metrics.CreateTimeline(timelinePart(o.Timeline, t.id.Rank), t.id.Rank)
@@ -304,7 +311,7 @@ func (t *Trainer) configure(be kernels.Backend, why string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	t.lossScaling = prec == "fp16"
+	t.lossScaling, t.prec = prec == "fp16", prec
 	switch prec {
 	case "fp16", "bf16":
 		t.logf("nmt-train: precision %s: matrix products on tensor cores with float32 accumulation; weights, activations and Adam in float32%s",
@@ -414,13 +421,16 @@ func (t *Trainer) abortJob(ctx context.Context, err error) error {
 		return err
 	}
 	t.mesh = mesh
+	if t.comm, cerr = collective.New(mesh, collective.Config{Timeout: t.o.Timeout}); cerr != nil {
+		return err
+	}
+	if t.checkSettings(ctx, nil) != nil {
+		return err
+	}
 	if t.o.LinkGbps == 0 {
 		if _, _, perr := probeLink(ctx, mesh); perr != nil {
 			return err
 		}
-	}
-	if t.comm, cerr = collective.New(mesh, collective.Config{Timeout: t.o.Timeout}); cerr != nil {
-		return err
 	}
 	return t.broadcastState(ctx, nil, err)
 }
