@@ -183,9 +183,6 @@ func (b *Backend) Describe() string {
 		v/1000, v%1000/10, b.blas.version())
 }
 
-// GPUName is the device's name as the driver reports it.
-func (b *Backend) GPUName() string { return b.name }
-
 // MemInfo returns the free and total device memory in bytes.
 func (b *Backend) MemInfo() (free, total uint64) {
 	b.drv.call(b.drv.memGetInfo, uintptr(unsafe.Pointer(&free)), uintptr(unsafe.Pointer(&total)))

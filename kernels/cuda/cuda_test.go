@@ -94,9 +94,9 @@ func TestConformance(t *testing.T) {
 // TestDeviceName says which device the tests ran on.
 func TestDeviceName(t *testing.T) {
 	be := backend(t)
-	emulated := strings.Contains(be.GPUName(), "emulator")
+	emulated := strings.Contains(be.Describe(), "emulator")
 	if emulated != (testMode == "emu") {
-		t.Fatalf("mode %s but the device is %q", testMode, be.GPUName())
+		t.Fatalf("mode %s but the device is %q", testMode, be.Describe())
 	}
 	t.Logf("%s", be.Describe())
 }

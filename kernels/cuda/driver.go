@@ -18,10 +18,7 @@ type result int32
 // CUresult values the backend tells apart.
 const (
 	cuSuccess        result = 0
-	cuNotInitialized result = 3
-	cuNoDevice       result = 100
 	cuInvalidContext result = 201
-	cuNotReady       result = 600
 )
 
 // Device attributes (CUdevice_attribute).
@@ -33,10 +30,9 @@ const (
 
 // Flags.
 const (
-	streamNonBlocking   = 0x1 // CU_STREAM_NON_BLOCKING
-	eventBlockingSync   = 0x1 // CU_EVENT_BLOCKING_SYNC: a waiting thread sleeps
-	eventDisableTiming  = 0x2 // CU_EVENT_DISABLE_TIMING
-	eventDefaultTimings = 0x0
+	streamNonBlocking  = 0x1 // CU_STREAM_NON_BLOCKING
+	eventBlockingSync  = 0x1 // CU_EVENT_BLOCKING_SYNC: a waiting thread sleeps
+	eventDisableTiming = 0x2 // CU_EVENT_DISABLE_TIMING
 )
 
 // driver holds the resolved entry points.
