@@ -54,13 +54,13 @@ func (c *Communicator) directAllreduce(ctx context.Context, buf []byte, count in
 	fpad := (count*4 + 7) &^ 7
 	s := c.directScratch(n*wpad + 2*fpad)
 	contrib := func(r int) []byte { return s[r*wpad : r*wpad+wb : r*wpad+wb] }
-	acc := f32s(s[n*wpad : n*wpad+count*4])
-	tmp := f32s(s[n*wpad+fpad : n*wpad+fpad+count*4])
+	acc := Float32s(s[n*wpad : n*wpad+count*4])
+	tmp := Float32s(s[n*wpad+fpad : n*wpad+fpad+count*4])
 
 	own := buf
 	if cl.wire != cl.dtype {
 		own = contrib(me)
-		encode(own, f32s(buf), cl.wire)
+		encode(own, Float32s(buf), cl.wire)
 	}
 	for i := 1; i < n; i++ {
 		p := (me + i) % n
@@ -89,7 +89,7 @@ func (c *Communicator) directAllreduce(ctx context.Context, buf []byte, count in
 	for r := 1; r < n; r++ {
 		y := tmp
 		if cl.wire == Float32 {
-			y = f32s(get(r))
+			y = Float32s(get(r))
 		} else {
 			decode(tmp, get(r), cl.wire)
 		}
@@ -106,7 +106,7 @@ func (c *Communicator) directAllreduce(ctx context.Context, buf []byte, count in
 		// format as the ring's and tree's are (the owner's slice too).
 		w := contrib(me)
 		encode(w, acc, cl.wire)
-		decode(f32s(buf), w, cl.wire)
+		decode(Float32s(buf), w, cl.wire)
 		return nil
 	}
 	encode(buf, acc, cl.dtype)

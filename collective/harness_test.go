@@ -49,17 +49,17 @@ func makeBuf(dt DType, vals []float64) []byte {
 	b := make([]byte, len(vals)*dt.Size())
 	switch dt {
 	case Float32:
-		f := f32s(b)
+		f := Float32s(b)
 		for i, v := range vals {
 			f[i] = float32(v)
 		}
 	case Float16:
-		u := u16s(b)
+		u := Uint16s(b)
 		for i, v := range vals {
 			u[i] = half.F32ToF16(float32(v))
 		}
 	case BFloat16:
-		u := u16s(b)
+		u := Uint16s(b)
 		for i, v := range vals {
 			u[i] = half.F32ToBF16(float32(v))
 		}
@@ -71,15 +71,15 @@ func readBuf(dt DType, b []byte) []float64 {
 	out := make([]float64, len(b)/dt.Size())
 	switch dt {
 	case Float32:
-		for i, v := range f32s(b) {
+		for i, v := range Float32s(b) {
 			out[i] = float64(v)
 		}
 	case Float16:
-		for i, v := range u16s(b) {
+		for i, v := range Uint16s(b) {
 			out[i] = float64(half.F16ToF32(v))
 		}
 	case BFloat16:
-		for i, v := range u16s(b) {
+		for i, v := range Uint16s(b) {
 			out[i] = float64(half.BF16ToF32(v))
 		}
 	}

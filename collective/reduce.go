@@ -35,11 +35,11 @@ func (r *reducer) scratch(n int) ([]float32, []float32) {
 func decode(dst []float32, src []byte, t DType) {
 	switch t {
 	case Float32:
-		copy(dst, f32s(src))
+		copy(dst, Float32s(src))
 	case Float16:
-		half.Float16ToFloat32(dst, u16s(src))
+		half.Float16ToFloat32(dst, Uint16s(src))
 	case BFloat16:
-		half.BFloat16ToFloat32(dst, u16s(src))
+		half.BFloat16ToFloat32(dst, Uint16s(src))
 	}
 }
 
@@ -47,11 +47,11 @@ func decode(dst []float32, src []byte, t DType) {
 func encode(dst []byte, src []float32, t DType) {
 	switch t {
 	case Float32:
-		copy(f32s(dst), src)
+		copy(Float32s(dst), src)
 	case Float16:
-		half.Float32ToFloat16(u16s(dst), src)
+		half.Float32ToFloat16(Uint16s(dst), src)
 	case BFloat16:
-		half.Float32ToBFloat16(u16s(dst), src)
+		half.Float32ToBFloat16(Uint16s(dst), src)
 	}
 }
 
@@ -63,10 +63,10 @@ func (r *reducer) combine(acc, in []byte) {
 		return
 	}
 	if r.dtype == Float32 {
-		x := f32s(acc)
+		x := Float32s(acc)
 		var y []float32
 		if r.wire == Float32 {
-			y = f32s(in)
+			y = Float32s(in)
 		} else {
 			_, b := r.scratch(ne)
 			decode(b, in, r.wire)
@@ -94,7 +94,7 @@ func (r *reducer) finish(acc []byte) {
 	}
 	d := float32(r.n)
 	if r.dtype == Float32 {
-		x := f32s(acc)
+		x := Float32s(acc)
 		for i := range x {
 			x[i] /= d
 		}
@@ -111,12 +111,12 @@ func (r *reducer) finish(acc []byte) {
 // toWire converts a dtype slice to wire format into dst (len = elements *
 // wire size). Only used when wire != dtype (float32 data).
 func (r *reducer) toWire(dst, acc []byte) {
-	encode(dst, f32s(acc), r.wire)
+	encode(dst, Float32s(acc), r.wire)
 }
 
 // fromWire converts wire bytes into the dtype accumulator.
 func (r *reducer) fromWire(acc, src []byte) {
-	decode(f32s(acc), src, r.wire)
+	decode(Float32s(acc), src, r.wire)
 }
 
 func apply(x, y []float32, op Op) {

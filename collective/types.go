@@ -322,14 +322,18 @@ func Uint16Bytes(s []uint16) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
 }
 
-func f32s(b []byte) []float32 {
+// Float32s views bytes as float32s (no copy; b is 4-byte aligned):
+// the inverse of Float32Bytes.
+func Float32s(b []byte) []float32 {
 	if len(b) == 0 {
 		return nil
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
-func u16s(b []byte) []uint16 {
+// Uint16s views bytes as float16 or bfloat16 bits (no copy): the
+// inverse of Uint16Bytes.
+func Uint16s(b []byte) []uint16 {
 	if len(b) == 0 {
 		return nil
 	}

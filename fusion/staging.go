@@ -2,7 +2,7 @@ package fusion
 
 import (
 	"fmt"
-	"unsafe"
+	"math"
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/half"
@@ -117,14 +117,14 @@ func wireOverflow(buf []byte, wire collective.DType, scale float32) bool {
 			exp, one = 0x7f80, 0x0080
 		}
 		var acc uint16
-		for _, u := range u16view(buf) {
+		for _, u := range collective.Uint16s(buf) {
 			acc |= (u & exp) + one
 		}
 		return acc&0x8000 != 0
 	default:
 		var acc uint32
-		for _, u := range u32view(buf) {
-			acc |= (u & 0x7f800000) + 0x00800000
+		for _, f := range collective.Float32s(buf) {
+			acc |= (math.Float32bits(f) & 0x7f800000) + 0x00800000
 		}
 		return acc&0x80000000 != 0
 	}
@@ -140,39 +140,15 @@ func decodeOverflow(buf []byte, wire collective.DType, scale float32) bool {
 		x := chunk[:hi-lo]
 		switch wire {
 		case collective.Float16:
-			half.Float16ToFloat32(x, u16view(buf)[lo:hi])
+			half.Float16ToFloat32(x, collective.Uint16s(buf)[lo:hi])
 		case collective.BFloat16:
-			half.BFloat16ToFloat32(x, u16view(buf)[lo:hi])
+			half.BFloat16ToFloat32(x, collective.Uint16s(buf)[lo:hi])
 		default:
-			copy(x, f32view(buf)[lo:hi])
+			copy(x, collective.Float32s(buf)[lo:hi])
 		}
 		if scaleAndCheck(x, scale) {
 			return true
 		}
 	}
 	return false
-}
-
-// Views of wire-format bytes (little-endian, as every supported host is).
-// The buffers are element-aligned: views of one pinned allocation at
-// element offsets.
-func u16view(b []byte) []uint16 {
-	if len(b) < 2 {
-		return nil
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2)
-}
-
-func u32view(b []byte) []uint32 {
-	if len(b) < 4 {
-		return nil
-	}
-	return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4)
-}
-
-func f32view(b []byte) []float32 {
-	if len(b) < 4 {
-		return nil
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }

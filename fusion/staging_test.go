@@ -29,9 +29,9 @@ func TestHostStaged(t *testing.T) {
 		wire collective.DType
 		dec  func([]byte, int) float32
 	}{
-		{collective.Float16, func(b []byte, i int) float32 { return half.F16ToF32(u16view(b)[i]) }},
-		{collective.BFloat16, func(b []byte, i int) float32 { return half.BF16ToF32(u16view(b)[i]) }},
-		{collective.Float32, func(b []byte, i int) float32 { return f32view(b)[i] }},
+		{collective.Float16, func(b []byte, i int) float32 { return half.F16ToF32(collective.Uint16s(b)[i]) }},
+		{collective.BFloat16, func(b []byte, i int) float32 { return half.BF16ToF32(collective.Uint16s(b)[i]) }},
+		{collective.Float32, func(b []byte, i int) float32 { return collective.Float32s(b)[i] }},
 	} {
 		for i := range g {
 			g[i] = 1.0/3 + float32(i)*1000.7

@@ -439,11 +439,11 @@ func overRanks(ctx context.Context, c *collective.Communicator, v float64, op co
 func elem(b []byte, i int, dt collective.DType) float32 {
 	switch dt {
 	case collective.Float32:
-		return f32view(b)[i]
+		return collective.Float32s(b)[i]
 	case collective.Float16:
-		return half.F16ToF32(u16view(b)[i])
+		return half.F16ToF32(collective.Uint16s(b)[i])
 	}
-	return half.BF16ToF32(u16view(b)[i])
+	return half.BF16ToF32(collective.Uint16s(b)[i])
 }
 
 // value is rank r's element i: a small integer, so that sums are exact in
@@ -453,17 +453,17 @@ func value(r, i int) float32 { return float32((r*7+i*13)%17 - 8) }
 func fill(b []byte, r int, dt collective.DType) {
 	switch dt {
 	case collective.Float32:
-		f := f32view(b)
+		f := collective.Float32s(b)
 		for i := range f {
 			f[i] = value(r, i)
 		}
 	case collective.Float16:
-		u := u16view(b)
+		u := collective.Uint16s(b)
 		for i := range u {
 			u[i] = half.F32ToF16(value(r, i))
 		}
 	case collective.BFloat16:
-		u := u16view(b)
+		u := collective.Uint16s(b)
 		for i := range u {
 			u[i] = half.F32ToBF16(value(r, i))
 		}
