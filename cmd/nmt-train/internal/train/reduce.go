@@ -27,6 +27,9 @@ type reducer interface {
 	Ready(param int)
 	// BackwardDone marks the end of that backward pass.
 	BackwardDone()
+	// SetScale sets the factor the reduced gradients are multiplied by
+	// (1/loss scale); the overflow check applies to the scaled values.
+	SetScale(f float32)
 	// Wait returns when every gradient has been reduced.
 	Wait() (commStats, error)
 	Close()
@@ -49,10 +52,11 @@ type plainReducer struct {
 	wire  collective.DType
 	start time.Time
 	host  []float32 // the gradients' host copy, off the CPU (nil on it: in place)
+	scale float32   // applied after the reduction (1: none)
 }
 
 func newPlainReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, wire collective.DType) *plainReducer {
-	p := &plainReducer{ctx: ctx, comm: comm, m: m, wire: wire}
+	p := &plainReducer{ctx: ctx, comm: comm, m: m, wire: wire, scale: 1}
 	if !onCPU(m.Backend()) && comm.Size() > 1 {
 		p.host = make([]float32, m.Grads.Len())
 	}
@@ -63,11 +67,18 @@ func (p *plainReducer) Ready(int)     {}
 func (p *plainReducer) BackwardDone() { p.start = time.Now() }
 func (p *plainReducer) Close()        {}
 
+func (p *plainReducer) SetScale(f float32) { p.scale = f }
+
 func (p *plainReducer) Wait() (commStats, error) {
-	if p.comm.Size() == 1 {
-		return commStats{}, nil // nothing to exchange
-	}
 	be := p.m.Backend()
+	if p.comm.Size() == 1 {
+		// nothing to exchange; with a loss scale, unscale and check here
+		if p.scale == 1 {
+			return commStats{}, nil
+		}
+		be.Scale(p.m.Grads, p.scale)
+		return commStats{Overflow: be.HasInfNaN(p.m.Grads)}, nil
+	}
 	g := p.m.Grads.F32
 	if p.host != nil {
 		be.Download(p.host, p.m.Grads)
@@ -81,6 +92,9 @@ func (p *plainReducer) Wait() (commStats, error) {
 	err := p.comm.Allreduce(p.ctx, buf, buf, collective.Float32, collective.Sum, opts...)
 	if err == nil && p.host != nil {
 		be.Upload(p.m.Grads, p.host)
+	}
+	if err == nil && p.scale != 1 {
+		be.Scale(p.m.Grads, p.scale)
 	}
 	d := time.Since(p.start)
 	st := commStats{Comm: d, Exposed: d, Buckets: 1}
@@ -132,9 +146,10 @@ func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *tra
 	return &bucketReducer{b: b}, nil
 }
 
-func (r *bucketReducer) Ready(p int)   { r.b.MarkReady(p) }
-func (r *bucketReducer) BackwardDone() { r.b.BackwardDone() }
-func (r *bucketReducer) Close()        { r.b.Close() }
+func (r *bucketReducer) Ready(p int)        { r.b.MarkReady(p) }
+func (r *bucketReducer) BackwardDone()      { r.b.BackwardDone() }
+func (r *bucketReducer) Close()             { r.b.Close() }
+func (r *bucketReducer) SetScale(f float32) { r.b.SetScale(f) }
 
 func (r *bucketReducer) Wait() (commStats, error) {
 	st, err := r.b.Wait()

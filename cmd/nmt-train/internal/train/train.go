@@ -644,7 +644,11 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	// token counts of the ranks.
 	var raw, lab, cur, total float64
 	if t.lossScaling {
+		// the reducer unscales the gradients and checks them for Inf/NaN
+		// (an fp16 product overflowed under the scale: the step is skipped
+		// and the scale halved)
 		m.LossScale = t.scaler.Scale
+		t.red.SetScale(1 / m.LossScale)
 	}
 	for pass := 0; pass < k; pass++ {
 		last := pass == k-1
@@ -719,12 +723,6 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	cs, err := t.red.Wait()
 	if err != nil {
 		return r, err
-	}
-	if t.lossScaling {
-		// unscale; an Inf or NaN anywhere (an fp16 product overflowed
-		// under the scale) skips the step and halves the scale
-		be.Scale(m.Grads, 1/m.LossScale)
-		cs.Overflow = cs.Overflow || be.HasInfNaN(m.Grads)
 	}
 	r.comm = cs
 	if t.scaler.Update(cs.Overflow) {
