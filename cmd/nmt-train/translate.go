@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/transformer"
 )
@@ -29,7 +30,12 @@ func translateCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 32, Usage: "sentences per decoding batch"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
 		},
-		Action: func(c *cli.Context) error {
+		Action: func(c *cli.Context) (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = cuda.Failure(r)
+				}
+			}()
 			be, _, err := device.Open(c.String("device"))
 			if err != nil {
 				return err

@@ -292,3 +292,18 @@ func compare(t *testing.T, what string, mc, mg *transformer.Model, c, g kernels.
 		}
 	}
 }
+
+// TestFailure: a GPU call's panic becomes an error, any other panic goes on.
+func TestFailure(t *testing.T) {
+	e := fmt.Errorf("%w: 4096 bytes requested", &Error{Call: "cuMemAlloc", Name: "CUDA_ERROR_OUT_OF_MEMORY"})
+	if err := Failure(e); err == nil || !strings.Contains(err.Error(), "GPU: cuda: cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY") {
+		t.Fatalf("Failure(%v) = %v", e, err)
+	}
+	defer func() {
+		if r := recover(); r != "a bug" {
+			t.Fatalf("a non-GPU panic was swallowed or changed: %v", r)
+		}
+	}()
+	Failure("a bug")
+	t.Fatal("Failure returned on a non-GPU panic")
+}

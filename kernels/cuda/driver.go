@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -141,6 +142,21 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("cuda: %s: %s (%s)", e.Call, e.Text, e.Name)
 	}
 	return fmt.Sprintf("cuda: %s: %s", e.Call, e.Name)
+}
+
+// Failure turns the panic of a failed GPU call into an error: the
+// Backend interface has no error results, so a kernel fault or exhausted
+// device memory surfaces as a panic carrying an *Error. A caller that
+// recovers passes the value here to print one line and exit; any other
+// panic is a bug and goes on.
+func Failure(r any) error {
+	if e, ok := r.(error); ok {
+		var ce *Error
+		if errors.As(e, &ce) {
+			return fmt.Errorf("GPU: %w", e)
+		}
+	}
+	panic(r)
 }
 
 // check turns a CUresult into an error naming the call.

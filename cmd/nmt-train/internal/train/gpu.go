@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -113,20 +112,6 @@ func (g *gpuSampler) close() {
 		close(g.stop)
 		<-g.done
 	}
-}
-
-// gpuFailure turns the panic of a failed GPU call (the Backend interface
-// has no error results: a kernel fault or an exhausted device memory
-// surfaces as a panic carrying a *cuda.Error) into an error, so the rank
-// prints one line and the job stops; any other panic is a bug and goes on.
-func gpuFailure(r any) error {
-	if e, ok := r.(error); ok {
-		var ce *cuda.Error
-		if errors.As(e, &ce) {
-			return fmt.Errorf("GPU: %w", e)
-		}
-	}
-	panic(r)
 }
 
 // gpuStats adds every rank's GPU figures of the log interval to vals

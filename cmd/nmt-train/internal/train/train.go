@@ -18,6 +18,7 @@ import (
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/rank"
@@ -113,7 +114,7 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 	t := &Trainer{o: o, id: id, out: out, openDevice: openDevice, resumedFrom: -1}
 	defer func() {
 		if r := recover(); r != nil {
-			err = gpuFailure(r)
+			err = cuda.Failure(r)
 		}
 		if errors.Is(err, errLeaderFailed) {
 			err = ErrReported // rank 0 printed why
