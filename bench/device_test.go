@@ -41,11 +41,13 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 		b.Fatal(err)
 	}
 	prec := os.Getenv("GORUN_BENCH_PRECISION")
-	if mp, ok := be.(kernels.MatmulPrecision); ok {
+	acts := kernels.F32
+	if mp, ok := be.(kernels.MixedPrecision); ok {
 		if prec == "" {
 			prec = "fp16"
 		}
-		mp.SetMatmulPrecision(map[string]kernels.DType{"fp32": kernels.F32, "fp16": kernels.F16, "bf16": kernels.BF16}[prec])
+		acts = map[string]kernels.DType{"fp32": kernels.F32, "fp16": kernels.F16, "bf16": kernels.BF16}[prec]
+		mp.SetMatmulPrecision(acts)
 	} else {
 		prec = "fp32"
 	}
@@ -59,6 +61,7 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	m.Activations = acts
 	if prec == "fp16" {
 		m.LossScale = 1 << 14
 	}

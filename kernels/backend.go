@@ -44,10 +44,17 @@ type AdamArgs struct {
 	LR, Beta1, Beta2, Eps float32
 }
 
-// MatmulPrecision is implemented by backends that can run matrix products
-// with 16-bit inputs (tensor cores) and float32 accumulation and output:
-// SetMatmulPrecision(F16 or BF16) turns that on, F32 off.
-type MatmulPrecision interface {
+// MixedPrecision is implemented by backends that train in mixed
+// precision (the CUDA backend). Their ops take activations in F16 or BF16
+// as well as F32: every tensor argument of an op except parameters (bias,
+// gamma, beta, table, pe, the Adam tensors), parameter gradients (dbias,
+// dgamma, dbeta, dtable), LayerNorm's mean and rstd, and ids, all the
+// activations of one call in one type; their arithmetic is float32, the
+// results rounded to the activations' type. SetMatmulPrecision(F16 or
+// BF16) also rounds float32 inputs of matrix products to that type
+// (tensor cores, float32 accumulation and output; F32 turns it off); a
+// product with a half-precision operand runs in that type regardless.
+type MixedPrecision interface {
 	SetMatmulPrecision(dt DType)
 }
 

@@ -37,13 +37,13 @@ func (m *Model) Backward(hook func(param int)) error {
 	m.gemm(true, false, dlogits, m.decOut.T, 1, g[m.emb])
 	dout := m.scratch(0, Nt, d)
 	m.gemm(false, false, dlogits, w[m.emb], 0, dout)
-	dy := m.dy.shape(be, f32, Nt, d)
+	dy := m.dy.shape(be, m.Activations, Nt, d)
 	be.Zero(dy)
 	be.LayerNormBackward(dy, g[m.decLN.g], g[m.decLN.b], dout, m.decX.T, m.decM.T, m.decR.T, w[m.decLN.g])
 	ready(m.decLN.b, m.decLN.g)
 	m.traced("softmax", "backward", t0)
 
-	dEnc := m.dEnc.shape(be, f32, Ns, d)
+	dEnc := m.dEnc.shape(be, m.Activations, Ns, d)
 	be.Zero(dEnc)
 	encOut := m.encOut.T
 	keyLen := m.srcLen.T
@@ -57,7 +57,7 @@ func (m *Model) Backward(hook func(param int)) error {
 		dctx := m.outBwd(dy, a.ctx2.T, L.cross.o, Nt, decSite(l, 3), ready)
 		dq, dk, dv := m.scratch(2, Nt, d), m.scratch(3, Ns, d), m.scratch(4, Ns, d)
 		args := m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
-		be.AttentionBackward(dq.Reshape(B, T, d), dk.Reshape(B, S, d), dv.Reshape(B, S, d), m.dprobs.shape(be, f32, B, c.Heads, T, S),
+		be.AttentionBackward(dq.Reshape(B, T, d), dk.Reshape(B, S, d), dv.Reshape(B, S, d), m.dprobs.shape(be, m.Activations, B, c.Heads, T, S),
 			dctx.Reshape(B, T, d), a.q2.T.Reshape(B, T, d), a.k2.T.Reshape(B, S, d), a.v2.T.Reshape(B, S, d), a.p2.T, args)
 		m.gemm(true, false, encOut, dv, 1, g[L.cross.v])
 		m.gemm(false, true, dv, w[L.cross.v], 1, dEnc)
@@ -82,7 +82,7 @@ func (m *Model) Backward(hook func(param int)) error {
 	be.EmbeddingBackward(g[m.emb], dy, m.dinIDs.T, m.embMul, PAD)
 
 	// encoder
-	dx := m.dx.shape(be, f32, Ns, d)
+	dx := m.dx.shape(be, m.Activations, Ns, d)
 	be.Zero(dx)
 	be.LayerNormBackward(dx, g[m.encLN.g], g[m.encLN.b], dEnc, m.encX.T, m.encM.T, m.encR.T, w[m.encLN.g])
 	ready(m.encLN.b, m.encLN.g)
@@ -119,7 +119,7 @@ func (m *Model) ffnBwd(dr, x, h, hd kernels.Tensor, N int, L ffnP, reluSite, out
 	be.BiasGrad(g[L.b2], dy2)
 	m.gemm(true, false, hd, dy2, 1, g[L.w2])
 	ready(L.b2, L.w2)
-	dh := m.dh.shape(be, f32, N, c.FFN)
+	dh := m.dh.shape(be, m.Activations, N, c.FFN)
 	m.gemm(false, true, dy2, w[L.w2], 0, dh)
 	if rp := m.drop(c.ReLUDropout); rp > 0 {
 		be.DropoutBackward(dh, dh, rp, m.site(reluSite))
@@ -165,7 +165,7 @@ func (m *Model) selfAttnBwd(dr, x, ctx, q, k, v, probs kernels.Tensor, L attnP, 
 	dctx := m.outBwd(dr, ctx, L.o, N, oSite, ready)
 	dq, dk, dv := m.scratch(2, N, d), m.scratch(3, N, d), m.scratch(4, N, d)
 	args := m.attnArgs(B, S, S, keyLen, causal, wSite)
-	be.AttentionBackward(dq.Reshape(B, S, d), dk.Reshape(B, S, d), dv.Reshape(B, S, d), m.dprobs.shape(be, f32, B, c.Heads, S, S),
+	be.AttentionBackward(dq.Reshape(B, S, d), dk.Reshape(B, S, d), dv.Reshape(B, S, d), m.dprobs.shape(be, m.Activations, B, c.Heads, S, S),
 		dctx.Reshape(B, S, d), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), probs, args)
 	m.gemm(true, false, x, dv, 1, g[L.v])
 	ready(L.v)

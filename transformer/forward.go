@@ -65,7 +65,7 @@ func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
 
 	t0 := m.now()
 	E := m.w[m.emb]
-	logits := m.logits.shape(be, f32, Nt, c.Vocab)
+	logits := m.logits.shape(be, m.Activations, Nt, c.Vocab)
 	m.gemm(false, true, m.decOut.T, E, 0, logits)
 	var dl kernels.Tensor
 	if train {
@@ -129,7 +129,7 @@ func (m *Model) encode(src []int32, B, S int) {
 	ids := m.srcIDs.shape(be, kernels.I32, B, S)
 	be.UploadI32(ids, src)
 	keyLen := m.sourceLengths(src, B, S)
-	x := m.ea[0].x.shape(be, f32, N, d)
+	x := m.ea[0].x.shape(be, m.Activations, N, d)
 	be.Embedding(x, m.w[m.emb], ids, m.embMul, PAD)
 	be.AddPositional(x.Reshape(B, S, d), m.pe, 0)
 	if p := m.drop(c.PostDropout); p > 0 {
@@ -142,25 +142,25 @@ func (m *Model) encode(src []int32, B, S int) {
 		x := a.x.T
 		var out kernels.Tensor
 		if l+1 < len(m.enc) {
-			out = m.ea[l+1].x.shape(be, f32, N, d)
+			out = m.ea[l+1].x.shape(be, m.Activations, N, d)
 		} else {
-			out = m.encX.shape(be, f32, N, d)
+			out = m.encX.shape(be, m.Activations, N, d)
 		}
-		ln1 := a.ln1.shape(be, f32, N, d)
+		ln1 := a.ln1.shape(be, m.Activations, N, d)
 		be.LayerNorm(ln1, a.m1.shape(be, f32, N), a.r1.shape(be, f32, N), x, w[L.ln1.g], w[L.ln1.b], c.LNEps)
-		q, k, v := a.q.shape(be, f32, N, d), a.k.shape(be, f32, N, d), a.v.shape(be, f32, N, d)
+		q, k, v := a.q.shape(be, m.Activations, N, d), a.k.shape(be, m.Activations, N, d), a.v.shape(be, m.Activations, N, d)
 		m.gemm(false, false, ln1, w[L.att.q], 0, q)
 		m.gemm(false, false, ln1, w[L.att.k], 0, k)
 		m.gemm(false, false, ln1, w[L.att.v], 0, v)
-		ctx := a.ctx.shape(be, f32, N, d)
+		ctx := a.ctx.shape(be, m.Activations, N, d)
 		args := m.attnArgs(B, S, S, keyLen, false, encSite(l, 0))
-		be.Attention(ctx.Reshape(B, S, d), a.p.shape(be, f32, B, c.Heads, S, S), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), args)
+		be.Attention(ctx.Reshape(B, S, d), a.p.shape(be, m.Activations, B, c.Heads, S, S), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), args)
 		y := m.scratch(0, N, d)
 		m.gemm(false, false, ctx, w[L.att.o], 0, y)
-		mid := a.mid.shape(be, f32, N, d)
+		mid := a.mid.shape(be, m.Activations, N, d)
 		p := m.drop(c.PostDropout)
 		be.ResidualDropout(mid, x, y, p, m.seedOf(p, encSite(l, 1)))
-		ln2 := a.ln2.shape(be, f32, N, d)
+		ln2 := a.ln2.shape(be, m.Activations, N, d)
 		be.LayerNorm(ln2, a.m2.shape(be, f32, N), a.r2.shape(be, f32, N), mid, w[L.ln2.g], w[L.ln2.b], c.LNEps)
 		hd := m.ffnFwd(&a.h, &a.hd, ln2, N, F, L.ffn, encSite(l, 2))
 		y2 := m.scratch(0, N, d)
@@ -169,14 +169,14 @@ func (m *Model) encode(src []int32, B, S int) {
 		be.ResidualDropout(out, mid, y2, p, m.seedOf(p, encSite(l, 3)))
 		m.traced(m.encNames[l], "forward", t0)
 	}
-	be.LayerNorm(m.encOut.shape(be, f32, N, d), m.encM.shape(be, f32, N), m.encR.shape(be, f32, N), m.encX.T, w[m.encLN.g], w[m.encLN.b], c.LNEps)
+	be.LayerNorm(m.encOut.shape(be, m.Activations, N, d), m.encM.shape(be, f32, N), m.encR.shape(be, f32, N), m.encX.T, w[m.encLN.g], w[m.encLN.b], c.LNEps)
 }
 
 // ffnFwd computes relu(x W1 + b1) into h and its dropout into hd (hd is h
 // itself when dropout is off) and returns hd.
 func (m *Model) ffnFwd(h, hd *slot, x kernels.Tensor, N, F int, L ffnP, site int) kernels.Tensor {
 	be := m.be
-	ht := h.shape(be, f32, N, F)
+	ht := h.shape(be, m.Activations, N, F)
 	m.gemm(false, false, x, m.w[L.w1], 0, ht)
 	be.BiasReLU(ht, m.w[L.b1])
 	p := m.drop(m.Cfg.ReLUDropout)
@@ -184,14 +184,14 @@ func (m *Model) ffnFwd(h, hd *slot, x kernels.Tensor, N, F int, L ffnP, site int
 		hd.T = ht
 		return ht
 	}
-	t := hd.shape(be, f32, N, F)
+	t := hd.shape(be, m.Activations, N, F)
 	be.Dropout(t, ht, p, m.site(site))
 	return t
 }
 
 // scratch returns view i of the model's scratch buffers.
 func (m *Model) scratch(i int, dims ...int) kernels.Tensor {
-	return m.scr[i].shape(m.be, f32, dims...)
+	return m.scr[i].shape(m.be, m.Activations, dims...)
 }
 
 // decodeTrain runs the decoder over the whole (teacher-forced) target.
@@ -201,7 +201,7 @@ func (m *Model) decodeTrain(B, S, T int) {
 	Nt, Ns := B*T, B*S
 	w := m.w
 	keyLen := m.srcLen.T
-	x := m.da[0].x.shape(be, f32, Nt, d)
+	x := m.da[0].x.shape(be, m.Activations, Nt, d)
 	be.Embedding(x, w[m.emb], m.dinIDs.T, m.embMul, PAD)
 	be.AddPositional(x.Reshape(B, T, d), m.pe, 0)
 	if p := m.drop(c.PostDropout); p > 0 {
@@ -214,41 +214,41 @@ func (m *Model) decodeTrain(B, S, T int) {
 		x := a.x.T
 		var out kernels.Tensor
 		if l+1 < len(m.dec) {
-			out = m.da[l+1].x.shape(be, f32, Nt, d)
+			out = m.da[l+1].x.shape(be, m.Activations, Nt, d)
 		} else {
-			out = m.decX.shape(be, f32, Nt, d)
+			out = m.decX.shape(be, m.Activations, Nt, d)
 		}
 		p := m.drop(c.PostDropout)
 		// masked self-attention
-		ln1 := a.ln1.shape(be, f32, Nt, d)
+		ln1 := a.ln1.shape(be, m.Activations, Nt, d)
 		be.LayerNorm(ln1, a.m1.shape(be, f32, Nt), a.r1.shape(be, f32, Nt), x, w[L.ln1.g], w[L.ln1.b], c.LNEps)
-		q, k, v := a.q.shape(be, f32, Nt, d), a.k.shape(be, f32, Nt, d), a.v.shape(be, f32, Nt, d)
+		q, k, v := a.q.shape(be, m.Activations, Nt, d), a.k.shape(be, m.Activations, Nt, d), a.v.shape(be, m.Activations, Nt, d)
 		m.gemm(false, false, ln1, w[L.self.q], 0, q)
 		m.gemm(false, false, ln1, w[L.self.k], 0, k)
 		m.gemm(false, false, ln1, w[L.self.v], 0, v)
-		ctx := a.ctx.shape(be, f32, Nt, d)
+		ctx := a.ctx.shape(be, m.Activations, Nt, d)
 		args := m.attnArgs(B, T, T, kernels.Tensor{}, true, decSite(l, 0))
-		be.Attention(ctx.Reshape(B, T, d), a.p1.shape(be, f32, B, c.Heads, T, T), q.Reshape(B, T, d), k.Reshape(B, T, d), v.Reshape(B, T, d), args)
+		be.Attention(ctx.Reshape(B, T, d), a.p1.shape(be, m.Activations, B, c.Heads, T, T), q.Reshape(B, T, d), k.Reshape(B, T, d), v.Reshape(B, T, d), args)
 		y := m.scratch(0, Nt, d)
 		m.gemm(false, false, ctx, w[L.self.o], 0, y)
-		mid1 := a.mid1.shape(be, f32, Nt, d)
+		mid1 := a.mid1.shape(be, m.Activations, Nt, d)
 		be.ResidualDropout(mid1, x, y, p, m.seedOf(p, decSite(l, 1)))
 		// encoder-decoder attention
-		ln2 := a.ln2.shape(be, f32, Nt, d)
+		ln2 := a.ln2.shape(be, m.Activations, Nt, d)
 		be.LayerNorm(ln2, a.m2.shape(be, f32, Nt), a.r2.shape(be, f32, Nt), mid1, w[L.ln2.g], w[L.ln2.b], c.LNEps)
-		q2, k2, v2 := a.q2.shape(be, f32, Nt, d), a.k2.shape(be, f32, Ns, d), a.v2.shape(be, f32, Ns, d)
+		q2, k2, v2 := a.q2.shape(be, m.Activations, Nt, d), a.k2.shape(be, m.Activations, Ns, d), a.v2.shape(be, m.Activations, Ns, d)
 		m.gemm(false, false, ln2, w[L.cross.q], 0, q2)
 		m.gemm(false, false, encOut, w[L.cross.k], 0, k2)
 		m.gemm(false, false, encOut, w[L.cross.v], 0, v2)
-		ctx2 := a.ctx2.shape(be, f32, Nt, d)
+		ctx2 := a.ctx2.shape(be, m.Activations, Nt, d)
 		args = m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
-		be.Attention(ctx2.Reshape(B, T, d), a.p2.shape(be, f32, B, c.Heads, T, S), q2.Reshape(B, T, d), k2.Reshape(B, S, d), v2.Reshape(B, S, d), args)
+		be.Attention(ctx2.Reshape(B, T, d), a.p2.shape(be, m.Activations, B, c.Heads, T, S), q2.Reshape(B, T, d), k2.Reshape(B, S, d), v2.Reshape(B, S, d), args)
 		y = m.scratch(0, Nt, d)
 		m.gemm(false, false, ctx2, w[L.cross.o], 0, y)
-		mid2 := a.mid2.shape(be, f32, Nt, d)
+		mid2 := a.mid2.shape(be, m.Activations, Nt, d)
 		be.ResidualDropout(mid2, mid1, y, p, m.seedOf(p, decSite(l, 3)))
 		// feed-forward
-		ln3 := a.ln3.shape(be, f32, Nt, d)
+		ln3 := a.ln3.shape(be, m.Activations, Nt, d)
 		be.LayerNorm(ln3, a.m3.shape(be, f32, Nt), a.r3.shape(be, f32, Nt), mid2, w[L.ln3.g], w[L.ln3.b], c.LNEps)
 		hd := m.ffnFwd(&a.h, &a.hd, ln3, Nt, F, L.ffn, decSite(l, 4))
 		y2 := m.scratch(0, Nt, d)
@@ -257,5 +257,5 @@ func (m *Model) decodeTrain(B, S, T int) {
 		be.ResidualDropout(out, mid2, y2, p, m.seedOf(p, decSite(l, 5)))
 		m.traced(m.decNames[l], "forward", t0)
 	}
-	be.LayerNorm(m.decOut.shape(be, f32, Nt, d), m.decM.shape(be, f32, Nt), m.decR.shape(be, f32, Nt), m.decX.T, w[m.decLN.g], w[m.decLN.b], c.LNEps)
+	be.LayerNorm(m.decOut.shape(be, m.Activations, Nt, d), m.decM.shape(be, f32, Nt), m.decR.shape(be, f32, Nt), m.decX.T, w[m.decLN.g], w[m.decLN.b], c.LNEps)
 }

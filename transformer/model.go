@@ -128,6 +128,13 @@ type Model struct {
 	// (mixed-precision loss scaling): the gradients come out scaled by it,
 	// and the caller divides them back before the optimizer.
 	LossScale float32
+	// Activations is the type of the training activations: F32 (the
+	// zero value), or F16 or BF16 for mixed precision on a backend whose
+	// ops take them (kernels.MixedPrecision: the CUDA backend). Weights,
+	// gradients, optimizer state and LayerNorm's statistics stay float32;
+	// decoding (Translate) computes in float32 after the encoder. Set it
+	// before a Forward; the activation buffers follow it.
+	Activations kernels.DType
 	// Seed and DropoutStep determine the dropout masks: the masks of a
 	// training forward pass depend on (Seed, DropoutStep) only, and
 	// DropoutStep is incremented by each training forward pass.

@@ -433,7 +433,7 @@ func TestCUDAEmulatorParity(t *testing.T) {
 			}
 		}
 	}
-	// fp16 matrix products with dynamic loss scaling: the same curve to
+	// fp16 activations and matrix products with dynamic loss scaling: the same curve to
 	// fp16's rounding, and the scale (2^14, no overflow yet) recorded
 	got := run(1, "cuda", "fp16")
 	for s, want := range ref {

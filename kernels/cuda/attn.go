@@ -15,14 +15,14 @@ type attnScratch struct {
 	qh, kh, vh, oh, pd, dqh, dkh, dvh kernels.Tensor
 }
 
-// buf returns a scratch tensor of n floats in *t, reallocating it when
-// too small.
-func (b *Backend) buf(t *kernels.Tensor, n int) kernels.Tensor {
-	if t.Len() < n || t.Rank == 0 {
+// buf returns a scratch tensor of n elements of type dt in *t,
+// reallocating it when too small or of another type.
+func (b *Backend) buf(t *kernels.Tensor, dt kernels.DType, n int) kernels.Tensor {
+	if t.Len() < n || t.Rank == 0 || t.DType != dt {
 		if t.Rank > 0 {
 			b.Free(*t)
 		}
-		*t = b.Alloc(kernels.F32, n+n/4+1)
+		*t = b.Alloc(dt, n+n/4+1)
 	}
 	return t.Slice(0, n)
 }
@@ -36,11 +36,11 @@ func checkAttn(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) int {
 }
 
 func (b *Backend) split(dst kernels.Tensor, src kernels.Tensor, B, S, H, Dh, srcS int) {
-	b.kern(kSplitHeads).ptr(dst.Ptr).ptr(b.dev32(src, "attention input")).i32(B).i32(S).i32(H).i32(Dh).i32(srcS).flat(B * H * S * Dh)
+	b.kern(kSplitHeads.of(src.DType)).ptr(b.devA(dst, src.DType, "heads")).ptr(b.devA(src, src.DType, "attention input")).i32(B).i32(S).i32(H).i32(Dh).i32(srcS).flat(B * H * S * Dh)
 }
 
 func (b *Backend) merge(dst kernels.Tensor, src kernels.Tensor, B, S, H, Dh, dstS int) {
-	b.kern(kMergeHeads).ptr(b.dev32(dst, "attention output")).ptr(src.Ptr).i32(B).i32(S).i32(H).i32(Dh).i32(dstS).flat(B * H * S * Dh)
+	b.kern(kMergeHeads.of(src.DType)).ptr(b.devA(dst, src.DType, "attention output")).ptr(b.devA(src, src.DType, "heads")).i32(B).i32(S).i32(H).i32(Dh).i32(dstS).flat(B * H * S * Dh)
 }
 
 // bgemm is one strided-batched product over the B*H heads of row-major
@@ -62,7 +62,8 @@ func (b *Backend) bgemm(transA, transB bool, m, n, k int, alpha float32, a, bm, 
 func (b *Backend) heads(q, k, v kernels.Tensor, a kernels.AttnArgs, skCap int) (qh, kh, vh kernels.Tensor) {
 	s := &b.attn
 	BH := a.B * a.H
-	qh, kh, vh = b.buf(&s.qh, BH*a.Sq*a.Dh), b.buf(&s.kh, BH*a.Sk*a.Dh), b.buf(&s.vh, BH*a.Sk*a.Dh)
+	dt := q.DType
+	qh, kh, vh = b.buf(&s.qh, dt, BH*a.Sq*a.Dh), b.buf(&s.kh, dt, BH*a.Sk*a.Dh), b.buf(&s.vh, dt, BH*a.Sk*a.Dh)
 	b.split(qh, q, a.B, a.Sq, a.H, a.Dh, a.Sq)
 	b.split(kh, k, a.B, a.Sk, a.H, a.Dh, skCap)
 	b.split(vh, v, a.B, a.Sk, a.H, a.Dh, skCap)
@@ -86,16 +87,18 @@ func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs
 	}
 	s := &b.attn
 	qh, kh, vh := b.heads(q, k, v, a, skCap)
+	dt := q.DType
 	P := probs
-	b.dev32(P, "probs")
+	b.devA(P, dt, "probs")
+	b.devA(o, dt, "o")
 	b.bgemm(false, true, Sq, Sk, Dh, a.Scale, qh, kh, P, BH)
-	b.kern(kAttnSoftmax).ptr(P.Ptr).ptr(b.keyLen(a)).i32(B).i32(H).i32(Sq).i32(Sk).i32(boolInt(a.Causal)).rows(BH*Sq, Sk)
+	b.kern(kAttnSoftmax.of(dt)).ptr(P.Ptr).ptr(b.keyLen(a)).i32(B).i32(H).i32(Sq).i32(Sk).i32(boolInt(a.Causal)).rows(BH*Sq, Sk)
 	pd := P
 	if a.Dropout > 0 {
-		pd = b.buf(&s.pd, P.Len())
-		b.dropout(pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
+		pd = b.buf(&s.pd, dt, P.Len())
+		b.dropout(dt, pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
 	}
-	oh := b.buf(&s.oh, BH*Sq*Dh)
+	oh := b.buf(&s.oh, dt, BH*Sq*Dh)
 	b.bgemm(false, false, Sq, Dh, Sk, 1, pd, vh, oh, BH)
 	b.merge(o, oh, B, Sq, H, Dh, Sq)
 }
@@ -114,24 +117,25 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kerne
 	}
 	s := &b.attn
 	qh, kh, vh := b.heads(q, k, v, a, skCap)
-	doh := b.buf(&s.oh, BH*Sq*Dh)
+	dt := q.DType
+	doh := b.buf(&s.oh, dt, BH*Sq*Dh)
 	b.split(doh, do, B, Sq, H, Dh, Sq)
 	P, dP := probs, dprobs
-	b.dev32(P, "probs")
-	b.dev32(dP, "dprobs")
+	b.devA(P, dt, "probs")
+	b.devA(dP, dt, "dprobs")
 	pd := P
 	if a.Dropout > 0 {
-		pd = b.buf(&s.pd, P.Len())
-		b.dropout(pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
+		pd = b.buf(&s.pd, dt, P.Len())
+		b.dropout(dt, pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
 	}
-	dqh, dkh, dvh := b.buf(&s.dqh, BH*Sq*Dh), b.buf(&s.dkh, BH*Sk*Dh), b.buf(&s.dvh, BH*Sk*Dh)
+	dqh, dkh, dvh := b.buf(&s.dqh, dt, BH*Sq*Dh), b.buf(&s.dkh, dt, BH*Sk*Dh), b.buf(&s.dvh, dt, BH*Sk*Dh)
 	// dPd = dO V^T; dV = Pd^T dO
 	b.bgemm(false, true, Sq, Sk, Dh, 1, doh, vh, dP, BH)
 	b.bgemm(true, false, Sk, Dh, Sq, 1, pd, doh, dvh, BH)
 	if a.Dropout > 0 {
-		b.dropout(dP.Ptr, 0, dP.Ptr, dP.Len(), a.Dropout, a.Seed)
+		b.dropout(dt, dP.Ptr, 0, dP.Ptr, dP.Len(), a.Dropout, a.Seed)
 	}
-	b.kern(kAttnSoftmaxBwd).ptr(dP.Ptr).ptr(P.Ptr).i32(BH*Sq).i32(Sk).rows(BH*Sq, Sk)
+	b.kern(kAttnSoftmaxBwd.of(dt)).ptr(dP.Ptr).ptr(P.Ptr).i32(BH*Sq).i32(Sk).rows(BH*Sq, Sk)
 	// dQ = scale dS K; dK = scale dS^T Q
 	b.bgemm(false, false, Sq, Dh, Sk, a.Scale, dP, kh, dqh, BH)
 	b.bgemm(true, false, Sk, Dh, Sq, a.Scale, dP, qh, dkh, BH)

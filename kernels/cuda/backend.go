@@ -35,10 +35,10 @@ type Backend struct {
 	// TF32 lets float32 GEMMs use TF32 tensor cores (about 3e-4
 	// relative error instead of 1e-6): PyTorch's allow_tf32.
 	TF32 bool
-	// Precision is the type GEMM inputs are rounded to: F32 (none), F16
-	// or BF16 (tensor cores, float32 accumulation and output, like
-	// PyTorch's autocast for matrix products). Everything else, the
-	// activations in memory included, stays float32.
+	// Precision is the type float32 GEMM inputs are rounded to: F32
+	// (none), F16 or BF16 (tensor cores, float32 accumulation, like
+	// PyTorch's autocast for matrix products). Activations given in F16 or
+	// BF16 go to the tensor cores as they are, whatever Precision says.
 	Precision kernels.DType
 
 	drv    *driver
@@ -228,6 +228,18 @@ func (b *Backend) dev32(t kernels.Tensor, what string) uintptr {
 	return t.Ptr
 }
 
+// devA returns the device pointer of an activation tensor: F32, F16 or
+// BF16, and of the type dt (an op's activations share one type).
+func (b *Backend) devA(t kernels.Tensor, dt kernels.DType, what string) uintptr {
+	if t.Dev.Kind != kernels.CUDA || (t.Ptr == 0 && t.Len() > 0) {
+		panic(fmt.Sprintf("cuda: %s must be a tensor on the GPU, got %v", what, t))
+	}
+	if t.DType != dt || (dt != kernels.F32 && dt != kernels.F16 && dt != kernels.BF16) {
+		panic(fmt.Sprintf("cuda: %s must be %v (F32, F16 or BF16, the type of the op's activations), got %v", what, dt, t))
+	}
+	return t.Ptr
+}
+
 func (b *Backend) devI32(t kernels.Tensor, what string) uintptr {
 	if t.Dev.Kind != kernels.CUDA || t.DType != kernels.I32 || (t.Ptr == 0 && t.Len() > 0) {
 		panic(fmt.Sprintf("cuda: %s must be an I32 tensor on the GPU, got %v", what, t))
@@ -380,21 +392,44 @@ func (b *Backend) Gemm(transA, transB bool, alpha float32, a, bt kernels.Tensor,
 }
 
 func (b *Backend) gemm(g *gemmCall) {
-	if p := b.Precision; p == kernels.F16 || p == kernels.BF16 {
-		g.a = b.rounded(0, g.a, p)
-		g.b = b.rounded(1, g.b, p)
+	if h := b.gemmType(g); h != kernels.F32 {
+		g.a = b.rounded(0, g.a, h)
+		g.b = b.rounded(1, g.b, h)
 	}
 	if err := b.blas.run(g, b.TF32, b.gemmSc); err != nil {
 		panic(err)
 	}
 }
 
-// SetMatmulPrecision implements kernels.MatmulPrecision.
+// gemmType is the type a product's inputs go to cuBLAS in: that of its
+// half-precision operands (activations in F16 or BF16), else Precision.
+// Float32 inputs are rounded to it; the output keeps its own type.
+func (b *Backend) gemmType(g *gemmCall) kernels.DType {
+	h := kernels.F32
+	for _, t := range [3]kernels.Tensor{g.a, g.b, g.c} {
+		switch t.DType {
+		case kernels.F32:
+		case kernels.F16, kernels.BF16:
+			if h != kernels.F32 && h != t.DType {
+				panic(fmt.Sprintf("cuda: Gemm mixes %v and %v operands", h, t.DType))
+			}
+			h = t.DType
+		default:
+			panic(fmt.Sprintf("cuda: Gemm of %v", t))
+		}
+	}
+	if h == kernels.F32 && (b.Precision == kernels.F16 || b.Precision == kernels.BF16) {
+		h = b.Precision
+	}
+	return h
+}
+
+// SetMatmulPrecision implements kernels.MixedPrecision.
 func (b *Backend) SetMatmulPrecision(dt kernels.DType) { b.Precision = dt }
 
-var _ kernels.MatmulPrecision = (*Backend)(nil)
+var _ kernels.MixedPrecision = (*Backend)(nil)
 
-// rounded casts a GEMM operand into half-precision scratch slot i.
+// rounded casts a float32 GEMM operand into half-precision scratch slot i.
 func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tensor {
 	if t.DType != kernels.F32 {
 		return t
@@ -416,32 +451,33 @@ func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tens
 // AddBias implements kernels.Backend.
 func (b *Backend) AddBias(x, bias kernels.Tensor) {
 	d := bias.Len()
-	b.kern(kAddBias).ptr(b.dev32(x, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
+	b.kern(kAddBias.of(x.DType)).ptr(b.devA(x, x.DType, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
 }
 
 // BiasGrad implements kernels.Backend.
 func (b *Backend) BiasGrad(dbias, dy kernels.Tensor) {
 	d := dbias.Len()
-	b.kern(kBiasGrad).ptr(b.dev32(dbias, "dbias")).ptr(b.dev32(dy, "dy")).i32(dy.Len() / d).i32(d).cols(d)
+	b.kern(kBiasGrad.of(dy.DType)).ptr(b.dev32(dbias, "dbias")).ptr(b.devA(dy, dy.DType, "dy")).i32(dy.Len() / d).i32(d).cols(d)
 }
 
 // BiasReLU implements kernels.Backend.
 func (b *Backend) BiasReLU(x, bias kernels.Tensor) {
 	d := bias.Len()
-	b.kern(kBiasReLU).ptr(b.dev32(x, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
+	b.kern(kBiasReLU.of(x.DType)).ptr(b.devA(x, x.DType, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
 }
 
 // ReLUBackward implements kernels.Backend.
 func (b *Backend) ReLUBackward(dx, y kernels.Tensor) {
 	sameLen(dx, y, "ReLUBackward")
-	b.kern(kReLUBwd).ptr(b.dev32(dx, "dx")).ptr(b.dev32(y, "y")).i64(dx.Len()).flat(dx.Len())
+	b.kern(kReLUBwd.of(dx.DType)).ptr(b.devA(dx, dx.DType, "dx")).ptr(b.devA(y, dx.DType, "y")).i64(dx.Len()).flat(dx.Len())
 }
 
 // LayerNorm implements kernels.Backend.
 func (b *Backend) LayerNorm(y, mean, rstd, x, gamma, beta kernels.Tensor, eps float32) {
 	d := gamma.Len()
 	rows := x.Len() / d
-	b.kern(kLayerNorm).ptr(b.dev32(y, "y")).ptr(b.dev32(mean, "mean")).ptr(b.dev32(rstd, "rstd")).ptr(b.dev32(x, "x")).
+	dt := x.DType
+	b.kern(kLayerNorm.of(dt)).ptr(b.devA(y, dt, "y")).ptr(b.dev32(mean, "mean")).ptr(b.dev32(rstd, "rstd")).ptr(b.devA(x, dt, "x")).
 		ptr(b.dev32(gamma, "gamma")).ptr(b.dev32(beta, "beta")).i32(rows).i32(d).f32(eps).rows(rows, d)
 }
 
@@ -449,9 +485,10 @@ func (b *Backend) LayerNorm(y, mean, rstd, x, gamma, beta kernels.Tensor, eps fl
 func (b *Backend) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma kernels.Tensor) {
 	d := gamma.Len()
 	rows := x.Len() / d
-	b.kern(kLayerNormBwd).ptr(b.dev32(dx, "dx")).ptr(b.dev32(dy, "dy")).ptr(b.dev32(x, "x")).ptr(b.dev32(mean, "mean")).
+	dt := x.DType
+	b.kern(kLayerNormBwd.of(dt)).ptr(b.devA(dx, dt, "dx")).ptr(b.devA(dy, dt, "dy")).ptr(b.devA(x, dt, "x")).ptr(b.dev32(mean, "mean")).
 		ptr(b.dev32(rstd, "rstd")).ptr(b.dev32(gamma, "gamma")).i32(rows).i32(d).rows(rows, d)
-	b.kern(kLayerNormParams).ptr(b.dev32(dgamma, "dgamma")).ptr(b.dev32(dbeta, "dbeta")).ptr(dy.Ptr).ptr(x.Ptr).
+	b.kern(kLayerNormParams.of(dt)).ptr(b.dev32(dgamma, "dgamma")).ptr(b.dev32(dbeta, "dbeta")).ptr(dy.Ptr).ptr(x.Ptr).
 		ptr(mean.Ptr).ptr(rstd.Ptr).i32(rows).i32(d).cols(d)
 }
 
@@ -461,13 +498,14 @@ func (b *Backend) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma 
 func dropThresh(p float32) uint32 { return uint32(uint16(math.Round(float64(p) * 65536))) }
 func dropScale(p float32) float32 { return 1 / (1 - p) }
 
-// dropout queues y = res + dropout(x); res 0 means none.
-func (b *Backend) dropout(y, res, x uintptr, n int, p float32, seed uint64) {
+// dropout queues y = res + dropout(x) on activations of type dt; res 0
+// means none.
+func (b *Backend) dropout(dt kernels.DType, y, res, x uintptr, n int, p float32, seed uint64) {
 	th, sc := uint32(0), float32(1)
 	if p > 0 {
 		th, sc = dropThresh(p), dropScale(p)
 	}
-	b.kern(kDropout).ptr(y).ptr(res).ptr(x).i64(n).u64(seed).u32(th).f32(sc).flat(n)
+	b.kern(kDropout.of(dt)).ptr(y).ptr(res).ptr(x).i64(n).u64(seed).u32(th).f32(sc).flat(n)
 }
 
 // Dropout implements kernels.Backend.
@@ -477,7 +515,7 @@ func (b *Backend) Dropout(y, x kernels.Tensor, p float32, seed uint64) {
 		b.Copy(y, x)
 		return
 	}
-	b.dropout(b.dev32(y, "y"), 0, b.dev32(x, "x"), y.Len(), p, seed)
+	b.dropout(x.DType, b.devA(y, x.DType, "y"), 0, b.devA(x, x.DType, "x"), y.Len(), p, seed)
 }
 
 // DropoutBackward implements kernels.Backend.
@@ -489,7 +527,8 @@ func (b *Backend) DropoutBackward(dx, dy kernels.Tensor, p float32, seed uint64)
 func (b *Backend) ResidualDropout(out, res, y kernels.Tensor, p float32, seed uint64) {
 	sameLen(out, y, "ResidualDropout")
 	sameLen(res, y, "ResidualDropout")
-	b.dropout(b.dev32(out, "out"), b.dev32(res, "res"), b.dev32(y, "y"), y.Len(), p, seed)
+	dt := y.DType
+	b.dropout(dt, b.devA(out, dt, "out"), b.devA(res, dt, "res"), b.devA(y, dt, "y"), y.Len(), p, seed)
 }
 
 // Embedding implements kernels.Backend. Ids outside the vocabulary give
@@ -497,7 +536,7 @@ func (b *Backend) ResidualDropout(out, res, y kernels.Tensor, p float32, seed ui
 func (b *Backend) Embedding(out, table, ids kernels.Tensor, scale float32, padID int32) {
 	d := table.Cols()
 	n := ids.Len()
-	b.kern(kEmbedding).ptr(b.dev32(out, "out")).ptr(b.dev32(table, "table")).ptr(b.devI32(ids, "ids")).
+	b.kern(kEmbedding.of(out.DType)).ptr(b.devA(out, out.DType, "out")).ptr(b.dev32(table, "table")).ptr(b.devI32(ids, "ids")).
 		i32(n).i32(d).i32(table.Rows()).f32(scale).i32(int(padID)).flat(n * d)
 }
 
@@ -506,7 +545,7 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor, scale float32, padID
 func (b *Backend) EmbeddingBackward(dtable, dout, ids kernels.Tensor, scale float32, padID int32) {
 	d := dtable.Cols()
 	n := ids.Len()
-	b.kern(kEmbeddingBwd).ptr(b.dev32(dtable, "dtable")).ptr(b.dev32(dout, "dout")).ptr(b.devI32(ids, "ids")).
+	b.kern(kEmbeddingBwd.of(dout.DType)).ptr(b.dev32(dtable, "dtable")).ptr(b.devA(dout, dout.DType, "dout")).ptr(b.devI32(ids, "ids")).
 		i32(n).i32(d).f32(scale).i32(int(padID)).flat(n * d)
 }
 
@@ -517,7 +556,7 @@ func (b *Backend) AddPositional(x, pe kernels.Tensor, t0 int) {
 	if t0+T > pe.Dims[0] {
 		panic(fmt.Sprintf("cuda: AddPositional positions %d..%d of a table of %d", t0, t0+T, pe.Dims[0]))
 	}
-	b.kern(kAddPos).ptr(b.dev32(x, "x")).ptr(b.dev32(pe, "pe")).i64(rows).i32(T).i32(d).i32(t0).flat(x.Len())
+	b.kern(kAddPos.of(x.DType)).ptr(b.devA(x, x.DType, "x")).ptr(b.dev32(pe, "pe")).i64(rows).i32(T).i32(d).i32(t0).flat(x.Len())
 }
 
 // LogSoftmax implements kernels.Backend.
@@ -525,7 +564,7 @@ func (b *Backend) LogSoftmax(out, x kernels.Tensor) {
 	sameLen(out, x, "LogSoftmax")
 	V := x.Cols()
 	N := x.Len() / V
-	b.kern(kLogSoftmax).ptr(b.dev32(out, "out")).ptr(b.dev32(x, "x")).i32(N).i32(V).rows(N, V)
+	b.kern(kLogSoftmax.of(x.DType)).ptr(b.devA(out, x.DType, "out")).ptr(b.devA(x, x.DType, "x")).i32(N).i32(V).rows(N, V)
 }
 
 // CrossEntropy implements kernels.Backend. It waits for the GPU to read
@@ -539,10 +578,10 @@ func (b *Backend) CrossEntropy(dlogits, logits, targets kernels.Tensor, ls float
 	var dl uintptr
 	if dlogits.Len() > 0 {
 		sameLen(dlogits, logits, "CrossEntropy")
-		dl = b.dev32(dlogits, "dlogits")
+		dl = b.devA(dlogits, logits.DType, "dlogits")
 	}
 	b.memset(b.redBuf, 16)
-	b.kern(kXent).ptr(dl).ptr(b.dev32(logits, "logits")).ptr(b.devI32(targets, "targets")).ptr(b.redBuf).
+	b.kern(kXent.of(logits.DType)).ptr(dl).ptr(b.devA(logits, logits.DType, "logits")).ptr(b.devI32(targets, "targets")).ptr(b.redBuf).
 		i32(N).i32(V).f32(ls).i32(int(padID)).f32(gradScale).rows(N, V)
 	b.readReduction()
 	return math.Float64frombits(b.redOut[0]), int(math.Float64frombits(b.redOut[1]))
@@ -576,7 +615,7 @@ func (b *Backend) GatherRows(dst, src, idx kernels.Tensor, cols int) {
 	if cols > rl || cols > dl || n > dst.Dims[0] {
 		panic(fmt.Sprintf("cuda: GatherRows %v <- %v cols %d", dst, src, cols))
 	}
-	b.kern(kGatherRows).ptr(b.dev32(dst, "dst")).ptr(b.dev32(src, "src")).ptr(b.devI32(idx, "idx")).
+	b.kern(kGatherRows.of(src.DType)).ptr(b.devA(dst, src.DType, "dst")).ptr(b.devA(src, src.DType, "src")).ptr(b.devI32(idx, "idx")).
 		i32(n).i32(cols).i64(rl).i64(dl).flat(n * cols)
 }
 
@@ -586,7 +625,7 @@ func (b *Backend) WriteStep(cache, x kernels.Tensor, t int) {
 	if t < 0 || t >= Tc || x.Len() != R*D {
 		panic(fmt.Sprintf("cuda: WriteStep %v <- %v at %d", cache, x, t))
 	}
-	b.kern(kWriteStep).ptr(b.dev32(cache, "cache")).ptr(b.dev32(x, "x")).i32(R).i32(Tc).i32(D).i32(t).flat(R * D)
+	b.kern(kWriteStep.of(x.DType)).ptr(b.devA(cache, x.DType, "cache")).ptr(b.devA(x, x.DType, "x")).i32(R).i32(Tc).i32(D).i32(t).flat(R * D)
 }
 
 // callRet calls a C function and returns its first result (pointer

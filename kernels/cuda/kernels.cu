@@ -248,7 +248,25 @@ extern "C" __global__ void gr_sumsq_f32(double* out, const float* __restrict__ x
     }
 }
 
-extern "C" __global__ void gr_add_bias_f32(float* x, const float* __restrict__ bias, long long rows, int d) {
+// ---------------------------------------------------------------------------
+// Activations. The kernels below are templates over the type A of the
+// activations they read and write: float, __half or __nv_bfloat16 (mixed
+// precision). Parameters, their gradients, LayerNorm's mean and rstd stay
+// float, and all arithmetic is in float: ld converts an element to float,
+// st rounds a float to the element's type (to nearest even). Each is
+// instantiated three times at the end of the file, as gr_<op>_f32,
+// gr_<op>_f16 and gr_<op>_bf16.
+
+static __device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+static __device__ __forceinline__ float ld(const __half* p, long long i) { return __half2float(p[i]); }
+static __device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) { return __bfloat162float(p[i]); }
+static __device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+static __device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half_rn(v); }
+static __device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// x[r,j] += bias[j] (flat).
+template <typename A>
+static __device__ __forceinline__ void add_bias(A* x, const float* __restrict__ bias, long long rows, int d) {
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -258,7 +276,7 @@ extern "C" __global__ void gr_add_bias_f32(float* x, const float* __restrict__ b
     RowCol w;
     rc_init(w, i, stride, d);
     for (; i < n; i += stride) {
-        x[i] += bias[w.c];
+        st(x, i, ld(x, i) + bias[w.c]);
         rc_next(w);
     }
 }
@@ -268,7 +286,8 @@ static __device__ __forceinline__ float relu(float v) {
     return (v > 0.0f || v != v) ? v : 0.0f;
 }
 
-extern "C" __global__ void gr_bias_relu_f32(float* x, const float* __restrict__ bias, long long rows, int d) {
+template <typename A>
+static __device__ __forceinline__ void bias_relu(A* x, const float* __restrict__ bias, long long rows, int d) {
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -278,44 +297,46 @@ extern "C" __global__ void gr_bias_relu_f32(float* x, const float* __restrict__ 
     RowCol w;
     rc_init(w, i, stride, d);
     for (; i < n; i += stride) {
-        x[i] = relu(x[i] + bias[w.c]);
+        st(x, i, relu(ld(x, i) + bias[w.c]));
         rc_next(w);
     }
 }
 
 // dx = 0 where y == 0 (either sign); dx is read only where it stays.
-extern "C" __global__ void gr_relu_bwd_f32(float* dx, const float* y, long long n) {
+template <typename A>
+static __device__ __forceinline__ void relu_bwd(A* dx, const A* y, long long n) {
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
-        if (y[i] == 0.0f) {
-            dx[i] = 0.0f;
+        if (ld(y, i) == 0.0f) {
+            st(dx, i, 0.0f);
         }
     }
 }
 
-// ---------------------------------------------------------------------------
 // Column reductions (col: block 32x32, gridDim.x = ceil(d/32)). 1024 threads a
-// block: __launch_bounds__ keeps the driver's JIT within 64 registers a thread.
+// block: __launch_bounds__ on their instances keeps the driver's JIT within
+// 64 registers a thread.
 
 // db[j] += sum over rows of dy[r, j].
-extern "C" __global__ void __launch_bounds__(1024) gr_bias_grad_f32(float* __restrict__ db, const float* __restrict__ dy, int rows, int d) {
+template <typename A>
+static __device__ __forceinline__ void bias_grad(float* __restrict__ db, const A* __restrict__ dy, int rows, int d) {
     __shared__ float sh[32][33];
     const int x = threadIdx.x;
     const int y = threadIdx.y;
     const int c = blockIdx.x * 32 + x;
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
     if (c < d) {
-        const float* p = dy + c;
-        const long long ld = d;
+        const A* p = dy + c;
+        const long long ld_ = d;
         long long r = y;
         for (; r + 96 < rows; r += 128) {
-            a0 += p[r * ld];
-            a1 += p[(r + 32) * ld];
-            a2 += p[(r + 64) * ld];
-            a3 += p[(r + 96) * ld];
+            a0 += ld(p, r * ld_);
+            a1 += ld(p, (r + 32) * ld_);
+            a2 += ld(p, (r + 64) * ld_);
+            a3 += ld(p, (r + 96) * ld_);
         }
         for (; r < rows; r += 32) {
-            a0 += p[r * ld];
+            a0 += ld(p, r * ld_);
         }
     }
     sh[y][x] = (a0 + a1) + (a2 + a3);
@@ -331,10 +352,11 @@ extern "C" __global__ void __launch_bounds__(1024) gr_bias_grad_f32(float* __res
 
 // dgamma[j] += sum_r dy[r,j]*n[r,j], dbeta[j] += sum_r dy[r,j], with
 // n = (x - mean[r])*rstd[r].
-extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_f32(float* __restrict__ dgamma, float* __restrict__ dbeta,
-                                                       const float* __restrict__ dy, const float* __restrict__ x,
-                                                       const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                       int rows, int d) {
+template <typename A>
+static __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                                            const A* __restrict__ dy, const A* __restrict__ x,
+                                                            const float* __restrict__ mean,
+                                                            const float* __restrict__ rstd, int rows, int d) {
     __shared__ float shg[32][33];
     __shared__ float shb[32][33];
     const int tx = threadIdx.x;
@@ -342,22 +364,22 @@ extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_f32(f
     const int c = blockIdx.x * 32 + tx;
     float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
     if (c < d) {
-        const long long ld = d;
+        const long long ld_ = d;
         long long r = ty;
         for (; r + 32 < rows; r += 64) {
-            const long long o0 = r * ld + c, o1 = (r + 32) * ld + c;
-            const float d0 = dy[o0], d1 = dy[o1];
-            const float n0 = (x[o0] - mean[r]) * rstd[r];
-            const float n1 = (x[o1] - mean[r + 32]) * rstd[r + 32];
+            const long long o0 = r * ld_ + c, o1 = (r + 32) * ld_ + c;
+            const float d0 = ld(dy, o0), d1 = ld(dy, o1);
+            const float n0 = (ld(x, o0) - mean[r]) * rstd[r];
+            const float n1 = (ld(x, o1) - mean[r + 32]) * rstd[r + 32];
             g0 += d0 * n0;
             g1 += d1 * n1;
             b0 += d0;
             b1 += d1;
         }
         for (; r < rows; r += 32) {
-            const long long o = r * ld + c;
-            const float dv = dy[o];
-            g0 += dv * ((x[o] - mean[r]) * rstd[r]);
+            const long long o = r * ld_ + c;
+            const float dv = ld(dy, o);
+            g0 += dv * ((ld(x, o) - mean[r]) * rstd[r]);
             b0 += dv;
         }
     }
@@ -375,31 +397,31 @@ extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_f32(f
     }
 }
 
-// ---------------------------------------------------------------------------
 // LayerNorm (row: one block per row)
 
 // y = (x - mean)*rstd*gamma + beta with the mean first, then the variance
 // as the mean of squared deviations (two passes, as the CPU backend).
-extern "C" __global__ void gr_layernorm_f32(float* y, float* mean, float* rstd, const float* x, const float* gamma,
-                                            const float* beta, int rows, int d, float eps) {
+template <typename A>
+static __device__ __forceinline__ void layernorm(A* y, float* mean, float* rstd, const A* x, const float* gamma,
+                                                 const float* beta, int rows, int d, float eps) {
     __shared__ float sh[32];
     const int row = blockIdx.x;
     if (row >= rows) {
         return; // the whole block
     }
-    const float* xr = x + (long long)row * d;
-    float* yr = y + (long long)row * d;
+    const A* xr = x + (long long)row * d;
+    A* yr = y + (long long)row * d;
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     float s = 0.0f;
     for (int j = t; j < d; j += bs) {
-        s += xr[j];
+        s += ld(xr, j);
     }
     s = block_sum(s, sh);
     const float m = s / (float)d;
     float vs = 0.0f;
     for (int j = t; j < d; j += bs) {
-        const float dv = xr[j] - m;
+        const float dv = ld(xr, j) - m;
         vs += dv * dv;
     }
     vs = block_sum(vs, sh);
@@ -409,30 +431,31 @@ extern "C" __global__ void gr_layernorm_f32(float* y, float* mean, float* rstd, 
         rstd[row] = rs;
     }
     for (int j = t; j < d; j += bs) {
-        yr[j] = (xr[j] - m) * rs * gamma[j] + beta[j];
+        st(yr, j, (ld(xr, j) - m) * rs * gamma[j] + beta[j]);
     }
 }
 
 // dx += rstd*(dy*g - mean_j(dy*g) - n*mean_j(dy*g*n)), n = (x - mean)*rstd.
-extern "C" __global__ void gr_layernorm_bwd_f32(float* dx, const float* dy, const float* x, const float* mean,
-                                                const float* rstd, const float* gamma, int rows, int d) {
+template <typename A>
+static __device__ __forceinline__ void layernorm_bwd(A* dx, const A* dy, const A* x, const float* mean,
+                                                     const float* rstd, const float* gamma, int rows, int d) {
     __shared__ float sh[64];
     const int row = blockIdx.x;
     if (row >= rows) {
         return; // the whole block
     }
     const long long off = (long long)row * d;
-    const float* xr = x + off;
-    const float* dyr = dy + off;
-    float* dxr = dx + off;
+    const A* xr = x + off;
+    const A* dyr = dy + off;
+    A* dxr = dx + off;
     const float m = mean[row];
     const float rs = rstd[row];
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     float sdn = 0.0f, sdnn = 0.0f;
     for (int j = t; j < d; j += bs) {
-        const float n = (xr[j] - m) * rs;
-        const float dn = dyr[j] * gamma[j];
+        const float n = (ld(xr, j) - m) * rs;
+        const float dn = ld(dyr, j) * gamma[j];
         sdn += dn;
         sdnn += dn * n;
     }
@@ -440,12 +463,11 @@ extern "C" __global__ void gr_layernorm_bwd_f32(float* dx, const float* dy, cons
     sdn /= (float)d;
     sdnn /= (float)d;
     for (int j = t; j < d; j += bs) {
-        const float n = (xr[j] - m) * rs;
-        dxr[j] += rs * (dyr[j] * gamma[j] - sdn - n * sdnn);
+        const float n = (ld(xr, j) - m) * rs;
+        st(dxr, j, ld(dxr, j) + rs * (ld(dyr, j) * gamma[j] - sdn - n * sdnn));
     }
 }
 
-// ---------------------------------------------------------------------------
 // Dropout
 
 // splitmix64's finalizer: the dropout randomness of elements 4g..4g+3 is
@@ -458,28 +480,29 @@ static __device__ __forceinline__ unsigned long long mix64(unsigned long long z)
 
 // y[i] = res[i] + (keep(i) ? x[i]*scale : 0); res 0: no residual. Each
 // element is read and written by one thread, so y may alias x or res.
-extern "C" __global__ void gr_dropout_f32(float* y, const float* res, const float* x, long long n,
-                                          unsigned long long seed, unsigned thresh, float scale) {
+template <typename A>
+static __device__ __forceinline__ void dropout(A* y, const A* res, const A* x, long long n, unsigned long long seed,
+                                               unsigned thresh, float scale) {
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
         const unsigned long long z = mix64(seed + (unsigned long long)(i >> 2) * 0x9E3779B97F4A7C15ull);
         const unsigned r = (unsigned)(z >> (16 * (unsigned)(i & 3))) & 0xffffu;
-        float v = r >= thresh ? x[i] * scale : 0.0f;
+        float v = r >= thresh ? ld(x, i) * scale : 0.0f;
         if (res != 0) {
-            v = res[i] + v;
+            v = ld(res, i) + v;
         }
-        y[i] = v;
+        st(y, i, v);
     }
 }
 
-// ---------------------------------------------------------------------------
 // Embeddings and positions (flat)
 
 // out[i,:] = table[ids[i],:]*scale; zero rows for pad and ids outside
 // [0, vocab).
-extern "C" __global__ void gr_embedding_f32(float* __restrict__ out, const float* __restrict__ table,
-                                            const int* __restrict__ ids, int n, int d, int vocab, float scale,
-                                            int pad) {
+template <typename A>
+static __device__ __forceinline__ void embedding(A* __restrict__ out, const float* __restrict__ table,
+                                                 const int* __restrict__ ids, int n, int d, int vocab, float scale,
+                                                 int pad) {
     const long long total = (long long)n * d;
     const long long stride = flat_stride();
     long long e = flat_start();
@@ -494,15 +517,16 @@ extern "C" __global__ void gr_embedding_f32(float* __restrict__ out, const float
         if (id != pad && id >= 0 && id < vocab) {
             v = table[(long long)id * d + w.c] * scale;
         }
-        out[e] = v;
+        st(out, e, v);
         rc_next(w);
     }
 }
 
 // dtable[ids[i],:] += dout[i,:]*scale with atomic adds (repeated ids),
 // skipping pad (and negative ids, which index no row).
-extern "C" __global__ void gr_embedding_bwd_f32(float* __restrict__ dtable, const float* __restrict__ dout,
-                                                const int* __restrict__ ids, int n, int d, float scale, int pad) {
+template <typename A>
+static __device__ __forceinline__ void embedding_bwd(float* __restrict__ dtable, const A* __restrict__ dout,
+                                                     const int* __restrict__ ids, int n, int d, float scale, int pad) {
     const long long total = (long long)n * d;
     const long long stride = flat_stride();
     long long e = flat_start();
@@ -514,15 +538,16 @@ extern "C" __global__ void gr_embedding_bwd_f32(float* __restrict__ dtable, cons
     for (; e < total; e += stride) {
         const int id = ids[w.r];
         if (id != pad && id >= 0) {
-            atomicAdd(dtable + (long long)id * d + w.c, dout[e] * scale);
+            atomicAdd(dtable + (long long)id * d + w.c, ld(dout, e) * scale);
         }
         rc_next(w);
     }
 }
 
 // x[r,:] += pe[r%T + t0, :].
-extern "C" __global__ void gr_add_pos_f32(float* __restrict__ x, const float* __restrict__ pe, long long rows, int T,
-                                          int d, int t0) {
+template <typename A>
+static __device__ __forceinline__ void add_pos(A* __restrict__ x, const float* __restrict__ pe, long long rows, int T,
+                                               int d, int t0) {
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -534,14 +559,13 @@ extern "C" __global__ void gr_add_pos_f32(float* __restrict__ x, const float* __
     unsigned q = (unsigned)(w.r % T);   // row % T
     const unsigned sq = (unsigned)(w.sr % T);
     for (; i < n; i += stride) {
-        x[i] += pe[((long long)q + t0) * d + w.c];
+        st(x, i, ld(x, i) + pe[((long long)q + t0) * d + w.c]);
         unsigned carry = 0;
         mr_step(w.c, w.sc, w.d, carry);
         mr_step(q, sq, (unsigned)T, carry);
     }
 }
 
-// ---------------------------------------------------------------------------
 // Attention
 
 // Heads4 follows the digits (e, s, h, b) of a flat index over [B, H, S, Dh]
@@ -577,8 +601,9 @@ static __device__ __forceinline__ void h4_next(Heads4& w, int S, int H, int Dh) 
 }
 
 // dst[b,h,s,:] = src[b,s,h*Dh:(h+1)*Dh]; src has srcS rows per b.
-extern "C" __global__ void gr_split_heads_f32(float* __restrict__ dst, const float* __restrict__ src, int B, int S,
-                                              int H, int Dh, int srcS) {
+template <typename A>
+static __device__ __forceinline__ void split_heads(A* __restrict__ dst, const A* __restrict__ src, int B, int S, int H,
+                                                   int Dh, int srcS) {
     const long long n = (long long)B * H * S * Dh;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -595,8 +620,9 @@ extern "C" __global__ void gr_split_heads_f32(float* __restrict__ dst, const flo
 
 // dst[b,s,h*Dh:(h+1)*Dh] = src[b,h,s,:]; dst has dstS rows per b, and its
 // rows s >= S are not written.
-extern "C" __global__ void gr_merge_heads_f32(float* __restrict__ dst, const float* __restrict__ src, int B, int S,
-                                              int H, int Dh, int dstS) {
+template <typename A>
+static __device__ __forceinline__ void merge_heads(A* __restrict__ dst, const A* __restrict__ src, int B, int S, int H,
+                                                   int Dh, int dstS) {
     const long long n = (long long)B * H * S * Dh;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -613,7 +639,8 @@ extern "C" __global__ void gr_merge_heads_f32(float* __restrict__ dst, const flo
 
 // Row r = (b, h, i) of P[B, H, Sq, Sk]: the first n keys get the softmax of
 // their scores, the others 0, n = min(Sk, keyLen[b], i+Sk-Sq+1 if causal).
-extern "C" __global__ void gr_attn_softmax_f32(float* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) {
+template <typename A>
+static __device__ __forceinline__ void attn_softmax(A* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) {
     __shared__ float shm[32];
     __shared__ float shs[32];
     const int row = blockIdx.x;
@@ -629,49 +656,49 @@ extern "C" __global__ void gr_attn_softmax_f32(float* P, const int* keyLen, int 
     if (causal && i + Sk - Sq + 1 < n) {
         n = i + Sk - Sq + 1;
     }
-    float* p = P + (long long)row * Sk;
+    A* p = P + (long long)row * Sk;
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     if (n <= 0) { // the whole block
         for (int j = t; j < Sk; j += bs) {
-            p[j] = 0.0f;
+            st(p, j, 0.0f);
         }
         return;
     }
     float m = GR_NEG_MAX, s = 0.0f;
     for (int j = t; j < n; j += bs) {
-        sm_push(m, s, p[j]);
+        sm_push(m, s, ld(p, j));
     }
     block_softmax(m, s, shm, shs);
     const float inv = 1.0f / s;
     for (int j = t; j < Sk; j += bs) {
-        p[j] = j < n ? expf(p[j] - m) * inv : 0.0f;
+        st(p, j, j < n ? expf(ld(p, j) - m) * inv : 0.0f);
     }
 }
 
 // dP = P*(dP - sum_j P*dP), row by row.
-extern "C" __global__ void gr_attn_softmax_bwd_f32(float* dP, const float* P, int rows, int Sk) {
+template <typename A>
+static __device__ __forceinline__ void attn_softmax_bwd(A* dP, const A* P, int rows, int Sk) {
     __shared__ float sh[32];
     const int row = blockIdx.x;
     if (row >= rows) {
         return; // the whole block
     }
     const long long off = (long long)row * Sk;
-    float* dr = dP + off;
-    const float* pr = P + off;
+    A* dr = dP + off;
+    const A* pr = P + off;
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     float dot = 0.0f;
     for (int j = t; j < Sk; j += bs) {
-        dot += pr[j] * dr[j];
+        dot += ld(pr, j) * ld(dr, j);
     }
     dot = block_sum(dot, sh);
     for (int j = t; j < Sk; j += bs) {
-        dr[j] = pr[j] * (dr[j] - dot);
+        st(dr, j, ld(pr, j) * (ld(dr, j) - dot));
     }
 }
 
-// ---------------------------------------------------------------------------
 // Losses (row)
 
 // Label-smoothed cross-entropy, as cpu.CrossEntropy: the target gets 1-ls,
@@ -680,8 +707,9 @@ extern "C" __global__ void gr_attn_softmax_bwd_f32(float* dP, const float* P, in
 // outside [0, V) do not count and their dlogits rows are zeroed. dlogits =
 // (softmax - low)*gradScale, minus (conf-low)*gradScale at the target;
 // dlogits may be 0 (none) or alias logits.
-extern "C" __global__ void gr_xent_f32(float* dlogits, const float* logits, const int* targets, double* acc, int N,
-                                       int V, float ls, int pad, float gradScale) {
+template <typename A>
+static __device__ __forceinline__ void xent(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V,
+                                            float ls, int pad, float gradScale) {
     __shared__ float shm[32];
     __shared__ float shs[32];
     __shared__ double shz[32];
@@ -690,23 +718,23 @@ extern "C" __global__ void gr_xent_f32(float* dlogits, const float* logits, cons
         return; // the whole block
     }
     const long long off = (long long)row * V;
-    const float* z = logits + off;
-    float* d = dlogits != 0 ? dlogits + off : 0;
+    const A* z = logits + off;
+    A* d = dlogits != 0 ? dlogits + off : 0;
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     const int y = targets[row];
     if (y == pad || y < 0 || y >= V) { // the whole block
         if (d != 0) {
             for (int j = t; j < V; j += bs) {
-                d[j] = 0.0f;
+                st(d, j, 0.0f);
             }
         }
         return;
     }
-    const float zy = z[y]; // read before any thread overwrites it (d may alias z)
+    const float zy = ld(z, y); // read before any thread overwrites it (d may alias z)
     float m = GR_NEG_MAX, s = 0.0f, sz = 0.0f;
     for (int j = t; j < V; j += bs) {
-        const float v = z[j];
+        const float v = ld(z, j);
         sm_push(m, s, v);
         sz += v;
     }
@@ -725,17 +753,18 @@ extern "C" __global__ void gr_xent_f32(float* dlogits, const float* logits, cons
         const float inv = 1.0f / s;
         const float hit = (conf - low) * gradScale;
         for (int j = t; j < V; j += bs) {
-            float g = (expf(z[j] - m) * inv - low) * gradScale;
+            float g = (expf(ld(z, j) - m) * inv - low) * gradScale;
             if (j == y) {
                 g -= hit;
             }
-            d[j] = g;
+            st(d, j, g);
         }
     }
 }
 
 // out = x - logsumexp(x) row by row; out may alias x.
-extern "C" __global__ void gr_log_softmax_f32(float* out, const float* x, int N, int V) {
+template <typename A>
+static __device__ __forceinline__ void log_softmax(A* out, const A* x, int N, int V) {
     __shared__ float shm[32];
     __shared__ float shs[32];
     const int row = blockIdx.x;
@@ -743,23 +772,63 @@ extern "C" __global__ void gr_log_softmax_f32(float* out, const float* x, int N,
         return; // the whole block
     }
     const long long off = (long long)row * V;
-    const float* xr = x + off;
-    float* o = out + off;
+    const A* xr = x + off;
+    A* o = out + off;
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     float m = GR_NEG_MAX, s = 0.0f;
     for (int j = t; j < V; j += bs) {
-        sm_push(m, s, xr[j]);
+        sm_push(m, s, ld(xr, j));
     }
     block_softmax(m, s, shm, shs);
     const float l = m + logf(s);
     for (int j = t; j < V; j += bs) {
-        o[j] = xr[j] - l;
+        st(o, j, ld(xr, j) - l);
+    }
+}
+
+// Copies of decoding (flat)
+
+// dst[i*dstRow + c] = src[idx[i]*srcRow + c] for c < cols.
+template <typename A>
+static __device__ __forceinline__ void gather_rows(A* __restrict__ dst, const A* __restrict__ src,
+                                                   const int* __restrict__ idx, int n, int cols, long long srcRow,
+                                                   long long dstRow) {
+    const long long total = (long long)n * cols;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= total) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, cols);
+    for (; e < total; e += stride) {
+        dst[w.r * dstRow + w.c] = src[(long long)idx[w.r] * srcRow + w.c];
+        rc_next(w);
+    }
+}
+
+// cache[(r*Tc + t)*D + j] = x[r*D + j]: step t of R rows of a [R, Tc, D]
+// cache.
+template <typename A>
+static __device__ __forceinline__ void write_step(A* __restrict__ cache, const A* __restrict__ x, int R, int Tc, int D,
+                                                  int t) {
+    const long long n = (long long)R * D;
+    const long long stride = flat_stride();
+    long long e = flat_start();
+    if (e >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, e, stride, D);
+    for (; e < n; e += stride) {
+        cache[(w.r * Tc + t) * D + w.c] = x[e];
+        rc_next(w);
     }
 }
 
 // ---------------------------------------------------------------------------
-// Optimizer and copies (flat)
+// Optimizer (flat)
 
 static __device__ __forceinline__ void adam_one(float* __restrict__ p, const float* __restrict__ g,
                                                 float* __restrict__ m, float* __restrict__ v, long long i, float lr,
@@ -801,38 +870,80 @@ extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* 
     }
 }
 
-// dst[i*dstRow + c] = src[idx[i]*srcRow + c] for c < cols.
-extern "C" __global__ void gr_gather_rows_f32(float* __restrict__ dst, const float* __restrict__ src,
-                                              const int* __restrict__ idx, int n, int cols, long long srcRow,
-                                              long long dstRow) {
-    const long long total = (long long)n * cols;
-    const long long stride = flat_stride();
-    long long e = flat_start();
-    if (e >= total) {
-        return;
-    }
-    RowCol w;
-    rc_init(w, e, stride, cols);
-    for (; e < total; e += stride) {
-        dst[w.r * dstRow + w.c] = src[(long long)idx[w.r] * srcRow + w.c];
-        rc_next(w);
-    }
-}
 
-// cache[(r*Tc + t)*D + j] = x[r*D + j]: step t of R rows of a [R, Tc, D]
-// cache.
-extern "C" __global__ void gr_write_step_f32(float* __restrict__ cache, const float* __restrict__ x, int R, int Tc,
-                                             int D, int t) {
-    const long long n = (long long)R * D;
-    const long long stride = flat_stride();
-    long long e = flat_start();
-    if (e >= n) {
-        return;
+// ---------------------------------------------------------------------------
+// The activation kernels, once per activation type A with suffix S.
+#define GR_ACTIVATION_KERNELS(A, S)                                                                                    \
+    extern "C" __global__ void gr_add_bias_##S(A* x, const float* __restrict__ bias, long long rows, int d) {         \
+        add_bias(x, bias, rows, d);                                                                                    \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_bias_relu_##S(A* x, const float* __restrict__ bias, long long rows, int d) {        \
+        bias_relu(x, bias, rows, d);                                                                                   \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_relu_bwd_##S(A* dx, const A* y, long long n) { relu_bwd(dx, y, n); }                \
+    extern "C" __global__ void __launch_bounds__(1024)                                                                 \
+        gr_bias_grad_##S(float* __restrict__ db, const A* __restrict__ dy, int rows, int d) {                          \
+        bias_grad(db, dy, rows, d);                                                                                    \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_##S(                                    \
+        float* __restrict__ dgamma, float* __restrict__ dbeta, const A* __restrict__ dy, const A* __restrict__ x,      \
+        const float* __restrict__ mean, const float* __restrict__ rstd, int rows, int d) {                             \
+        layernorm_bwd_params(dgamma, dbeta, dy, x, mean, rstd, rows, d);                                               \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_layernorm_##S(A* y, float* mean, float* rstd, const A* x, const float* gamma,        \
+                                                const float* beta, int rows, int d, float eps) {                       \
+        layernorm(y, mean, rstd, x, gamma, beta, rows, d, eps);                                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_layernorm_bwd_##S(A* dx, const A* dy, const A* x, const float* mean,                 \
+                                                    const float* rstd, const float* gamma, int rows, int d) {          \
+        layernorm_bwd(dx, dy, x, mean, rstd, gamma, rows, d);                                                          \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_dropout_##S(A* y, const A* res, const A* x, long long n, unsigned long long seed,    \
+                                              unsigned thresh, float scale) {                                          \
+        dropout(y, res, x, n, seed, thresh, scale);                                                                    \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_embedding_##S(A* __restrict__ out, const float* __restrict__ table,                  \
+                                                const int* __restrict__ ids, int n, int d, int vocab, float scale,     \
+                                                int pad) {                                                             \
+        embedding(out, table, ids, n, d, vocab, scale, pad);                                                           \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_embedding_bwd_##S(float* __restrict__ dtable, const A* __restrict__ dout,            \
+                                                    const int* __restrict__ ids, int n, int d, float scale, int pad) { \
+        embedding_bwd(dtable, dout, ids, n, d, scale, pad);                                                            \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_add_pos_##S(A* __restrict__ x, const float* __restrict__ pe, long long rows, int T,  \
+                                              int d, int t0) {                                                         \
+        add_pos(x, pe, rows, T, d, t0);                                                                                \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_split_heads_##S(A* __restrict__ dst, const A* __restrict__ src, int B, int S_, int H, \
+                                                  int Dh, int srcS) {                                                  \
+        split_heads(dst, src, B, S_, H, Dh, srcS);                                                                     \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_merge_heads_##S(A* __restrict__ dst, const A* __restrict__ src, int B, int S_, int H, \
+                                                  int Dh, int dstS) {                                                  \
+        merge_heads(dst, src, B, S_, H, Dh, dstS);                                                                     \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_attn_softmax_##S(A* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) { \
+        attn_softmax(P, keyLen, B, H, Sq, Sk, causal);                                                                 \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_attn_softmax_bwd_##S(A* dP, const A* P, int rows, int Sk) {                          \
+        attn_softmax_bwd(dP, P, rows, Sk);                                                                             \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_xent_##S(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V, \
+                                           float ls, int pad, float gradScale) {                                       \
+        xent(dlogits, logits, targets, acc, N, V, ls, pad, gradScale);                                                 \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_log_softmax_##S(A* out, const A* x, int N, int V) { log_softmax(out, x, N, V); }     \
+    extern "C" __global__ void gr_gather_rows_##S(A* __restrict__ dst, const A* __restrict__ src,                      \
+                                                  const int* __restrict__ idx, int n, int cols, long long srcRow,      \
+                                                  long long dstRow) {                                                  \
+        gather_rows(dst, src, idx, n, cols, srcRow, dstRow);                                                           \
+    }                                                                                                                  \
+    extern "C" __global__ void gr_write_step_##S(A* __restrict__ cache, const A* __restrict__ x, int R, int Tc, int D, \
+                                                 int t) {                                                              \
+        write_step(cache, x, R, Tc, D, t);                                                                             \
     }
-    RowCol w;
-    rc_init(w, e, stride, D);
-    for (; e < n; e += stride) {
-        cache[(w.r * Tc + t) * D + w.c] = x[e];
-        rc_next(w);
-    }
-}
+
+GR_ACTIVATION_KERNELS(float, f32)
+GR_ACTIVATION_KERNELS(__half, f16)
+GR_ACTIVATION_KERNELS(__nv_bfloat16, bf16)

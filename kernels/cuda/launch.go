@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/gorun/gorun/kernels"
 )
 
 // ptype is the type of one kernel parameter, as the PTX declares it.
@@ -35,36 +37,66 @@ func k(name string, params ...ptype) *kernel { return &kernel{name: name, params
 // The kernels of kernels.cu (docs/cuda.md, "Kernel ABI"). A test checks
 // every entry against the embedded PTX: same name, same parameter types.
 var (
-	kScale           = k("gr_scale_f32", pPtr, pF32, pI64)
-	kAxpy            = k("gr_axpy_f32", pPtr, pF32, pPtr, pI64)
-	kInfNaN          = k("gr_infnan_f32", pPtr, pPtr, pI64)
-	kSumSq           = k("gr_sumsq_f32", pPtr, pPtr, pI64)
-	kAddBias         = k("gr_add_bias_f32", pPtr, pPtr, pI64, pI32)
-	kBiasReLU        = k("gr_bias_relu_f32", pPtr, pPtr, pI64, pI32)
-	kReLUBwd         = k("gr_relu_bwd_f32", pPtr, pPtr, pI64)
-	kBiasGrad        = k("gr_bias_grad_f32", pPtr, pPtr, pI32, pI32)
-	kLayerNorm       = k("gr_layernorm_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32)
-	kLayerNormBwd    = k("gr_layernorm_bwd_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
-	kLayerNormParams = k("gr_layernorm_bwd_params_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
-	kDropout         = k("gr_dropout_f32", pPtr, pPtr, pPtr, pI64, pU64, pU32, pF32)
-	kEmbedding       = k("gr_embedding_f32", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32)
-	kEmbeddingBwd    = k("gr_embedding_bwd_f32", pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32)
-	kAddPos          = k("gr_add_pos_f32", pPtr, pPtr, pI64, pI32, pI32, pI32)
-	kSplitHeads      = k("gr_split_heads_f32", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
-	kMergeHeads      = k("gr_merge_heads_f32", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
-	kAttnSoftmax     = k("gr_attn_softmax_f32", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
-	kAttnSoftmaxBwd  = k("gr_attn_softmax_bwd_f32", pPtr, pPtr, pI32, pI32)
-	kXent            = k("gr_xent_f32", pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32, pF32)
-	kLogSoftmax      = k("gr_log_softmax_f32", pPtr, pPtr, pI32, pI32)
-	kAdam            = k("gr_adam_f32", pPtr, pPtr, pPtr, pPtr, pI64, pF32, pF32, pF32, pF32)
-	kAdamRows        = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pF32, pF32, pF32)
-	kGatherRows      = k("gr_gather_rows_f32", pPtr, pPtr, pPtr, pI32, pI32, pI64, pI64)
-	kWriteStep       = k("gr_write_step_f32", pPtr, pPtr, pI32, pI32, pI32, pI32)
-	kCast            = map[[2]string]*kernel{}
+	kScale    = k("gr_scale_f32", pPtr, pF32, pI64)
+	kAxpy     = k("gr_axpy_f32", pPtr, pF32, pPtr, pI64)
+	kInfNaN   = k("gr_infnan_f32", pPtr, pPtr, pI64)
+	kSumSq    = k("gr_sumsq_f32", pPtr, pPtr, pI64)
+	kAdam     = k("gr_adam_f32", pPtr, pPtr, pPtr, pPtr, pI64, pF32, pF32, pF32, pF32)
+	kAdamRows = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pF32, pF32, pF32)
+	kCast     = map[[2]string]*kernel{}
+
+	kAddBias         = ak("gr_add_bias", pPtr, pPtr, pI64, pI32)
+	kBiasReLU        = ak("gr_bias_relu", pPtr, pPtr, pI64, pI32)
+	kReLUBwd         = ak("gr_relu_bwd", pPtr, pPtr, pI64)
+	kBiasGrad        = ak("gr_bias_grad", pPtr, pPtr, pI32, pI32)
+	kLayerNorm       = ak("gr_layernorm", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32)
+	kLayerNormBwd    = ak("gr_layernorm_bwd", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
+	kLayerNormParams = ak("gr_layernorm_bwd_params", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
+	kDropout         = ak("gr_dropout", pPtr, pPtr, pPtr, pI64, pU64, pU32, pF32)
+	kEmbedding       = ak("gr_embedding", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32)
+	kEmbeddingBwd    = ak("gr_embedding_bwd", pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32)
+	kAddPos          = ak("gr_add_pos", pPtr, pPtr, pI64, pI32, pI32, pI32)
+	kSplitHeads      = ak("gr_split_heads", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
+	kMergeHeads      = ak("gr_merge_heads", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
+	kAttnSoftmax     = ak("gr_attn_softmax", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
+	kAttnSoftmaxBwd  = ak("gr_attn_softmax_bwd", pPtr, pPtr, pI32, pI32)
+	kXent            = ak("gr_xent", pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32, pF32)
+	kLogSoftmax      = ak("gr_log_softmax", pPtr, pPtr, pI32, pI32)
+	kGatherRows      = ak("gr_gather_rows", pPtr, pPtr, pPtr, pI32, pI32, pI64, pI64)
+	kWriteStep       = ak("gr_write_step", pPtr, pPtr, pI32, pI32, pI32, pI32)
 )
 
-// halfNames are the storage types of Cast, as the kernels name them.
+// halfNames are the storage types of Cast and of activations, as the
+// kernels name them; index i of an actKernel is halfNames[i].
 var halfNames = []string{"f32", "f16", "bf16"}
+
+// actKernel is a kernel over activations in its three instances, one per
+// activation type: gr_<op>_f32, gr_<op>_f16 and gr_<op>_bf16.
+type actKernel [3]*kernel
+
+var actKernels []*actKernel
+
+func ak(op string, params ...ptype) *actKernel {
+	var a actKernel
+	for i, s := range halfNames {
+		a[i] = k(op+"_"+s, params...)
+	}
+	actKernels = append(actKernels, &a)
+	return &a
+}
+
+// of is the instance for activations of type dt.
+func (a *actKernel) of(dt kernels.DType) *kernel {
+	switch dt {
+	case kernels.F32:
+		return a[0]
+	case kernels.F16:
+		return a[1]
+	case kernels.BF16:
+		return a[2]
+	}
+	panic(fmt.Sprintf("cuda: %s: activations of type %v", a[0].name, dt))
+}
 
 func init() {
 	for _, s := range halfNames {
@@ -78,9 +110,10 @@ func init() {
 
 // allKernels lists every kernel, for loading and for the ABI test.
 func allKernels() []*kernel {
-	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAddBias, kBiasReLU, kReLUBwd, kBiasGrad, kLayerNorm,
-		kLayerNormBwd, kLayerNormParams, kDropout, kEmbedding, kEmbeddingBwd, kAddPos, kSplitHeads, kMergeHeads,
-		kAttnSoftmax, kAttnSoftmaxBwd, kXent, kLogSoftmax, kAdam, kAdamRows, kGatherRows, kWriteStep}
+	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAdam, kAdamRows}
+	for _, a := range actKernels {
+		ks = append(ks, a[:]...)
+	}
 	for _, s := range halfNames {
 		for _, d := range halfNames {
 			if s != d {

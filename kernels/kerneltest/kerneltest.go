@@ -54,6 +54,10 @@ type Tolerance struct {
 	// Softmax: CrossEntropy (loss and gradient) and LogSoftmax, whose exp
 	// and log are approximations on every backend.
 	Softmax float64
+	// Activations is the type the backend's activations are in: F32, or
+	// F16 or BF16 for mixed precision (see FP16). Then only the ops over
+	// activations run, Gemm among them.
+	Activations kernels.DType
 }
 
 // FP32 is the tolerance for a backend that computes everything in IEEE
@@ -89,7 +93,13 @@ func TF32() Tolerance {
 // allocates is freed when the case ends. With -v each op logs its worst
 // error relative to what its tolerance allows.
 func Run(t *testing.T, be kernels.Backend, tol Tolerance) {
+	if tol.Activations != kernels.F32 {
+		be = &halfActs{Backend: be, dt: tol.Activations}
+	}
 	for _, op := range ops {
+		if tol.Activations != kernels.F32 && !op.act {
+			continue
+		}
 		t.Run(op.name, func(t *testing.T) {
 			e := &env{t: t, be: be, tol: tol, op: op.name, rng: rand.New(rand.NewPCG(0x6b65726e, seedOf(op.name)))}
 			op.fn(e)
@@ -109,40 +119,43 @@ func Ops() []string {
 	return names
 }
 
+// ops is the table; act marks the ops over activations (those that run
+// again with activations in half precision).
 var ops = []struct {
 	name string
 	fn   func(*env)
+	act  bool
 }{
-	{"AllocUploadDownload", testAllocUpload},
-	{"Free", testFree},
-	{"Copy", testCopy},
-	{"Zero", testZero},
-	{"Cast", testCast},
-	{"Scale", testScale},
-	{"Axpy", testAxpy},
-	{"HasInfNaN", testHasInfNaN},
-	{"SumSquares", testSumSquares},
-	{"Gemm", testGemm},
-	{"AddBias", testAddBias},
-	{"BiasGrad", testBiasGrad},
-	{"BiasReLU", testBiasReLU},
-	{"ReLUBackward", testReLUBackward},
-	{"LayerNorm", testLayerNorm},
-	{"LayerNormBackward", testLayerNormBackward},
-	{"Dropout", testDropout},
-	{"DropoutBackward", testDropoutBackward},
-	{"ResidualDropout", testResidualDropout},
-	{"Embedding", testEmbedding},
-	{"EmbeddingBackward", testEmbeddingBackward},
-	{"AddPositional", testAddPositional},
-	{"Attention", testAttention},
-	{"AttentionBackward", testAttentionBackward},
-	{"CrossEntropy", testCrossEntropy},
-	{"LogSoftmax", testLogSoftmax},
-	{"Adam", testAdam},
-	{"AdamRows", testAdamRows},
-	{"GatherRows", testGatherRows},
-	{"WriteStep", testWriteStep},
+	{"AllocUploadDownload", testAllocUpload, false},
+	{"Free", testFree, false},
+	{"Copy", testCopy, false},
+	{"Zero", testZero, false},
+	{"Cast", testCast, false},
+	{"Scale", testScale, false},
+	{"Axpy", testAxpy, false},
+	{"HasInfNaN", testHasInfNaN, false},
+	{"SumSquares", testSumSquares, false},
+	{"Gemm", testGemm, true},
+	{"AddBias", testAddBias, true},
+	{"BiasGrad", testBiasGrad, true},
+	{"BiasReLU", testBiasReLU, true},
+	{"ReLUBackward", testReLUBackward, true},
+	{"LayerNorm", testLayerNorm, true},
+	{"LayerNormBackward", testLayerNormBackward, true},
+	{"Dropout", testDropout, true},
+	{"DropoutBackward", testDropoutBackward, true},
+	{"ResidualDropout", testResidualDropout, true},
+	{"Embedding", testEmbedding, true},
+	{"EmbeddingBackward", testEmbeddingBackward, true},
+	{"AddPositional", testAddPositional, true},
+	{"Attention", testAttention, true},
+	{"AttentionBackward", testAttentionBackward, true},
+	{"CrossEntropy", testCrossEntropy, true},
+	{"LogSoftmax", testLogSoftmax, true},
+	{"Adam", testAdam, false},
+	{"AdamRows", testAdamRows, false},
+	{"GatherRows", testGatherRows, true},
+	{"WriteStep", testWriteStep, true},
 }
 
 func seedOf(s string) uint64 {
@@ -233,6 +246,15 @@ func (e *env) randn(n int, sd float64) []float32 {
 	for i := range x {
 		x[i] = float32(e.rng.NormFloat64() * sd)
 	}
+	return e.act(x)
+}
+
+// act rounds x in place to the type of the activations (see FP16), so
+// that inputs are the same for the backend and the float64 reference; it
+// returns x. The generators (randn, varied) call it; so must a case that
+// derives inputs from them by arithmetic.
+func (e *env) act(x []float32) []float32 {
+	roundTo(e.tol.Activations, x)
 	return x
 }
 
@@ -243,7 +265,7 @@ func (e *env) varied(n int, sd float64) []float32 {
 	for i := range x {
 		x[i] = float32(e.rng.NormFloat64() * sd * math.Pow(10, 4*e.rng.Float64()-2))
 	}
-	return x
+	return e.act(x)
 }
 
 func to64(x []float32) []float64 {
@@ -341,12 +363,17 @@ func (e *env) scalar(what string, got, want, scale, tol float64) {
 	}
 }
 
-// exact checks got bit for bit against want (a NaN matches any NaN).
+// exact checks got bit for bit against want (a NaN matches any NaN);
+// with half-precision activations, against want rounded to their type.
 func (e *env) exact(what string, got, want []float32) {
 	e.t.Helper()
 	if len(got) != len(want) {
 		e.errorf("%s: %d elements, want %d", what, len(got), len(want))
 		return
+	}
+	if e.tol.Activations != kernels.F32 {
+		want = clone(want)
+		roundTo(e.tol.Activations, want)
 	}
 	bad := 0
 	var msgs []string

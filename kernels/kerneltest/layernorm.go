@@ -93,7 +93,7 @@ func (c lnCase) input(e *env) []float32 {
 			x[r*c.d+j] = float32(float64(v) + c.offset*sc)
 		}
 	}
-	return x
+	return e.act(x)
 }
 
 func testLayerNorm(e *env) {

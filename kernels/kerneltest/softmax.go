@@ -78,6 +78,7 @@ func testCrossEntropy(e *env) {
 			for i := range z {
 				z[i] += float32(c.off)
 			}
+			e.act(z)
 			tg := c.tg
 			if tg == nil {
 				tg = make([]int32, c.n)
@@ -140,6 +141,7 @@ func testLogSoftmax(e *env) {
 				for j := range x {
 					x[j] += float32(c.off)
 				}
+				e.act(x)
 				xt := e.up(x, c.n, c.v)
 				out := xt
 				if !alias {

@@ -12,11 +12,11 @@ import (
 	"github.com/gorun/gorun/metrics"
 )
 
-// precision resolves --precision for the backend: the type the inputs of
-// matrix products are rounded to, and whether the loss is scaled (fp16
-// only: bf16 has float32's range).
+// precision resolves --precision for the backend: the type of the
+// activations (and of the inputs of matrix products), and its name; the
+// loss is scaled for fp16 only (bf16 has float32's range).
 func precision(flag string, be kernels.Backend) (dt kernels.DType, name string, err error) {
-	mp, gpu := be.(kernels.MatmulPrecision)
+	mp, gpu := be.(kernels.MixedPrecision)
 	switch flag {
 	case "auto":
 		if gpu {

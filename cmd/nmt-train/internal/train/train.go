@@ -74,6 +74,8 @@ type Trainer struct {
 	// lossScaling: --precision fp16 scales the loss by scaler.Scale and
 	// the gradients back before the optimizer.
 	lossScaling bool
+	// acts is the type of the model's activations for that precision.
+	acts kernels.DType
 	// prec is the --precision resolved on this rank's device.
 	prec string
 	gpu  *gpuSampler
@@ -215,6 +217,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	t.m.Activations = t.acts
 	t.opt = transformer.NewLazyAdam(t.m)
 	t.lr, err = transformer.ParsePolicy(o.LRPolicy, o.LearningRate, cfg.DModel, o.Warmup)
 	if err != nil {
@@ -308,15 +311,16 @@ func (t *Trainer) configure(be kernels.Backend, why string) (int, error) {
 		cpu.SetThreads(threads)
 	}
 	t.logf("nmt-train: device %s", why)
-	_, prec, err := precision(o.Precision, be)
+	var err error
+	t.acts, t.prec, err = precision(o.Precision, be)
 	if err != nil {
 		return 0, err
 	}
-	t.lossScaling, t.prec = prec == "fp16", prec
-	switch prec {
+	t.lossScaling = t.prec == "fp16"
+	switch t.prec {
 	case "fp16", "bf16":
-		t.logf("nmt-train: precision %s: matrix products on tensor cores with float32 accumulation; weights, activations and Adam in float32%s",
-			prec, map[bool]string{true: "; dynamic loss scaling (OpenSeq2Seq's Backoff, from 2^14)"}[t.lossScaling])
+		t.logf("nmt-train: precision %s: activations in %s, matrix products on tensor cores with float32 accumulation; weights, gradients and Adam in float32%s",
+			t.prec, t.prec, map[bool]string{true: "; dynamic loss scaling (OpenSeq2Seq's Backoff, from 2^14)"}[t.lossScaling])
 	}
 	if t.gpu, err = newGPUSampler(be); err != nil {
 		t.logf("nmt-train: no GPU utilization figures: %v", err)
