@@ -8,7 +8,10 @@
 // compute_80 (kernels/cuda/ptx, embedded by Go). The same file is also
 // compiled by g++ against a CPU emulator of the CUDA runtime, so it keeps to
 // a small subset of CUDA C++:
-//   - extern "C" __global__ kernels, static __device__ helpers (templates ok);
+//   - extern "C" __global__ kernels, static __device__ helpers; templates
+//     (the activation kernels' bodies) are not static: nvcc names the
+//     __shared__ arrays of a static function after the source file's path,
+//     and the PTX must not depend on where it was built;
 //   - threadIdx/blockIdx/blockDim/gridDim .x/.y, __syncthreads(),
 //     __shfl_xor_sync(0xffffffffu, v, mask) on float and double, every
 //     thread of the block reaching every barrier and shuffle (a block
@@ -266,7 +269,7 @@ static __device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v
 
 // x[r,j] += bias[j] (flat).
 template <typename A>
-static __device__ __forceinline__ void add_bias(A* x, const float* __restrict__ bias, long long rows, int d) {
+__device__ __forceinline__ void add_bias(A* x, const float* __restrict__ bias, long long rows, int d) {
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -287,7 +290,7 @@ static __device__ __forceinline__ float relu(float v) {
 }
 
 template <typename A>
-static __device__ __forceinline__ void bias_relu(A* x, const float* __restrict__ bias, long long rows, int d) {
+__device__ __forceinline__ void bias_relu(A* x, const float* __restrict__ bias, long long rows, int d) {
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
@@ -304,7 +307,7 @@ static __device__ __forceinline__ void bias_relu(A* x, const float* __restrict__
 
 // dx = 0 where y == 0 (either sign); dx is read only where it stays.
 template <typename A>
-static __device__ __forceinline__ void relu_bwd(A* dx, const A* y, long long n) {
+__device__ __forceinline__ void relu_bwd(A* dx, const A* y, long long n) {
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
         if (ld(y, i) == 0.0f) {
@@ -319,7 +322,7 @@ static __device__ __forceinline__ void relu_bwd(A* dx, const A* y, long long n) 
 
 // db[j] += sum over rows of dy[r, j].
 template <typename A>
-static __device__ __forceinline__ void bias_grad(float* __restrict__ db, const A* __restrict__ dy, int rows, int d) {
+__device__ __forceinline__ void bias_grad(float* __restrict__ db, const A* __restrict__ dy, int rows, int d) {
     __shared__ float sh[32][33];
     const int x = threadIdx.x;
     const int y = threadIdx.y;
@@ -353,7 +356,7 @@ static __device__ __forceinline__ void bias_grad(float* __restrict__ db, const A
 // dgamma[j] += sum_r dy[r,j]*n[r,j], dbeta[j] += sum_r dy[r,j], with
 // n = (x - mean[r])*rstd[r].
 template <typename A>
-static __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma, float* __restrict__ dbeta,
+__device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma, float* __restrict__ dbeta,
                                                             const A* __restrict__ dy, const A* __restrict__ x,
                                                             const float* __restrict__ mean,
                                                             const float* __restrict__ rstd, int rows, int d) {
@@ -402,7 +405,7 @@ static __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ 
 // y = (x - mean)*rstd*gamma + beta with the mean first, then the variance
 // as the mean of squared deviations (two passes, as the CPU backend).
 template <typename A>
-static __device__ __forceinline__ void layernorm(A* y, float* mean, float* rstd, const A* x, const float* gamma,
+__device__ __forceinline__ void layernorm(A* y, float* mean, float* rstd, const A* x, const float* gamma,
                                                  const float* beta, int rows, int d, float eps) {
     __shared__ float sh[32];
     const int row = blockIdx.x;
@@ -437,7 +440,7 @@ static __device__ __forceinline__ void layernorm(A* y, float* mean, float* rstd,
 
 // dx += rstd*(dy*g - mean_j(dy*g) - n*mean_j(dy*g*n)), n = (x - mean)*rstd.
 template <typename A>
-static __device__ __forceinline__ void layernorm_bwd(A* dx, const A* dy, const A* x, const float* mean,
+__device__ __forceinline__ void layernorm_bwd(A* dx, const A* dy, const A* x, const float* mean,
                                                      const float* rstd, const float* gamma, int rows, int d) {
     __shared__ float sh[64];
     const int row = blockIdx.x;
@@ -481,7 +484,7 @@ static __device__ __forceinline__ unsigned long long mix64(unsigned long long z)
 // y[i] = res[i] + (keep(i) ? x[i]*scale : 0); res 0: no residual. Each
 // element is read and written by one thread, so y may alias x or res.
 template <typename A>
-static __device__ __forceinline__ void dropout(A* y, const A* res, const A* x, long long n, unsigned long long seed,
+__device__ __forceinline__ void dropout(A* y, const A* res, const A* x, long long n, unsigned long long seed,
                                                unsigned thresh, float scale) {
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
@@ -500,7 +503,7 @@ static __device__ __forceinline__ void dropout(A* y, const A* res, const A* x, l
 // out[i,:] = table[ids[i],:]*scale; zero rows for pad and ids outside
 // [0, vocab).
 template <typename A>
-static __device__ __forceinline__ void embedding(A* __restrict__ out, const float* __restrict__ table,
+__device__ __forceinline__ void embedding(A* __restrict__ out, const float* __restrict__ table,
                                                  const int* __restrict__ ids, int n, int d, int vocab, float scale,
                                                  int pad) {
     const long long total = (long long)n * d;
@@ -525,7 +528,7 @@ static __device__ __forceinline__ void embedding(A* __restrict__ out, const floa
 // dtable[ids[i],:] += dout[i,:]*scale with atomic adds (repeated ids),
 // skipping pad (and negative ids, which index no row).
 template <typename A>
-static __device__ __forceinline__ void embedding_bwd(float* __restrict__ dtable, const A* __restrict__ dout,
+__device__ __forceinline__ void embedding_bwd(float* __restrict__ dtable, const A* __restrict__ dout,
                                                      const int* __restrict__ ids, int n, int d, float scale, int pad) {
     const long long total = (long long)n * d;
     const long long stride = flat_stride();
@@ -546,7 +549,7 @@ static __device__ __forceinline__ void embedding_bwd(float* __restrict__ dtable,
 
 // x[r,:] += pe[r%T + t0, :].
 template <typename A>
-static __device__ __forceinline__ void add_pos(A* __restrict__ x, const float* __restrict__ pe, long long rows, int T,
+__device__ __forceinline__ void add_pos(A* __restrict__ x, const float* __restrict__ pe, long long rows, int T,
                                                int d, int t0) {
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
@@ -602,7 +605,7 @@ static __device__ __forceinline__ void h4_next(Heads4& w, int S, int H, int Dh) 
 
 // dst[b,h,s,:] = src[b,s,h*Dh:(h+1)*Dh]; src has srcS rows per b.
 template <typename A>
-static __device__ __forceinline__ void split_heads(A* __restrict__ dst, const A* __restrict__ src, int B, int S, int H,
+__device__ __forceinline__ void split_heads(A* __restrict__ dst, const A* __restrict__ src, int B, int S, int H,
                                                    int Dh, int srcS) {
     const long long n = (long long)B * H * S * Dh;
     const long long stride = flat_stride();
@@ -621,7 +624,7 @@ static __device__ __forceinline__ void split_heads(A* __restrict__ dst, const A*
 // dst[b,s,h*Dh:(h+1)*Dh] = src[b,h,s,:]; dst has dstS rows per b, and its
 // rows s >= S are not written.
 template <typename A>
-static __device__ __forceinline__ void merge_heads(A* __restrict__ dst, const A* __restrict__ src, int B, int S, int H,
+__device__ __forceinline__ void merge_heads(A* __restrict__ dst, const A* __restrict__ src, int B, int S, int H,
                                                    int Dh, int dstS) {
     const long long n = (long long)B * H * S * Dh;
     const long long stride = flat_stride();
@@ -640,7 +643,7 @@ static __device__ __forceinline__ void merge_heads(A* __restrict__ dst, const A*
 // Row r = (b, h, i) of P[B, H, Sq, Sk]: the first n keys get the softmax of
 // their scores, the others 0, n = min(Sk, keyLen[b], i+Sk-Sq+1 if causal).
 template <typename A>
-static __device__ __forceinline__ void attn_softmax(A* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) {
+__device__ __forceinline__ void attn_softmax(A* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) {
     __shared__ float shm[32];
     __shared__ float shs[32];
     const int row = blockIdx.x;
@@ -678,7 +681,7 @@ static __device__ __forceinline__ void attn_softmax(A* P, const int* keyLen, int
 
 // dP = P*(dP - sum_j P*dP), row by row.
 template <typename A>
-static __device__ __forceinline__ void attn_softmax_bwd(A* dP, const A* P, int rows, int Sk) {
+__device__ __forceinline__ void attn_softmax_bwd(A* dP, const A* P, int rows, int Sk) {
     __shared__ float sh[32];
     const int row = blockIdx.x;
     if (row >= rows) {
@@ -708,7 +711,7 @@ static __device__ __forceinline__ void attn_softmax_bwd(A* dP, const A* P, int r
 // (softmax - low)*gradScale, minus (conf-low)*gradScale at the target;
 // dlogits may be 0 (none) or alias logits.
 template <typename A>
-static __device__ __forceinline__ void xent(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V,
+__device__ __forceinline__ void xent(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V,
                                             float ls, int pad, float gradScale) {
     __shared__ float shm[32];
     __shared__ float shs[32];
@@ -764,7 +767,7 @@ static __device__ __forceinline__ void xent(A* dlogits, const A* logits, const i
 
 // out = x - logsumexp(x) row by row; out may alias x.
 template <typename A>
-static __device__ __forceinline__ void log_softmax(A* out, const A* x, int N, int V) {
+__device__ __forceinline__ void log_softmax(A* out, const A* x, int N, int V) {
     __shared__ float shm[32];
     __shared__ float shs[32];
     const int row = blockIdx.x;
@@ -791,7 +794,7 @@ static __device__ __forceinline__ void log_softmax(A* out, const A* x, int N, in
 
 // dst[i*dstRow + c] = src[idx[i]*srcRow + c] for c < cols.
 template <typename A>
-static __device__ __forceinline__ void gather_rows(A* __restrict__ dst, const A* __restrict__ src,
+__device__ __forceinline__ void gather_rows(A* __restrict__ dst, const A* __restrict__ src,
                                                    const int* __restrict__ idx, int n, int cols, long long srcRow,
                                                    long long dstRow) {
     const long long total = (long long)n * cols;
@@ -811,7 +814,7 @@ static __device__ __forceinline__ void gather_rows(A* __restrict__ dst, const A*
 // cache[(r*Tc + t)*D + j] = x[r*D + j]: step t of R rows of a [R, Tc, D]
 // cache.
 template <typename A>
-static __device__ __forceinline__ void write_step(A* __restrict__ cache, const A* __restrict__ x, int R, int Tc, int D,
+__device__ __forceinline__ void write_step(A* __restrict__ cache, const A* __restrict__ x, int R, int Tc, int D,
                                                   int t) {
     const long long n = (long long)R * D;
     const long long stride = flat_stride();
