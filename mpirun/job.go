@@ -50,8 +50,13 @@ type Config struct {
 	StdinRank int           // rank that gets gorun's stdin; -1 = none
 	Grace     time.Duration // between SIGTERM and SIGKILL (default 5s)
 	Timeout   time.Duration // whole-job limit (0 = none)
-	DryRun    bool          // print placement and commands, start nothing
-	Verbose   bool          // placement and lifecycle lines on stderr
+	// MaxRestarts: when a rank fails, stop the job as always, then start
+	// it again, up to this many times (torchrun's --max-restarts); each
+	// start tells the ranks its number in GORUN_RESTART. A signal to
+	// gorun or --timeout ends the job without a restart.
+	MaxRestarts int
+	DryRun      bool // print placement and commands, start nothing
+	Verbose     bool // placement and lifecycle lines on stderr
 
 	Stdin          io.Reader      // gorun's stdin (nil: none)
 	Stdout, Stderr io.Writer      // gorun's stdout and stderr
@@ -102,11 +107,13 @@ type plan struct {
 	rprog    string // the program as remote agents run it
 	cudaRank bool   // CUDA_VISIBLE_DEVICES = local rank
 	hosts    int
+	restart  int    // the number of this start (GORUN_RESTART)
+	failure  string // set by run: the failure of a rank that stopped the job
 }
 
 // contractVars are set by gorun itself; -x may not override them.
 var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.EnvLocalSize, rank.EnvNodeRank,
-	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost}
+	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart}
 
 // tuningVars are forwarded from gorun's environment to every rank, remote
 // ones included, because the mesh needs them equal everywhere.
@@ -129,7 +136,14 @@ func Run(cfg Config) (int, error) {
 		p.printDryRun()
 		return 0, nil
 	}
-	return p.run()
+	for {
+		status, err := p.run()
+		if err != nil || p.failure == "" || p.restart >= cfg.MaxRestarts {
+			return status, err
+		}
+		p.restart++
+		fmt.Fprintf(cfg.Stderr, "gorun: restarting the job (restart %d of %d, GORUN_RESTART=%d) after: %s\n", p.restart, cfg.MaxRestarts, p.restart, p.failure)
+	}
 }
 
 func prepare(cfg Config) (*plan, error) {
@@ -305,6 +319,7 @@ func prepare(cfg Config) (*plan, error) {
 				rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
 				rank.EnvJobID+"="+p.jobID,
 				rank.EnvHost+"="+s.Host,
+				rank.EnvRestart+"="+restartPlaceholder,
 			)
 			if cudaLocal {
 				env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
@@ -343,6 +358,7 @@ func prepare(cfg Config) (*plan, error) {
 			rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
 			rank.EnvJobID+"="+p.jobID,
 			rank.EnvHost+"="+hs.name,
+			rank.EnvRestart+"="+restartPlaceholder,
 		)
 		var ars []AgentRank
 		stdinRank := -1
@@ -397,7 +413,10 @@ func mergeLocalHosts(hosts []Host) []Host {
 
 // rdvPortPlaceholder stands for the rendezvous port in commands built
 // before the port is known; run() fills it in.
-const rdvPortPlaceholder = "<port>"
+const (
+	rdvPortPlaceholder = "<port>"
+	restartPlaceholder = "@restart@" // shell-safe: the word stays unquoted
+)
 
 func hasVar(env []string, name string) bool {
 	for _, kv := range env {
@@ -522,7 +541,7 @@ func launcherWords(cfg Config) ([]string, error) {
 func (p *plan) commandLine(sp rankSpec, port string) string {
 	words := []string{"env"}
 	for _, kv := range sp.env {
-		words = append(words, fillPort(kv, port))
+		words = append(words, p.fill(kv, port))
 	}
 	words = append(words, rank.EnvSecret+"=<redacted>")
 	words = append(words, sp.argv...)
@@ -533,12 +552,16 @@ func (p *plan) commandLine(sp rankSpec, port string) string {
 func (p *plan) hostCommandLine(hs *hostSpec, port string) string {
 	w := make([]string, len(hs.argv))
 	for i, a := range hs.argv {
-		w[i] = fillPort(a, port)
+		w[i] = p.fill(a, port)
 	}
 	return shellJoin(w) + "   # job secret on stdin"
 }
 
-func fillPort(s, port string) string { return strings.ReplaceAll(s, rdvPortPlaceholder, port) }
+// fill puts the rendezvous port and the number of this start into a
+// word of a rank's environment or command.
+func (p *plan) fill(s, port string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, rdvPortPlaceholder, port), restartPlaceholder, strconv.Itoa(p.restart))
+}
 
 // printCommands writes every local rank's and remote host's command.
 func (p *plan) printCommands(w io.Writer, prefix, port string) {
@@ -634,6 +657,7 @@ type outcome struct {
 
 func (p *plan) run() (int, error) {
 	cfg := p.cfg
+	p.failure = ""
 	secretBytes, _ := hex.DecodeString(p.secret)
 	rdv, err := rank.ListenRendezvous(net.JoinHostPort(p.rdvIP, p.rdvPort), len(p.specs), secretBytes)
 	if err != nil {
@@ -728,10 +752,11 @@ func (p *plan) run() (int, error) {
 			}
 			if code, msg := r.describe(); code != 0 {
 				fmt.Fprintln(cfg.Stderr, "gorun: "+msg)
-				status = code
+				status, p.failure = code, msg
 				stopAll(syscall.SIGTERM)
 			}
 		case s := <-cfg.Signals:
+			p.failure = "" // a signal to gorun ends the job: no restart
 			sig, _ := s.(syscall.Signal)
 			if sig == 0 {
 				sig = syscall.SIGTERM
@@ -824,7 +849,7 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
 	env := cleanEnviron()
 	for _, kv := range sp.env {
-		env = append(env, fillPort(kv, port))
+		env = append(env, p.fill(kv, port))
 	}
 	cmd.Env = append(env, rank.EnvSecret+"="+p.secret)
 	outR, outW, err := os.Pipe()

@@ -238,7 +238,7 @@ func TestDryRunRemote(t *testing.T) {
 		"gorun: dry run: 2 ranks on 1 host, job ",
 		"RANK  HOST           LOCAL RANK  LOCAL SIZE  NODE RANK  START\n0     node7.invalid  0           2           0          ssh\n1     node7.invalid  1           2           0          ssh\n",
 		`[node7.invalid: ranks 0,1] ssh -F 'my cfg' -o BatchMode=yes -o ConnectTimeout=10 -p 2222 node7.invalid 'cd /tmp && exec env A=1 GORUN_SIZE=2 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=0 `,
-		` GORUN_HOST=node7.invalid /opt/gorun --internal-remote-agent --grace 5s --ranks 0.0,1.1 --cuda-local -- /tmp/prog '\''--it'\''\'\'''\''s'\'' '\''x y'\'''   # job secret on stdin`,
+		` GORUN_HOST=node7.invalid GORUN_RESTART=0 /opt/gorun --internal-remote-agent --grace 5s --ranks 0.0,1.1 --cuda-local -- /tmp/prog '\''--it'\''\'\'''\''s'\'' '\''x y'\'''   # job secret on stdin`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, out)
@@ -396,5 +396,42 @@ func TestRunLocalAliases(t *testing.T) {
 		`echo "$GORUN_RANK $GORUN_LOCAL_RANK/$GORUN_LOCAL_SIZE $GORUN_NODE_RANK $GORUN_HOST"`)
 	if got := strings.Join(sortedLines(out), ","); got != "0 0/3 0 localhost,1 1/3 0 localhost,2 2/3 0 localhost" {
 		t.Errorf("got %q %q", got, errs)
+	}
+}
+
+// TestRunMaxRestarts: a rank failure restarts the job, the ranks see the
+// number of the start; a job that keeps failing ends after the last
+// restart with the failure's status; without the flag nothing restarts.
+func TestRunMaxRestarts(t *testing.T) {
+	// Rank 1 fails on the first two starts (the file counts them), then
+	// the job succeeds.
+	dir := t.TempDir()
+	script := `echo "start $GORUN_RESTART" >> ` + dir + `/rank$GORUN_RANK
+		if [ $GORUN_RANK = 1 ] && [ $GORUN_RESTART -lt 2 ]; then exit 5; fi
+		if [ $GORUN_RANK = 0 ] && [ $GORUN_RESTART -lt 2 ]; then sleep 60; fi`
+	code, _, errs := runSh(t, Config{NP: 2, MaxRestarts: 3, Grace: 500 * time.Millisecond, StdinRank: -1}, script)
+	if code != 0 {
+		t.Fatalf("status %d, stderr %q", code, errs)
+	}
+	for r := 0; r < 2; r++ {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank%d", r)))
+		if err != nil || string(b) != "start 0\nstart 1\nstart 2\n" {
+			t.Fatalf("rank %d saw %q (%v), want starts 0, 1, 2", r, b, err)
+		}
+	}
+	re := regexp.MustCompile(`(?m)^gorun: restarting the job \(restart (\d) of 3, GORUN_RESTART=\d\) after: rank 1 \(host localhost, pid \d+\) exited with status 5$`)
+	if m := re.FindAllStringSubmatch(errs, -1); len(m) != 2 || m[0][1] != "1" || m[1][1] != "2" {
+		t.Fatalf("stderr %q, want restarts 1 and 2 with their cause", errs)
+	}
+
+	// Out of restarts: the last failure's status.
+	code, _, errs = runSh(t, Config{NP: 2, MaxRestarts: 1, StdinRank: -1}, `if [ $GORUN_RANK = 1 ]; then exit 7; fi; sleep 60`)
+	if code != 7 || strings.Count(errs, "restarting the job") != 1 || len(regexp.MustCompile(`(?m)^gorun: rank 1 .* exited with status 7$`).FindAllString(errs, -1)) != 2 {
+		t.Fatalf("status %d, stderr %q", code, errs)
+	}
+	// No flag: no restart, and the ranks see GORUN_RESTART=0.
+	code, out, errs := runSh(t, Config{NP: 1, StdinRank: -1}, `echo "restart=$GORUN_RESTART"; exit 4`)
+	if code != 4 || strings.Contains(errs, "restarting") || !strings.Contains(out, "restart=0") {
+		t.Fatalf("status %d, stdout %q, stderr %q", code, out, errs)
 	}
 }

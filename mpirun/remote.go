@@ -55,7 +55,7 @@ func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, result
 	}
 	argv := make([]string, len(hs.argv))
 	for i, a := range hs.argv {
-		argv[i] = fillPort(a, port)
+		argv[i] = p.fill(a, port)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = cleanEnviron() // ssh's own; the ranks' is in the remote command

@@ -26,6 +26,9 @@ const (
 	EnvTransport  = "GORUN_TRANSPORT"
 	EnvConns      = "GORUN_CONNS_PER_PEER"
 	EnvTimeout    = "GORUN_TIMEOUT"
+	// EnvRestart counts the times gorun --max-restarts started the job
+	// again after a failure (absent or 0: the first start).
+	EnvRestart = "GORUN_RESTART"
 )
 
 // DefaultRendezvousPort is used when a foreign launcher gives a host but no port.
@@ -47,6 +50,9 @@ type Identity struct {
 	// InsecureSecret is true when no secret was given and one was derived
 	// from public job information (foreign launchers without GORUN_SECRET).
 	InsecureSecret bool
+	// Restart is the number of times the launcher has restarted the job
+	// after a failure (GORUN_RESTART, torchrun's TORCHELASTIC_RESTART_COUNT).
+	Restart int
 }
 
 // NewSecret returns a fresh random job secret, hex encoded.
@@ -172,6 +178,16 @@ func fromEnv(get envGetter) (Identity, error) {
 	// Under gorun, gorun serves the rendezvous; otherwise rank 0 does.
 	id.ServeRendezvous = id.Launcher != "gorun" && id.Rank == 0 && id.Size > 1
 
+	for _, k := range []string{EnvRestart, "TORCHELASTIC_RESTART_COUNT"} {
+		if v := str(k); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return id, fmt.Errorf("%s=%q: want a count of restarts", k, v)
+			}
+			id.Restart = n
+			break
+		}
+	}
 	id.JobID = str(EnvJobID)
 	if id.JobID == "" {
 		for _, k := range []string{"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"} {

@@ -112,6 +112,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "stdin", Value: "0", Usage: "`RANK` that receives gorun's stdin, or none"},
 		&cli.DurationFlag{Name: "grace", Value: mpirun.DefaultGrace, Usage: "`DURATION` between SIGTERM and SIGKILL when stopping ranks"},
 		&cli.DurationFlag{Name: "timeout", Usage: "stop the job after this `DURATION` (exit status 124)"},
+		&cli.IntFlag{Name: "max-restarts", Usage: "when a rank fails, stop the job and start it again, up to `N` times (torchrun's --max-restarts; the ranks see GORUN_RESTART=1, 2, ...)"},
 		&cli.BoolFlag{Name: "dry-run", Usage: "print the placement and each rank's command (secret redacted), start nothing"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the commands and lifecycle events on stderr"},
 		// The remote agent (started by gorun through ssh; not for people).
@@ -185,6 +186,10 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	cfg.Timeout = c.Duration("timeout")
 	if cfg.Timeout < 0 {
 		return cfg, fmt.Errorf("--timeout %s is negative", cfg.Timeout)
+	}
+	cfg.MaxRestarts = c.Int("max-restarts")
+	if cfg.MaxRestarts < 0 {
+		return cfg, fmt.Errorf("--max-restarts %d is negative", cfg.MaxRestarts)
 	}
 	cfg.DryRun = c.Bool("dry-run")
 	cfg.Verbose = c.Bool("verbose")
