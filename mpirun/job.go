@@ -108,12 +108,13 @@ type plan struct {
 	cudaRank bool   // CUDA_VISIBLE_DEVICES = local rank
 	hosts    int
 	restart  int    // the number of this start (GORUN_RESTART)
+	cause    string // the failure that caused this start (GORUN_RESTART_CAUSE)
 	failure  string // set by run: the failure of a rank that stopped the job
 }
 
 // contractVars are set by gorun itself; -x may not override them.
 var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.EnvLocalSize, rank.EnvNodeRank,
-	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart}
+	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart, rank.EnvRestartCause}
 
 // tuningVars are forwarded from gorun's environment to every rank, remote
 // ones included, because the mesh needs them equal everywhere.
@@ -141,7 +142,7 @@ func Run(cfg Config) (int, error) {
 		if err != nil || p.failure == "" || p.restart >= cfg.MaxRestarts {
 			return status, err
 		}
-		p.restart++
+		p.restart, p.cause = p.restart+1, p.failure
 		fmt.Fprintf(cfg.Stderr, "gorun: restarting the job (restart %d of %d, GORUN_RESTART=%d) after: %s\n", p.restart, cfg.MaxRestarts, p.restart, p.failure)
 	}
 }
@@ -360,6 +361,9 @@ func prepare(cfg Config) (*plan, error) {
 			rank.EnvHost+"="+hs.name,
 			rank.EnvRestart+"="+restartPlaceholder,
 		)
+		if cfg.MaxRestarts > 0 {
+			env = append(env, rank.EnvRestartCause+"="+causePlaceholder)
+		}
 		var ars []AgentRank
 		stdinRank := -1
 		for _, r := range hs.ranks {
@@ -416,6 +420,7 @@ func mergeLocalHosts(hosts []Host) []Host {
 const (
 	rdvPortPlaceholder = "<port>"
 	restartPlaceholder = "@restart@" // shell-safe: the word stays unquoted
+	causePlaceholder   = "@cause@"   // in a remote command: the cause, shell-quoted
 )
 
 func hasVar(env []string, name string) bool {
@@ -560,7 +565,8 @@ func (p *plan) hostCommandLine(hs *hostSpec, port string) string {
 // fill puts the rendezvous port and the number of this start into a
 // word of a rank's environment or command.
 func (p *plan) fill(s, port string) string {
-	return strings.ReplaceAll(strings.ReplaceAll(s, rdvPortPlaceholder, port), restartPlaceholder, strconv.Itoa(p.restart))
+	s = strings.ReplaceAll(strings.ReplaceAll(s, rdvPortPlaceholder, port), restartPlaceholder, strconv.Itoa(p.restart))
+	return strings.ReplaceAll(s, causePlaceholder, shellQuote(p.cause))
 }
 
 // printCommands writes every local rank's and remote host's command.
@@ -850,6 +856,9 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 	env := cleanEnviron()
 	for _, kv := range sp.env {
 		env = append(env, p.fill(kv, port))
+	}
+	if p.restart > 0 {
+		env = append(env, rank.EnvRestartCause+"="+p.cause)
 	}
 	cmd.Env = append(env, rank.EnvSecret+"="+p.secret)
 	outR, outW, err := os.Pipe()

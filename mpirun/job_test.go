@@ -406,7 +406,7 @@ func TestRunMaxRestarts(t *testing.T) {
 	// Rank 1 fails on the first two starts (the file counts them), then
 	// the job succeeds.
 	dir := t.TempDir()
-	script := `echo "start $GORUN_RESTART" >> ` + dir + `/rank$GORUN_RANK
+	script := `echo "start $GORUN_RESTART$GORUN_RESTART_CAUSE" | sed 's/(host.*)//' >> ` + dir + `/rank$GORUN_RANK
 		if [ $GORUN_RANK = 1 ] && [ $GORUN_RESTART -lt 2 ]; then exit 5; fi
 		if [ $GORUN_RANK = 0 ] && [ $GORUN_RESTART -lt 2 ]; then sleep 60; fi`
 	code, _, errs := runSh(t, Config{NP: 2, MaxRestarts: 3, Grace: 500 * time.Millisecond, StdinRank: -1}, script)
@@ -415,8 +415,9 @@ func TestRunMaxRestarts(t *testing.T) {
 	}
 	for r := 0; r < 2; r++ {
 		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank%d", r)))
-		if err != nil || string(b) != "start 0\nstart 1\nstart 2\n" {
-			t.Fatalf("rank %d saw %q (%v), want starts 0, 1, 2", r, b, err)
+		want := "start 0\nstart 1rank 1  exited with status 5\nstart 2rank 1  exited with status 5\n"
+		if err != nil || string(b) != want {
+			t.Fatalf("rank %d saw %q (%v), want %q: starts 0, 1, 2 and the causes", r, b, err, want)
 		}
 	}
 	re := regexp.MustCompile(`(?m)^gorun: restarting the job \(restart (\d) of 3, GORUN_RESTART=\d\) after: rank 1 \(host localhost, pid \d+\) exited with status 5$`)

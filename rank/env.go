@@ -29,6 +29,9 @@ const (
 	// EnvRestart counts the times gorun --max-restarts started the job
 	// again after a failure (absent or 0: the first start).
 	EnvRestart = "GORUN_RESTART"
+	// EnvRestartCause is gorun's line about the failure that caused the
+	// restart (unset on the first start).
+	EnvRestartCause = "GORUN_RESTART_CAUSE"
 )
 
 // DefaultRendezvousPort is used when a foreign launcher gives a host but no port.
