@@ -223,7 +223,8 @@ func WriteReport(dir string) (string, error) {
 	w("## How long did it take, and how many steps?\n\n")
 	w("- Total wall time: **%s** for **%s steps** (the last logged step).\n", (time.Duration((last - first) * 1e9)).Round(time.Second), Commas(lastStep))
 	w("- Average step time: **%s s** (median %s s) over %d logged intervals.\n", fmtNum(mean(stepTime), "%.3f"), fmtNum(median(stepTime), "%.3f"), len(stepTime))
-	w("- Throughput: **%s target tokens/s** on average across the job.\n\n", fmtNum(mean(toks), "%.0f"))
+	w("- Throughput: **%s target tokens/s** on average across the job.\n", fmtNum(mean(toks), "%.0f"))
+	w("%s\n", describeInterruptions(recs))
 	w("%s\n\n", plot("step_time.png", "step time", "seconds", Line{"step time", stepTime}))
 
 	w("## What does the learning-rate schedule do?\n\n")
@@ -349,6 +350,24 @@ func WriteReport(dir string) (string, error) {
 
 	out := filepath.Join(dir, "report.md")
 	return out, os.WriteFile(out, []byte(b.String()), 0o644)
+}
+
+// describeInterruptions lists the stops on a signal ("stop" records) and
+// the restarts after a failure ("restart" records) of a run, one bullet
+// each; "" when it ran in one go.
+func describeInterruptions(recs []Record) string {
+	var b strings.Builder
+	for _, r := range recs {
+		switch r.Kind {
+		case "stop":
+			fmt.Fprintf(&b, "- Stopped by %s after step %s (checkpoint %s written).\n",
+				orStr(r.Text["signal"], "a signal"), Commas(r.Step), orStr(r.Text["checkpoint"], "?"))
+		case "restart":
+			fmt.Fprintf(&b, "- Restart %.0f (gorun --max-restarts) after %s: resumed from step %s; %s logged steps of the failed start lost.\n",
+				r.Values["restart"], orStr(r.Text["cause"], "a failure"), Commas(r.Step), Commas(int64(r.Values["steps_lost"])))
+		}
+	}
+	return b.String()
 }
 
 func describeCheckpoints(dir string) string {

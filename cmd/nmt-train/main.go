@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -18,13 +19,31 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	// SIGINT and SIGTERM: `train` stops after the current step with a
+	// checkpoint (a preemption, a scheduler's time limit, Ctrl-C); the
+	// other commands stop at once. A second signal exits at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan os.Signal, 1)
+	var training atomic.Bool
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		if training.Load() {
+			stop <- s
+		} else {
+			cancel()
+		}
+		s = <-sigs
+		fmt.Fprintf(os.Stderr, "nmt-train: %v again: exiting now\n", s)
+		os.Exit(128 + int(s.(syscall.Signal)))
+	}()
 	app := &cli.App{
 		Name:  "nmt-train",
 		Usage: "distributed training of a Transformer translation model (run it under gorun)",
 		Commands: []*cli.Command{
-			trainCommand(),
+			trainCommand(stop, &training),
 			prepareCommand(),
 			translateCommand(),
 			bleuCommand(),
@@ -36,6 +55,10 @@ func main() {
 		ErrWriter:      os.Stderr,
 	}
 	if err := app.RunContext(ctx, os.Args); err != nil {
+		var stopped *train.StoppedError
+		if errors.As(err, &stopped) {
+			os.Exit(128 + int(stopped.Sig.(syscall.Signal)))
+		}
 		if !errors.Is(err, train.ErrReported) {
 			fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
 		}
@@ -43,7 +66,7 @@ func main() {
 	}
 }
 
-func trainCommand() *cli.Command {
+func trainCommand(stop <-chan os.Signal, training *atomic.Bool) *cli.Command {
 	return &cli.Command{
 		Name:      "train",
 		Usage:     "train (every rank of a gorun job runs this)",
@@ -62,6 +85,8 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			o.Stop = stop
+			training.Store(true)
 			return train.Run(c.Context, o, os.Stdout)
 		},
 	}

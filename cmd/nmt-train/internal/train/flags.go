@@ -2,6 +2,7 @@ package train
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"time"
 
@@ -43,6 +44,11 @@ type Options struct {
 	BatchSplit     bool
 	Timeout        time.Duration
 	Quiet          bool
+	// Stop, when a signal arrives on it (SIGTERM, SIGINT: a scheduler's
+	// time limit, a preemption, Ctrl-C), makes the job stop after the
+	// step every rank is in, rank 0 writing a checkpoint first; Run then
+	// returns a *StoppedError. Not a flag: the command wires its signals.
+	Stop <-chan os.Signal
 }
 
 // Flags are the `train` command's flags. Names follow the lab

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/collective"
@@ -95,6 +97,13 @@ type Trainer struct {
 	unlockDir func()
 	// resumedFrom is the step of the checkpoint resumed from (-1: fresh).
 	resumedFrom int
+	// stopSig is the signal that asked for a stop (Options.Stop); inLoop
+	// says the training loop runs (a stop then waits for the step's end).
+	stopMu  sync.Mutex
+	stopSig os.Signal
+	inLoop  bool
+	// ckptStep is the step of the last checkpoint this process wrote.
+	ckptStep int
 }
 
 // Run trains as the rank described by the environment.
@@ -118,8 +127,13 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 		if r := recover(); r != nil {
 			err = cuda.Failure(r)
 		}
+		var stopped *StoppedError
 		if errors.Is(err, errLeaderFailed) {
 			err = ErrReported // rank 0 printed why
+		} else if errors.As(err, &stopped) {
+			if t.leader() {
+				fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
+			}
 		} else if err != nil {
 			who := ""
 			if id.Size > 1 {
@@ -130,14 +144,65 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 		}
 		t.close()
 	}()
+	// A stop request before the training loop has nothing to save: it
+	// cancels, as any signal to a program does. In the loop it is a vote
+	// in the next step's token-count allreduce (see trainStep).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case s := <-o.Stop:
+			t.stopMu.Lock()
+			t.stopSig = s
+			inLoop := t.inLoop
+			t.stopMu.Unlock()
+			if !inLoop {
+				cancel()
+			}
+		case <-done:
+		}
+	}()
 	if err := t.setup(ctx); err != nil {
 		return err
+	}
+	t.stopMu.Lock()
+	t.inLoop = true
+	early := t.stopSig != nil
+	t.stopMu.Unlock()
+	if early {
+		return fmt.Errorf("interrupted by %v before the first step", t.stopSig)
 	}
 	return t.loop(ctx)
 }
 
+// stopRequested reports whether a stop signal has arrived.
+func (t *Trainer) stopRequested() os.Signal {
+	t.stopMu.Lock()
+	defer t.stopMu.Unlock()
+	return t.stopSig
+}
+
 // ErrReported is returned by Run after it printed the error itself.
 var ErrReported = errors.New("error reported")
+
+// StoppedError is Run's result when a signal on Options.Stop stopped the
+// job after a step: every rank returns it, rank 0's with the checkpoint it
+// wrote. The process should exit with 128 + the signal's number, as a
+// process stopped by the signal would.
+type StoppedError struct {
+	Sig        os.Signal
+	Step       int
+	Checkpoint string // rank 0: the checkpoint written at Step
+}
+
+func (e *StoppedError) Error() string {
+	if e.Checkpoint == "" {
+		return fmt.Sprintf("stopped by %v after step %d", e.Sig, e.Step)
+	}
+	return fmt.Sprintf("stopped by %v after step %d; checkpoint %s written: continue with --resume", e.Sig, e.Step, e.Checkpoint)
+}
 
 // errLeaderFailed: rank 0 could not open the run directory or its
 // checkpoint, and says why; the other ranks exit without a word.
@@ -264,7 +329,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if t.leader() && t.unlockDir == nil {
 		dirErr = t.takeRunDir()
 	}
-	if t.leader() && o.Resume && dirErr == nil {
+	if t.leader() && t.o.Resume && dirErr == nil {
 		st, dirErr = t.resumeRunDir()
 	}
 	if err := t.broadcastState(ctx, st, dirErr); err != nil {
@@ -332,11 +397,13 @@ func (t *Trainer) configure(be kernels.Backend, why string) (int, error) {
 // opens metrics and events, and writes run.json and the vocabulary.
 func (t *Trainer) openRunFiles(cfg transformer.Config, threads int) error {
 	o := t.o
+	var rw metrics.Rewind
 	if t.resumedFrom >= 0 {
 		// The records of the steps after the checkpoint belong to the
 		// attempt that was killed: they go (kept aside), so that the
 		// files and the report hold the run as it went.
-		rw, err := metrics.RewindRun(o.RunDir, int64(t.resumedFrom))
+		var err error
+		rw, err = metrics.RewindRun(o.RunDir, int64(t.resumedFrom))
 		if err != nil {
 			return fmt.Errorf("--resume: %v", err)
 		}
@@ -349,6 +416,22 @@ func (t *Trainer) openRunFiles(cfg transformer.Config, threads int) error {
 	t.run, err = metrics.OpenRun(o.RunDir)
 	if err != nil {
 		return err
+	}
+	if t.id.Restart > 0 {
+		// the report lists the restarts: the step resumed from and the
+		// logged steps the failed start made after it
+		lost := max(0, rw.LastStep-int64(t.resumedFrom))
+		vals := map[string]float64{"restart": float64(t.id.Restart), "steps_lost": float64(lost)}
+		var text map[string]string
+		if c := os.Getenv(rank.EnvRestartCause); c != "" {
+			text = map[string]string{"cause": c}
+		}
+		if err := t.run.Log("restart", int64(t.resumedFrom), vals, text); err != nil {
+			return err
+		}
+		if lost > 0 {
+			t.logf("nmt-train: restart %d: the failed start had logged up to step %d; %d steps lost", t.id.Restart, rw.LastStep, lost)
+		}
 	}
 	if err := t.writeRunInfo(cfg, threads); err != nil {
 		return err
@@ -394,7 +477,19 @@ func (t *Trainer) takeRunDir() error {
 		return err
 	}
 	t.unlockDir = unlock
-	if !o.Resume {
+	if !o.Resume && t.id.Restart > 0 {
+		// gorun --max-restarts started the job again after a failure: it
+		// continues from the last checkpoint, or starts over when the
+		// failed start wrote none (its records are set aside).
+		if _, err := transformer.LatestCheckpoint(o.RunDir); err == nil {
+			t.o.Resume = true
+			t.logf("nmt-train: restart %d (gorun --max-restarts): resuming from the last checkpoint", t.id.Restart)
+		} else {
+			t.logf("nmt-train: restart %d (gorun --max-restarts): no checkpoint yet, starting over", t.id.Restart)
+			t.runID, t.resumedFrom = transformer.NewRunID(), 0
+		}
+	}
+	if !t.o.Resume && t.id.Restart == 0 {
 		if what := heldRun(o.RunDir); what != "" {
 			if strings.HasPrefix(what, "latest ") {
 				return fmt.Errorf("--run-dir %s already holds a run (%s); use --resume to continue it, or another --run-dir", o.RunDir, what)
@@ -633,6 +728,7 @@ type stepResult struct {
 	dur, compute     time.Duration
 	comm             commStats
 	skipped          bool
+	stop             bool // a rank asked to stop after this step
 }
 
 func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
@@ -674,13 +770,20 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 		}
 		var scale float32 = 1
 		if last {
-			glob, err := t.allreduceSums(ctx, []float64{total, raw, lab})
+			// the 4th sum is the stop vote: a rank that got a stop signal
+			// makes every rank stop after this step
+			vote := 0.0
+			if t.stopRequested() != nil {
+				vote = 1
+			}
+			glob, err := t.allreduceSums(ctx, []float64{total, raw, lab, vote})
 			if err != nil {
 				return r, err
 			}
 			N := glob[0]
 			r.tokens = int(N)
 			r.lossRaw, r.lossLab = glob[1]/N, glob[2]/N
+			r.stop = glob[3] > 0
 			if n > 0 {
 				scale = float32(n / N)
 			} else {
@@ -845,6 +948,10 @@ func (t *Trainer) loop(ctx context.Context) error {
 				return err
 			}
 		}
+		if r.stop {
+			bar.clear()
+			return t.stop(ctx)
+		}
 	}
 	bar.clear()
 	if err := t.comm.Barrier(ctx); err != nil {
@@ -884,6 +991,38 @@ func (t *Trainer) loop(ctx context.Context) error {
 	return nil
 }
 
+// stop ends the job after the step in which a rank voted to stop (a stop
+// signal): rank 0 writes a checkpoint, unless the step has one already,
+// and the report; every rank then meets at a barrier, so that none exits
+// before the checkpoint is complete, and returns a *StoppedError.
+func (t *Trainer) stop(ctx context.Context) error {
+	sig := t.stopRequested()
+	if t.ckptStep != t.step {
+		if err := t.checkpoint(); err != nil {
+			return err
+		}
+	}
+	if err := t.comm.Barrier(ctx); err != nil {
+		return err
+	}
+	e := &StoppedError{Sig: sig, Step: t.step}
+	if sig == nil {
+		e.Sig = syscall.SIGTERM // another rank's signal
+	}
+	if t.leader() {
+		e.Checkpoint = filepath.Join(t.o.RunDir, transformer.CheckpointDir(t.step))
+		if err := t.run.Log("stop", int64(t.step), nil, map[string]string{"signal": e.Sig.String(), "checkpoint": transformer.CheckpointDir(t.step)}); err != nil {
+			return err
+		}
+		t.run.Close()
+		t.run = nil
+		if _, err := metrics.WriteReport(t.o.RunDir); err != nil {
+			t.logf("nmt-train: report: %v", err)
+		}
+	}
+	return e
+}
+
 func timelinePart(path string, r int) string { return fmt.Sprintf("%s.rank%d", path, r) }
 
 // mergeTimeline joins the ranks' parts into one trace. Ranks on other hosts
@@ -913,6 +1052,7 @@ func (t *Trainer) mergeTimeline() error {
 
 func (t *Trainer) checkpoint() error {
 	// Every rank is at the same data position; rank 0 writes.
+	t.ckptStep = t.step
 	if !t.leader() {
 		return nil
 	}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
+	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/transformer"
+)
+
+// Faults of long runs, each through gorun with real processes and
+// signals: a stop on SIGTERM (preemption) and a rank killed under
+// --max-restarts; where the run continues, its final loss must be an
+// uninterrupted run's.
+
+// startGorun starts gorun with args; its output goes to the returned
+// buffer (safe to read while it runs).
+func startGorun(t *testing.T, args ...string) (*exec.Cmd, *syncBuf) {
+	t.Helper()
+	cmd := exec.Command(gorunBin, args...)
+	cmd.Env = testenv.CleanEnv()
+	var out syncBuf
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, &out
+}
+
+// waitStep waits until dir's metrics.jsonl has logged step >= step.
+func waitStep(t *testing.T, dir string, step int64, out *syncBuf) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl")); err == nil && len(recs) > 0 && recs[len(recs)-1].Step >= step {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no step %d after 90 s:\n%s", step, out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// exitCode waits for cmd and returns its exit status.
+func exitCode(t *testing.T, cmd *exec.Cmd, out *syncBuf) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+		return cmd.ProcessState.ExitCode()
+	case <-time.After(90 * time.Second):
+		t.Fatalf("gorun did not end:\n%s", out)
+	}
+	return -1
+}
+
+// SIGTERM to gorun (a scheduler's time limit, a preemption, Ctrl-C): every
+// rank finishes its step, rank 0 writes a checkpoint, the job exits with
+// 128+15 within gorun's --grace, and --resume continues to the loss of a
+// run that was never stopped.
+func TestStopOnSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	args := func(dir string, steps int) []string {
+		return append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--max-steps", fmt.Sprint(steps),
+			"--checkpoint-every", "1000", "--eval-every", "0", "--run-dir", dir)
+	}
+	cmd, out := startGorun(t, append([]string{"-np", "2", "--grace", "60s", trainBin}, args(dir, 100000)...)...)
+	waitStep(t, dir, 5, out)
+	cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitCode(t, cmd, out); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("gorun exit status %d, want %d:\n%s", code, 128+int(syscall.SIGTERM), out)
+	}
+	ck, err := transformer.LatestCheckpoint(dir)
+	if err != nil {
+		t.Fatalf("no checkpoint after SIGTERM: %v\n%s", err, out)
+	}
+	st, err := transformer.ReadState(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := fmt.Sprintf("[0] nmt-train: stopped by terminated after step %d; checkpoint %s written: continue with --resume", st.Step, ck)
+	if st.Step < 5 || !strings.Contains(out.String(), line) {
+		t.Fatalf("checkpoint of step %d; output lacks %q:\n%s", st.Step, line, out)
+	}
+	if strings.Contains(out.String(), "SIGKILL") {
+		t.Fatalf("a rank had to be killed:\n%s", out)
+	}
+	rep, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	if want := fmt.Sprintf("Stopped by terminated after step %d (checkpoint ckpt-%d written)", st.Step, st.Step); !strings.Contains(string(rep), want) {
+		t.Errorf("report.md lacks %q", want)
+	}
+
+	last := st.Step + 3
+	runJob(t, 2, append(args(dir, last), "--resume")...)
+	full := t.TempDir()
+	runJob(t, 2, args(full, last)...)
+	got, want := trainLosses(t, dir)[int64(last)], trainLosses(t, full)[int64(last)]
+	if math.Abs(got-want) > 1e-6*math.Max(1, want) {
+		t.Fatalf("stopped at step %d and resumed: loss at step %d is %.7f, uninterrupted %.7f", st.Step, last, got, want)
+	}
+}
+
+// A rank killed under gorun --max-restarts 1: gorun stops the job, starts
+// it again, nmt-train resumes from the last checkpoint, and the run ends
+// with an uninterrupted run's loss; the log and the report name the
+// restart, its cause and the steps lost.
+func TestMaxRestartsResumes(t *testing.T) {
+	const steps = 30
+	args := func(dir string) []string {
+		return append(append([]string{}, tinyArgs...), "--batch-tokens", "1024", "--max-steps", fmt.Sprint(steps),
+			"--checkpoint-every", "5", "--eval-every", "0", "--run-dir", dir)
+	}
+	dir := t.TempDir()
+	cmd, out := startGorun(t, append([]string{"-np", "2", "--max-restarts", "1", trainBin}, args(dir)...)...)
+	waitStep(t, dir, 12, out)
+	pid := rankPID(t, dir, 1)
+	syscall.Kill(pid, syscall.SIGKILL)
+	if code := exitCode(t, cmd, out); code != 0 {
+		t.Fatalf("gorun exit status %d:\n%s", code, out)
+	}
+	s := out.String()
+	for _, want := range []string{
+		fmt.Sprintf("gorun: restarting the job (restart 1 of 1, GORUN_RESTART=1) after: rank 1 (host localhost, pid %d) killed by signal 9 (killed)", pid),
+		"[0] nmt-train: restart 1 (gorun --max-restarts): resuming from the last checkpoint",
+		"[0] nmt-train: done",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	var restart *metrics.Record
+	recs, _ := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+	for i := range recs {
+		if recs[i].Kind == "restart" {
+			restart = &recs[i]
+		}
+	}
+	if restart == nil || restart.Step < 10 || restart.Values["steps_lost"] < 1 || !strings.Contains(restart.Text["cause"], "rank 1 ") {
+		t.Fatalf("restart record %+v", restart)
+	}
+	rep, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	if want := fmt.Sprintf("Restart 1 (gorun --max-restarts) after rank 1 (host localhost, pid %d) killed by signal 9 (killed): resumed from step %d", pid, restart.Step); !strings.Contains(string(rep), want) {
+		t.Errorf("report.md lacks %q", want)
+	}
+	checkMetricsSteps(t, dir, steps)
+
+	full := t.TempDir()
+	runJob(t, 2, args(full)...)
+	got, want := trainLosses(t, dir)[steps], trainLosses(t, full)[steps]
+	if math.Abs(got-want) > 1e-6*math.Max(1, want) {
+		t.Fatalf("restarted: loss at step %d is %.7f, uninterrupted %.7f", steps, got, want)
+	}
+}
+
+// rankPID finds the nmt-train process of rank r of the job whose run
+// directory is dir (its command line names dir, its environment the rank).
+func rankPID(t *testing.T, dir string, r int) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cl, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if !bytes.Contains(cl, []byte(dir)) || !bytes.HasPrefix(cl, []byte(trainBin)) {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if string(kv) == fmt.Sprintf("GORUN_RANK=%d", r) {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no process of rank %d for %s", r, dir)
+	return 0
+}
+
+// syncBuf is a bytes.Buffer for a process's output, read while it runs.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
