@@ -28,7 +28,8 @@ type Adam struct {
 	// M and V are the first and second moments, indexed like Weights.
 	M, V kernels.Tensor
 	// SparseRows, for a lazy optimizer, maps a parameter index to the rows
-	// (of its [rows, cols] shape) that received a gradient this step.
+	// (of its [rows, cols] shape) that received a gradient this step, each
+	// row once.
 	SparseRows map[int][]int32
 
 	be   kernels.Backend
