@@ -27,13 +27,15 @@ vet:
 
 # All tests: formatting, vet, the race detector on the concurrent packages,
 # then every other package's tests (the race-tested ones are not run twice),
-# then the multi-host tests on their own.
+# then the multi-host tests on their own. Each go test's output goes through
+# testsummary: what plain go test prints, then every skipped test and why.
+TESTSUM := $(GO) run ./internal/tools/testsummary
 test: ptx-check fmt-check vet build
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
-	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -E '$(RACE_RE)' | grep -v /test/multihost)
+	CGO_ENABLED=1 $(GO) test -json -race -count=1 -timeout 15m $(RACE_PKGS) | $(TESTSUM)
+	$(GO) test -json -count=1 -timeout 20m $$($(GO) list ./... | grep -v -E '$(RACE_RE)' | grep -v /test/multihost) | $(TESTSUM)
 	@# Hosts in network namespaces (root; skipped with a reason otherwise). Alone, because
 	@# one of them asserts >= 90 % of a shaped link's bandwidth, which CPU contention breaks.
-	$(GO) test -count=1 -timeout 10m ./test/multihost/...
+	$(GO) test -json -count=1 -timeout 10m ./test/multihost/... | $(TESTSUM)
 
 # The CUDA kernels (docs/cuda.md): nvcc from Debian's nvidia-cuda-toolkit 11.8, unpacked
 # into ~/.cache/gorun/cuda-11.8 (no system install); kernels.cu compiled to the committed
