@@ -132,10 +132,10 @@ func BenchmarkBPELearn1M(b *testing.B) {
 }
 
 // BenchmarkBatcher cuts a memory-mapped corpus of 1,000,000 pairs (lengths
-// 1-60, skewed short like WMT) into batches of 4,096 padded tokens on rank
-// 0 of 4; reports lines/s and µs per batch of Next (epochs roll over inside
-// the loop, so their planning is included), and the time NewBatcher takes
-// to plan (all shards' lengths are read to equalize step counts).
+// 1-60, skewed short like WMT) into global batches of 4 x 4,096 padded
+// tokens (4 ranks' worth); reports lines/s and µs per batch of Next (epochs
+// roll over inside the loop, so their planning is included), and the time
+// NewBatcher takes to plan (every line's lengths are read).
 //
 //	go test -bench Batcher -benchtime 20000x ./bench/
 func BenchmarkBatcher(b *testing.B) {
@@ -165,7 +165,7 @@ func BenchmarkBatcher(b *testing.B) {
 	}
 	defer c.Close()
 	t0 := time.Now()
-	bt, err := data.NewBatcher(c, data.BatchConfig{TokensPerBatch: 4096, MaxLen: 56, Seed: 1, Rank: 0, Size: 4, VocabSize: 32004})
+	bt, err := data.NewBatcher(c, data.BatchConfig{TokensPerBatch: 4 * 4096, MaxLen: 56, Seed: 1, VocabSize: 32004})
 	if err != nil {
 		b.Fatal(err)
 	}

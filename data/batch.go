@@ -24,6 +24,37 @@ type Batch struct {
 // fairseq count max tokens).
 func (b *Batch) Padded() int { return b.B * max(b.S, b.T) }
 
+// Share is rank's part of b when size ranks split it by rows: rows rank,
+// rank+size, rank+2*size, ..., padded to b's S and T (no rows when rank >=
+// b.B). Every row of b is in exactly one rank's part; with size 1 the part
+// is b itself.
+func (b *Batch) Share(rank, size int) *Batch {
+	if size <= 1 {
+		return b
+	}
+	part := &Batch{S: b.S, T: b.T}
+	for i := rank; i < b.B; i += size {
+		src, tgt := b.Src[i*b.S:(i+1)*b.S], b.Tgt[i*b.T:(i+1)*b.T]
+		part.B++
+		part.Src = append(part.Src, src...)
+		part.Tgt = append(part.Tgt, tgt...)
+		part.Lines = append(part.Lines, b.Lines[i])
+		part.SrcTokens += nonPad(src)
+		part.TgtTokens += nonPad(tgt)
+	}
+	return part
+}
+
+func nonPad(ids []int32) int {
+	n := 0
+	for _, id := range ids {
+		if id != PAD {
+			n++
+		}
+	}
+	return n
+}
+
 // BatchConfig configures a Batcher.
 type BatchConfig struct {
 	// TokensPerBatch bounds Padded() of every batch.
@@ -33,39 +64,36 @@ type BatchConfig struct {
 	MaxLen int
 	// Seed of the per-epoch shuffles; every rank must use the same one.
 	Seed int64
-	// Rank of Size reads shard Rank of the corpus (Size 0 means 1).
-	Rank, Size int
 	// VocabSize, when > 0, makes Next check every id against it.
 	VocabSize int
 }
 
-// Position is where a Batcher is: the same on every rank at the same step,
-// so rank 0's can be restored everywhere.
+// Position is where a Batcher is in its order of batches. The order
+// depends on the seed, the corpus and the token budget only, not on the
+// number of ranks that share the batches out, so a position saved by a job
+// of N ranks continues a job of any number.
 type Position struct {
 	Epoch int   `json:"epoch"`
 	Index int   `json:"index"`
 	Seed  int64 `json:"seed"`
-	Size  int   `json:"size"`
-	Lines int   `json:"lines"`
-	Steps int   `json:"steps_per_epoch"`
+	// Tokens is the budget of the batches (BatchConfig.TokensPerBatch).
+	Tokens int `json:"batch_tokens"`
+	Lines  int `json:"lines"`
+	// Steps is the number of batches per epoch.
+	Steps int `json:"steps_per_epoch"`
 }
 
-// Batcher cuts a Source into length-bucketed batches of at most
-// TokensPerBatch padded tokens, shard Rank of Size.
+// Batcher cuts a Source into one seeded order of length-bucketed batches
+// of at most TokensPerBatch padded tokens.
 //
 // Lines are bucketed by the length of their longer side with EOS, with
 // bucket bounds growing by 10% from 8 (tensor2tensor's scheme); a bucket
 // with bound L holds batches of TokensPerBatch/L rows, padded to the
-// longest row. Every epoch each rank shuffles its shard's lines within
-// buckets and then the order of its batches, from (Seed, epoch, rank).
-//
-// Shards are contiguous ranges of lines. Because shards give different
-// batch counts, every rank computes, from the lengths alone (a Corpus's
-// offsets, not its tokens), the count of every shard; ranks with fewer
-// batches split their largest batches in two until all ranks have the same
-// number. So every line is seen exactly once per epoch across the ranks,
-// no batch exceeds the budget, and every rank takes the same number of
-// steps.
+// longest row. Every epoch the lines are shuffled within buckets and then
+// the order of the batches, from (Seed, epoch): every line is seen exactly
+// once per epoch. Every rank of a job runs the same Batcher and takes its
+// batches of the order (Next), passing over the others' (Skip), so the
+// order does not depend on the number of ranks.
 type Batcher struct {
 	src      Source
 	cfg      BatchConfig
@@ -73,24 +101,16 @@ type Batcher struct {
 	bounds   []int // bucket upper bounds
 	rows     []int // rows per batch of each bucket
 	bucketOf []int32
-	lo, hi   int // this rank's shard
-	eligible int // lines of this shard used
-	skipped  int // lines of this shard too long
-	steps    int // batches per epoch, every rank
+	eligible int // lines used
+	skipped  int // lines too long
+	steps    int // batches per epoch
 	pos      Position
 	plan     [][]int32
 }
 
-// NewBatcher plans the batches of cfg.Rank's shard. Errors: a budget
-// smaller than the shortest possible pair, a rank out of range, or a
-// shard with fewer lines than the steps the other ranks need.
+// NewBatcher plans the batches. Its error: a budget smaller than the
+// shortest possible pair.
 func NewBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
-	if cfg.Size <= 0 {
-		cfg.Size = 1
-	}
-	if cfg.Rank < 0 || cfg.Rank >= cfg.Size {
-		return nil, fmt.Errorf("data: rank %d outside 0..%d", cfg.Rank, cfg.Size-1)
-	}
 	if cfg.TokensPerBatch < 2 {
 		return nil, fmt.Errorf("data: a batch of %d tokens cannot hold a sentence and its EOS", cfg.TokensPerBatch)
 	}
@@ -121,87 +141,92 @@ func NewBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
 		}
 		lenBucket[l] = int32(k)
 	}
+	hist := make([]int, len(b.bounds))
 	for i := 0; i < n; i++ {
 		ls, lt := s.Lens(i)
 		l := max(ls, lt) + 1
 		if l > maxLen {
 			b.bucketOf[i] = -1
+			b.skipped++
 		} else {
 			b.bucketOf[i] = lenBucket[l]
+			hist[lenBucket[l]]++
+			b.eligible++
 		}
 	}
-	counts := make([]int, cfg.Size)
-	lines := make([]int, cfg.Size)
-	hist := make([]int, len(b.bounds))
-	for r := 0; r < cfg.Size; r++ {
-		lo, hi := r*n/cfg.Size, (r+1)*n/cfg.Size
-		clear(hist)
-		for i := lo; i < hi; i++ {
-			if k := b.bucketOf[i]; k >= 0 {
-				hist[k]++
-				lines[r]++
-			} else if r == cfg.Rank {
-				b.skipped++
-			}
-		}
-		for k, c := range hist {
-			counts[r] += (c + b.rows[k] - 1) / b.rows[k]
-		}
-		if r == cfg.Rank {
-			b.lo, b.hi = lo, hi
-		}
+	for k, c := range hist {
+		b.steps += (c + b.rows[k] - 1) / b.rows[k]
 	}
-	for _, c := range counts {
-		b.steps = max(b.steps, c)
-	}
-	b.eligible = lines[cfg.Rank]
-	for r := range lines {
-		if lines[r] < b.steps || lines[r] == 0 {
-			return nil, fmt.Errorf("data: shard %d of %d has %d usable lines but each rank must take %d steps per epoch: use fewer ranks or more data", r, cfg.Size, lines[r], b.steps)
-		}
-	}
-	b.pos = Position{Seed: cfg.Seed, Size: cfg.Size, Lines: n, Steps: b.steps}
+	b.pos = Position{Seed: cfg.Seed, Tokens: cfg.TokensPerBatch, Lines: n, Steps: b.steps}
 	b.plan = b.makePlan(0)
 	return b, nil
 }
 
-// StepsPerEpoch is the number of batches every rank takes per epoch.
+// StepsPerEpoch is the number of batches per epoch.
 func (b *Batcher) StepsPerEpoch() int { return b.steps }
 
 // Epoch is the epoch of the next batch (0-based).
 func (b *Batcher) Epoch() int { return b.pos.Epoch }
 
-// Lines is the number of lines of this rank's shard in use.
+// Lines is the number of lines in use.
 func (b *Batcher) Lines() int { return b.eligible }
 
-// Skipped is the number of lines of this rank's shard skipped as longer
-// than MaxLen or the token budget.
+// Skipped is the number of lines skipped as longer than MaxLen or the
+// token budget.
 func (b *Batcher) Skipped() int { return b.skipped }
 
-// Position returns the position as JSON (for a checkpoint).
-func (b *Batcher) Position() json.RawMessage {
-	j, _ := json.Marshal(b.pos)
-	return j
-}
-
-// Pos returns the position.
+// Pos returns the position (a checkpoint stores it as JSON).
 func (b *Batcher) Pos() Position { return b.pos }
 
-// Restore continues from a position saved by Position on any rank of a
-// job with the same seed, world size and corpus.
+// Restore continues from a position (Pos as JSON; other fields are
+// ignored) saved with the same seed and corpus, by a job of any number of
+// ranks.
+//
+// Positions written before the order was global have no batch_tokens but
+// the number of shards ("size"): one of a single shard is the order of
+// this Batcher's budget (its step count is checked); one of several
+// shards is refused (that order cannot be continued).
 func (b *Batcher) Restore(j json.RawMessage) error {
-	var p Position
+	var p struct {
+		Position
+		Size int `json:"size"`
+	}
 	if err := json.Unmarshal(j, &p); err != nil {
 		return fmt.Errorf("data: batcher position %s: %v", j, err)
 	}
-	return b.SetPos(p)
+	if p.Tokens == 0 {
+		if p.Size > 1 {
+			return fmt.Errorf("data: the data position is one of %d per-rank shards, written by a version before the data order was global: this version cannot continue it; start a new run, or finish this one with the version that wrote it", p.Size)
+		}
+		p.Tokens = b.cfg.TokensPerBatch
+		if err := b.SetPos(p.Position); err != nil {
+			return fmt.Errorf("%v (a position written before the data order was global does not record its batch size: resume with the settings of the run that wrote it)", err)
+		}
+		return nil
+	}
+	return b.SetPos(p.Position)
 }
 
-// SetPos continues from p; see Restore.
+// SetPos continues from p. When p's token budget differs from this
+// Batcher's, the batches are planned again with p's: a job continues its
+// own order of batches.
 func (b *Batcher) SetPos(p Position) error {
-	if p.Seed != b.pos.Seed || p.Size != b.pos.Size || p.Lines != b.pos.Lines || p.Steps != b.pos.Steps {
-		return fmt.Errorf("data: cannot resume the data position: it was saved with seed %d, %d ranks, %d lines, %d steps per epoch; this run has seed %d, %d ranks, %d lines, %d steps per epoch",
-			p.Seed, p.Size, p.Lines, p.Steps, b.pos.Seed, b.pos.Size, b.pos.Lines, b.pos.Steps)
+	if p.Seed != b.pos.Seed || p.Lines != b.pos.Lines {
+		return fmt.Errorf("data: cannot resume the data position: it was saved with seed %d and %d lines; this run has seed %d and %d lines",
+			p.Seed, p.Lines, b.pos.Seed, b.pos.Lines)
+	}
+	if p.Tokens != b.cfg.TokensPerBatch {
+		cfg := b.cfg
+		cfg.TokensPerBatch = p.Tokens
+		nb, err := NewBatcher(b.src, cfg)
+		if err != nil {
+			return fmt.Errorf("data: cannot resume the data position: %v", err)
+		}
+		*b = *nb
+	}
+	if p.Steps != b.steps {
+		return fmt.Errorf("data: cannot resume the data position: it was saved with %d batches of %d tokens per epoch; this corpus gives %d (another --max-length or corpus?)",
+			p.Steps, p.Tokens, b.steps)
 	}
 	if p.Epoch < 0 || p.Index < 0 || p.Index > p.Steps {
 		return fmt.Errorf("data: invalid data position epoch %d index %d", p.Epoch, p.Index)
@@ -216,6 +241,15 @@ func (b *Batcher) SetPos(p Position) error {
 // Next returns the next batch, starting a new epoch when one ends. Its only
 // error is an id outside cfg.VocabSize.
 func (b *Batcher) Next() (*Batch, error) {
+	return padBatch(b.src, b.advance(), b.cfg.VocabSize)
+}
+
+// Skip passes over the next batch without reading its tokens (a batch
+// another rank takes).
+func (b *Batcher) Skip() { b.advance() }
+
+// advance returns the next batch's lines and moves past it.
+func (b *Batcher) advance() []int32 {
 	if b.pos.Index >= len(b.plan) {
 		b.pos.Epoch++
 		b.pos.Index = 0
@@ -223,14 +257,16 @@ func (b *Batcher) Next() (*Batch, error) {
 	}
 	lines := b.plan[b.pos.Index]
 	b.pos.Index++
-	return padBatch(b.src, lines, b.cfg.VocabSize)
+	return lines
 }
 
-// makePlan returns this rank's batches of epoch e (line numbers).
+// makePlan returns the batches of epoch e (line numbers). The stream is
+// (Seed, epoch<<20): shard 0's of the versions that sharded the corpus, so
+// their single-shard positions continue exactly.
 func (b *Batcher) makePlan(e int) [][]int32 {
-	rng := rand.New(rand.NewPCG(uint64(b.cfg.Seed), uint64(e)<<20|uint64(b.cfg.Rank)))
+	rng := rand.New(rand.NewPCG(uint64(b.cfg.Seed), uint64(e)<<20))
 	buckets := make([][]int32, len(b.bounds))
-	for i := b.lo; i < b.hi; i++ {
+	for i := range b.bucketOf {
 		if k := b.bucketOf[i]; k >= 0 {
 			buckets[k] = append(buckets[k], int32(i))
 		}
@@ -243,18 +279,6 @@ func (b *Batcher) makePlan(e int) [][]int32 {
 			plan = append(plan, ls[:n:n])
 			ls = ls[n:]
 		}
-	}
-	for len(plan) < b.steps {
-		big := 0
-		for i := range plan {
-			if len(plan[i]) > len(plan[big]) {
-				big = i
-			}
-		}
-		ls := plan[big]
-		h := len(ls) / 2
-		plan[big] = ls[:h:h]
-		plan = append(plan, ls[h:])
 	}
 	shuffle(rng, plan)
 	return plan

@@ -449,48 +449,111 @@ func TestBatcherInvariants(t *testing.T) {
 	for i := range src.Src[7] {
 		src.Src[7][i] = 9
 	}
-	for _, size := range []int{1, 2, 3, 4, 7} {
-		cfg := BatchConfig{TokensPerBatch: 200, MaxLen: 24, Seed: 11, Size: size, VocabSize: 411}
-		steps := -1
-		seen := make([]int, src.Len())
-		for r := 0; r < size; r++ {
-			cfg.Rank = r
-			b, err := NewBatcher(src, cfg)
+	cfg := BatchConfig{TokensPerBatch: 200, MaxLen: 24, Seed: 11, VocabSize: 411}
+	b, err := NewBatcher(src, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Skipped() != 1 || b.Lines() != src.Len()-1 {
+		t.Fatalf("%d lines used, %d skipped; want %d and 1", b.Lines(), b.Skipped(), src.Len()-1)
+	}
+	steps := b.StepsPerEpoch()
+	seen := make([]int, src.Len())
+	for e := 0; e < 2; e++ {
+		for k := 0; k < steps; k++ {
+			bt, err := b.Next()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if steps >= 0 && b.StepsPerEpoch() != steps {
-				t.Fatalf("size %d: rank %d has %d steps, rank 0 %d", size, r, b.StepsPerEpoch(), steps)
+			if bt.Padded() > cfg.TokensPerBatch {
+				t.Fatalf("batch of %dx(%d,%d) = %d padded tokens over %d", bt.B, bt.S, bt.T, bt.Padded(), cfg.TokensPerBatch)
 			}
-			steps = b.StepsPerEpoch()
-			for e := 0; e < 2; e++ {
-				for k := 0; k < steps; k++ {
-					bt, err := b.Next()
-					if err != nil {
-						t.Fatal(err)
-					}
-					if bt.Padded() > cfg.TokensPerBatch {
-						t.Fatalf("batch of %dx(%d,%d) = %d padded tokens over %d", bt.B, bt.S, bt.T, bt.Padded(), cfg.TokensPerBatch)
-					}
-					checkBatch(t, src, bt)
-					for _, l := range bt.Lines {
-						seen[l]++
-					}
+			checkBatch(t, src, bt)
+			for _, l := range bt.Lines {
+				seen[l]++
+			}
+		}
+		if b.Epoch() != e {
+			t.Fatalf("epoch %d after %d steps", b.Epoch(), (e+1)*steps)
+		}
+	}
+	for i, c := range seen {
+		want := 2
+		if i == 7 {
+			want = 0
+		}
+		if c != want {
+			t.Fatalf("line %d seen %d times in 2 epochs", i, c)
+		}
+	}
+}
+
+// Ranks that split a batch by rows: every row in exactly one rank's
+// share, rank r holding rows r, r+size, ..., in the batch's padding, with
+// the right token counts. Skip passes over a batch as Next would.
+func TestBatchShareAndSkip(t *testing.T) {
+	src := batchSource(400, 8)
+	cfg := BatchConfig{TokensPerBatch: 300, MaxLen: 24, Seed: 2}
+	b, err := NewBatcher(src, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < b.StepsPerEpoch(); k++ {
+		bt, err := b.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, size := range []int{1, 2, 3, 5} {
+			seen := map[int]int{}
+			for r := 0; r < size; r++ {
+				p := bt.Share(r, size)
+				if p.S != bt.S || p.T != bt.T {
+					t.Fatalf("share padded to (%d,%d), batch to (%d,%d)", p.S, p.T, bt.S, bt.T)
 				}
-				if b.Epoch() != e {
-					t.Fatalf("epoch %d after %d steps", b.Epoch(), (e+1)*steps)
+				checkBatch(t, src, p)
+				st, tt := 0, 0
+				for _, l := range p.Lines {
+					s, g := src.Pair(l)
+					st, tt = st+len(s)+1, tt+len(g)+1
+					seen[l]++
+				}
+				if p.SrcTokens != st || p.TgtTokens != tt {
+					t.Fatalf("share tokens %d+%d, want %d+%d", p.SrcTokens, p.TgtTokens, st, tt)
+				}
+				var want []int
+				for i := r; i < bt.B; i += size {
+					want = append(want, bt.Lines[i])
+				}
+				if !reflect.DeepEqual(p.Lines, want) {
+					t.Fatalf("size %d rank %d: rows %v, want %v", size, r, p.Lines, want)
+				}
+			}
+			if len(seen) != bt.B {
+				t.Fatalf("size %d: %d of %d rows", size, len(seen), bt.B)
+			}
+			for l, c := range seen {
+				if c != 1 {
+					t.Fatalf("size %d: line %d in %d shares", size, l, c)
 				}
 			}
 		}
-		for i, c := range seen {
-			want := 2
-			if i == 7 {
-				want = 0
-			}
-			if c != want {
-				t.Fatalf("size %d: line %d seen %d times in 2 epochs", size, i, c)
-			}
+	}
+	// Skip, across an epoch's end
+	a, _ := NewBatcher(src, cfg)
+	c, _ := NewBatcher(src, cfg)
+	for k := 0; k < a.StepsPerEpoch()+3; k++ {
+		x, _ := a.Next()
+		if k%2 == 1 {
+			c.Skip()
+			continue
 		}
+		y, _ := c.Next()
+		if !reflect.DeepEqual(x, y) {
+			t.Fatalf("batch %d after skips differs", k)
+		}
+	}
+	if a.Pos() != c.Pos() {
+		t.Fatalf("positions %+v and %+v after as many batches", a.Pos(), c.Pos())
 	}
 }
 
@@ -516,7 +579,7 @@ func checkBatch(t *testing.T, s Source, b *Batch) {
 
 func TestBatcherDeterministicAndResume(t *testing.T) {
 	src := batchSource(500, 6)
-	cfg := BatchConfig{TokensPerBatch: 150, Seed: 3, Rank: 1, Size: 2}
+	cfg := BatchConfig{TokensPerBatch: 150, Seed: 3}
 	a, _ := NewBatcher(src, cfg)
 	b, _ := NewBatcher(src, cfg)
 	var pos json.RawMessage
@@ -528,7 +591,7 @@ func TestBatcherDeterministicAndResume(t *testing.T) {
 			t.Fatalf("step %d differs between two batchers of the same seed", k)
 		}
 		if k == a.StepsPerEpoch()+5 {
-			pos = a.Position()
+			pos, _ = json.Marshal(a.Pos())
 		}
 		if k > a.StepsPerEpoch()+5 {
 			rest = append(rest, x.Lines)
@@ -545,36 +608,52 @@ func TestBatcherDeterministicAndResume(t *testing.T) {
 		t.Errorf("epochs 0 and 1 start with the same batch")
 	}
 	// resume: a fresh batcher restored to pos yields the same sequence,
-	// also with rank 0's position on rank 1 (positions are rank-free)
-	d, _ := NewBatcher(src, cfg)
-	if err := d.Restore(pos); err != nil {
-		t.Fatal(err)
-	}
-	for k, want := range rest {
-		x, _ := d.Next()
-		if !reflect.DeepEqual(x.Lines, want) {
-			t.Fatalf("resumed step %d differs", k)
+	// also one made with another budget (a job resumed on another number
+	// of ranks): it continues the position's order, of 150-token batches
+	for _, tokens := range []int{150, 300} {
+		cfg.TokensPerBatch = tokens
+		d, _ := NewBatcher(src, cfg)
+		if err := d.Restore(pos); err != nil {
+			t.Fatal(err)
+		}
+		for k, want := range rest {
+			x, _ := d.Next()
+			if !reflect.DeepEqual(x.Lines, want) {
+				t.Fatalf("budget %d: resumed step %d differs", tokens, k)
+			}
+		}
+		if p := d.Pos(); p.Tokens != 150 || p.Steps != a.StepsPerEpoch() {
+			t.Fatalf("budget %d: resumed position %+v", tokens, p)
 		}
 	}
-	cfg.Size = 3
+	cfg.TokensPerBatch, cfg.Seed = 150, 4
 	e, _ := NewBatcher(src, cfg)
-	if err := e.Restore(pos); err == nil || !strings.Contains(err.Error(), "2 ranks") {
-		t.Errorf("restore with another world size: %v", err)
-	}
-	cfg.Size, cfg.Seed = 2, 4
-	e, _ = NewBatcher(src, cfg)
 	if err := e.Restore(pos); err == nil || !strings.Contains(err.Error(), "seed 3") {
 		t.Errorf("restore with another seed: %v", err)
+	}
+	// positions written before the order was global: one shard continues
+	// (its batches are this order's), several are refused
+	cfg.Seed = 3
+	var p Position
+	json.Unmarshal(pos, &p)
+	old := fmt.Sprintf(`{"epoch":%d,"index":%d,"seed":3,"size":1,"lines":500,"steps_per_epoch":%d}`, p.Epoch, p.Index, p.Steps)
+	f, _ := NewBatcher(src, cfg)
+	if err := f.Restore(json.RawMessage(old)); err != nil {
+		t.Fatalf("restore a single-shard position of an older version: %v", err)
+	}
+	if x, _ := f.Next(); !reflect.DeepEqual(x.Lines, rest[0]) {
+		t.Fatalf("a single-shard position of an older version resumes elsewhere")
+	}
+	old = strings.Replace(old, `"size":1`, `"size":2`, 1)
+	if err := f.Restore(json.RawMessage(old)); err == nil || !strings.Contains(err.Error(), "one of 2 per-rank shards") {
+		t.Errorf("restore a 2-shard position of an older version: %v", err)
 	}
 }
 
 func TestBatcherErrors(t *testing.T) {
 	src := batchSource(10, 6)
-	if _, err := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, Size: 11}); err == nil || !strings.Contains(err.Error(), "use fewer ranks") {
-		t.Errorf("more ranks than lines: %v", err)
-	}
-	if _, err := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, Rank: 2, Size: 2}); err == nil {
-		t.Errorf("rank out of range accepted")
+	if _, err := NewBatcher(src, BatchConfig{TokensPerBatch: 1}); err == nil {
+		t.Errorf("a budget of 1 token accepted")
 	}
 	src.Tgt[3][0] = 9999
 	b, _ := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, VocabSize: 411})
@@ -585,45 +664,8 @@ func TestBatcherErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 4 has id 9999") {
 		t.Errorf("bad id: %v", err)
 	}
-}
-
-// Shards whose batch counts differ get equalized by splitting batches.
-func TestBatcherEqualizesShards(t *testing.T) {
-	// first half short lines, second half long lines: rank 1 needs many
-	// more batches than rank 0 does.
-	p := &Pairs{}
-	for i := 0; i < 200; i++ {
-		n := 3
-		if i >= 100 {
-			n = 30
-		}
-		p.Src = append(p.Src, make([]int32, n))
-		p.Tgt = append(p.Tgt, make([]int32, n))
-	}
-	var counts []int
-	seen := map[int]int{}
-	for r := 0; r < 2; r++ {
-		b, err := NewBatcher(p, BatchConfig{TokensPerBatch: 330, Rank: r, Size: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		counts = append(counts, b.StepsPerEpoch())
-		for k := 0; k < b.StepsPerEpoch(); k++ {
-			x, _ := b.Next()
-			for _, l := range x.Lines {
-				seen[l]++
-			}
-		}
-	}
-	// rank 1: 100 lines of 31 tokens, bucket bound 33, 10 rows per batch =
-	// 10 batches; rank 0 would need 3 (41 rows of bound 8) and splits to 10.
-	if counts[0] != 10 || counts[1] != 10 || len(seen) != 200 {
-		t.Errorf("steps %v, %d lines seen", counts, len(seen))
-	}
-	for l, c := range seen {
-		if c != 1 {
-			t.Errorf("line %d seen %d times", l, c)
-		}
+	if err := b.Restore(json.RawMessage(`{"epoch":0,"index":0,"seed":0,"batch_tokens":1,"lines":10,"steps_per_epoch":1}`)); err == nil {
+		t.Errorf("a position with a budget of 1 token accepted")
 	}
 }
 

@@ -472,13 +472,13 @@ func CheckState(st *State) error {
 	}
 	if raw, ok := st.Trainer["data"]; ok && len(bytes.TrimSpace(raw)) > 0 && bytes.TrimSpace(raw)[0] == '{' {
 		var p struct {
-			Epoch, Index, Size, Lines, Steps *int64
+			Epoch, Index, Size, Tokens, PerStep, Lines, Steps *int64
 		}
 		p2 := map[string]json.RawMessage{}
 		if err := json.Unmarshal(raw, &p2); err != nil {
 			return fmt.Errorf("trainer.data: %v", err)
 		}
-		for k, dst := range map[string]**int64{"epoch": &p.Epoch, "index": &p.Index, "size": &p.Size, "lines": &p.Lines, "steps_per_epoch": &p.Steps} {
+		for k, dst := range map[string]**int64{"epoch": &p.Epoch, "index": &p.Index, "size": &p.Size, "batch_tokens": &p.Tokens, "batches_per_step": &p.PerStep, "lines": &p.Lines, "steps_per_epoch": &p.Steps} {
 			if v, ok := p2[k]; ok {
 				var n int64
 				if err := json.Unmarshal(v, &n); err != nil {

@@ -133,17 +133,17 @@ func trainLosses(t *testing.T, dir string) map[int64]float64 {
 var tinyArgs = []string{"train", "--preset", "tiny", "--synthetic-lines", "2000", "--max-length", "24",
 	"--learning-rate", "1", "--warmup-steps", "10", "--log-every", "1", "--eval-sentences", "0", "--quiet", "--threads", "1"}
 
-// The distributed gradient is the true gradient: 1 rank with a global
-// batch of B tokens, and 2 and 4 ranks that split the same batches, give
-// the same loss curve (dropout off, fp32 on the wire).
+// The distributed gradient is the true gradient: 1 rank accumulating 4
+// batches a step, 2 ranks 2 each and 4 ranks 1 each take the same batches
+// and give the same loss curve (dropout off, fp32 on the wire).
 func TestParity(t *testing.T) {
 	const steps = 20
-	const global = 2048
+	const batches = 4
 	var ref map[int64]float64
 	for _, n := range []int{1, 2, 4} {
 		dir := t.TempDir()
-		args := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-split", "--compression", "none",
-			"--batch-tokens", fmt.Sprint(global/n), "--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0",
+		args := append(append([]string{}, tinyArgs...), "--no-dropout", "--compression", "none",
+			"--batch-tokens", "512", "--backward-passes-per-step", fmt.Sprint(batches/n), "--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0",
 			"--eval-every", "0", "--run-dir", dir)
 		runJob(t, n, args...)
 		got := trainLosses(t, dir)
@@ -204,6 +204,50 @@ func TestKillAndResume(t *testing.T) {
 	got := trainLosses(t, cut)[steps]
 	if math.Abs(got-want) > 1e-6*math.Max(1, want) {
 		t.Fatalf("killed at %s and resumed: loss at step %d is %.7f, uninterrupted %.7f", strings.TrimSpace(string(latest)), steps, got, want)
+	}
+}
+
+// A run continues on another number of ranks with the same global batch
+// and data position: 12 steps on 2 ranks (2 batches a step), then --resume
+// on 1 rank (both batches, gradients accumulated) and on 3 ranks (one
+// batch split by rows between two of them), give at every later step (an
+// epoch ends in between) the loss of 24 uninterrupted steps on 2 ranks
+// (dropout off, fp32 on the wire: equal but for float32 summation order).
+func TestResumeOnOtherRanks(t *testing.T) {
+	const steps = 24
+	args := func(dir string, last int) []string {
+		return append(append([]string{}, tinyArgs...), "--no-dropout", "--compression", "none", "--batch-tokens", "1024",
+			"--max-steps", fmt.Sprint(last), "--checkpoint-every", "0", "--eval-every", "0", "--run-dir", dir)
+	}
+	full := t.TempDir()
+	runJob(t, 2, args(full, steps)...)
+	want := trainLosses(t, full)
+	cut := filepath.Join(t.TempDir(), "cut")
+	runJob(t, 2, args(cut, steps/2)...)
+	for _, c := range []struct {
+		n    int
+		note string // the resumed run's account of the global batch
+	}{
+		{1, "global batch is kept: 2 batches of 1024 tokens a step (not --backward-passes-per-step 1 x 1 rank(s) of --batch-tokens 1024); every rank takes 2, accumulating their gradients"},
+		{3, "global batch is kept: 2 batches of 1024 tokens a step (not --backward-passes-per-step 1 x 3 rank(s) of --batch-tokens 1024); 1 or 2 ranks split each by rows"},
+	} {
+		dir := filepath.Join(t.TempDir(), fmt.Sprintf("np%d", c.n))
+		if out, err := exec.Command("cp", "-a", cut, dir).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+		out := runJob(t, c.n, append(args(dir, steps), "--resume")...)
+		if !strings.Contains(out, fmt.Sprintf("resumed from step %d", steps/2)) || !strings.Contains(out, c.note) {
+			t.Fatalf("np %d: want the resume line and %q:\n%s", c.n, c.note, out)
+		}
+		got := trainLosses(t, dir)
+		if len(got) != steps {
+			t.Fatalf("np %d: %d logged steps, want %d", c.n, len(got), steps)
+		}
+		for s := int64(steps/2 + 1); s <= steps; s++ {
+			if d := math.Abs(got[s] - want[s]); d > 1e-5*math.Max(1, want[s]) || math.IsNaN(got[s]) {
+				t.Errorf("np %d, resumed at step %d: loss at step %d is %.7f, uninterrupted on 2 ranks %.7f", c.n, steps/2, s, got[s], want[s])
+			}
+		}
 	}
 }
 
@@ -383,12 +427,12 @@ func TestUnderGorun(t *testing.T) {
 func TestCUDAEmulatorParity(t *testing.T) {
 	lib := cudaemu.ForTest(t)
 	const steps = 4
-	base := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-split", "--batch-tokens", "256",
+	base := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-tokens", "256",
 		"--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0", "--eval-every", "0")
 	var last metrics.Record // the last train record of the latest run
 	run := func(n int, dev, prec string) map[int64]float64 {
 		dir := t.TempDir()
-		args := append(append([]string{}, base...), "--device", dev, "--precision", prec, "--batch-tokens", fmt.Sprint(512/n), "--run-dir", dir)
+		args := append(append([]string{}, base...), "--device", dev, "--precision", prec, "--backward-passes-per-step", fmt.Sprint(2/n), "--run-dir", dir)
 		j := startJobEnv(t, n, []string{"GORUN_CUDA_LIB_DIR=" + lib, "GORUN_CUDA_EMU_DEVICES=2"}, args...)
 		for r, err := range j.wait() {
 			if err != nil {

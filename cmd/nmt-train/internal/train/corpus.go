@@ -102,12 +102,11 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 		c.Valid = append(c.Valid, [2][]int32{append(append([]int32{}, s...), data.EOS), append(append([]int32{}, t...), data.EOS)})
 		c.ValidRefs = append(c.ValidRefs, validRefsF(i))
 	}
-	bs := &batchSource{rank: r, size: n}
-	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, MaxLen: o.MaxLength, Seed: int64(o.Seed), Rank: r, Size: n, VocabSize: v.Size()}
-	if o.BatchSplit {
-		cfg.TokensPerBatch, cfg.Rank, cfg.Size = o.BatchTokens*n, 0, 1
-		bs.split = true
-	}
+	// One seeded order of batches of --batch-tokens, of which each step
+	// takes --backward-passes-per-step x ranks: the order, and so a
+	// checkpoint's position, does not depend on the number of ranks.
+	bs := &batchSource{rank: r, size: n, passes: o.PassesPerStep, perStep: o.PassesPerStep * n}
+	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, MaxLen: o.MaxLength, Seed: int64(o.Seed), VocabSize: v.Size()}
 	if bs.b, err = data.NewBatcher(train, cfg); err != nil {
 		return fail(fmt.Errorf("%s: %v", c.Name, err))
 	}
@@ -119,31 +118,102 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 	return c, nil
 }
 
-// batchSource adapts a data.Batcher to the trainer; with split, every rank
-// builds the same global batch and keeps rows rank, rank+size, ...
+// batchSource adapts a data.Batcher to the trainer. An optimizer step
+// takes the next perStep batches of the one order (the global batch);
+// rank r of size takes batches r, r+size, r+2*size, ... of them, one
+// micro-batch each, whose gradients the trainer accumulates. A fresh run
+// has perStep = --backward-passes-per-step x ranks, so a rank takes one
+// batch per pass; a run resumed on another number of ranks keeps the
+// checkpoint's perStep: on fewer ranks each takes more batches, on more
+// ranks than batches the ranks that have the same batch split it by rows.
 type batchSource struct {
 	b          *data.Batcher
-	split      bool
 	rank, size int
+	passes     int // --backward-passes-per-step
+	perStep    int
 }
 
-func (s *batchSource) Next() (*transformer.Batch, error) {
-	b, err := s.b.Next()
-	if err != nil {
-		return nil, err
+// share says whether this rank takes batch u of a step, and which share
+// of its rows: part of of (of 1: the whole batch).
+func (s *batchSource) share(u int) (take bool, part, of int) {
+	if s.size <= s.perStep {
+		return u%s.size == s.rank, 0, 1
 	}
-	if !s.split || s.size == 1 {
-		return &transformer.Batch{B: b.B, S: b.S, T: b.T, Src: b.Src, Tgt: b.Tgt}, nil
+	if u != s.rank%s.perStep {
+		return false, 0, 0
 	}
-	out := &transformer.Batch{S: b.S, T: b.T}
-	for i := s.rank; i < b.B; i += s.size {
-		out.B++
-		out.Src = append(out.Src, b.Src[i*b.S:(i+1)*b.S]...)
-		out.Tgt = append(out.Tgt, b.Tgt[i*b.T:(i+1)*b.T]...)
-	}
-	return out, nil // may have B == 0: the trainer contributes a zero gradient
+	return true, s.rank / s.perStep, (s.size - u + s.perStep - 1) / s.perStep
 }
 
-func (s *batchSource) Position() json.RawMessage       { return s.b.Position() }
-func (s *batchSource) Restore(j json.RawMessage) error { return s.b.Restore(j) }
-func (s *batchSource) Epoch() int                      { return s.b.Epoch() }
+// Next returns this rank's micro-batches of the next step (one or more;
+// one may have B == 0, a share with no rows: the trainer contributes a
+// zero gradient).
+func (s *batchSource) Next() ([]*transformer.Batch, error) {
+	var out []*transformer.Batch
+	for u := 0; u < s.perStep; u++ {
+		take, part, of := s.share(u)
+		if !take {
+			s.b.Skip()
+			continue
+		}
+		b, err := s.b.Next()
+		if err != nil {
+			return nil, err
+		}
+		b = b.Share(part, of)
+		out = append(out, &transformer.Batch{B: b.B, S: b.S, T: b.T, Src: b.Src, Tgt: b.Tgt})
+	}
+	return out, nil
+}
+
+// position is the data position in a checkpoint: the Batcher's and the
+// batches per step.
+type position struct {
+	data.Position
+	PerStep int `json:"batches_per_step"`
+}
+
+func (s *batchSource) Position() json.RawMessage {
+	j, _ := json.Marshal(position{s.b.Pos(), s.perStep})
+	return j
+}
+
+// Restore continues the checkpoint's order with its global batch: its
+// batch budget (the Batcher plans again if --batch-tokens differs) and
+// its batches per step.
+func (s *batchSource) Restore(j json.RawMessage) error {
+	var p position
+	if err := json.Unmarshal(j, &p); err != nil {
+		return fmt.Errorf("data position %s: %v", j, err)
+	}
+	if err := s.b.Restore(j); err != nil {
+		return err
+	}
+	s.perStep = p.PerStep
+	if s.perStep == 0 {
+		// written before the order was global, by one rank (a position
+		// of several is refused above): a batch per pass
+		s.perStep = s.passes
+	}
+	return nil
+}
+
+func (s *batchSource) Epoch() int { return s.b.Epoch() }
+
+func (s *batchSource) GlobalBatch() (batches, tokens int) { return s.perStep, s.b.Pos().Tokens }
+
+// shareNote says how size ranks take a step of batches batches.
+func shareNote(batches, size int) string {
+	switch {
+	case batches == size:
+		return "every rank takes one"
+	case batches > size && batches%size == 0:
+		return fmt.Sprintf("every rank takes %d, accumulating their gradients", batches/size)
+	case batches > size:
+		return fmt.Sprintf("every rank takes %d or %d, accumulating their gradients", batches/size, batches/size+1)
+	case size%batches == 0:
+		return fmt.Sprintf("%d ranks split each by rows", size/batches)
+	default:
+		return fmt.Sprintf("%d or %d ranks split each by rows", size/batches, size/batches+1)
+	}
+}

@@ -68,7 +68,6 @@ func (t *Trainer) settings() []setting {
 		{"--link-gbps", f(o.LinkGbps)},
 		{"--precision", t.prec}, // as resolved: auto is fp16 on a GPU, fp32 on the CPU
 		{"--no-dropout", b(o.NoDropout)},
-		{"--batch-split", b(o.BatchSplit)},
 	}
 }
 

@@ -41,7 +41,6 @@ type Options struct {
 	Device         string // auto, cpu or cuda (kernels/device)
 	Precision      string // auto, fp32, fp16 or bf16: the inputs of matrix products
 	NoDropout      bool
-	BatchSplit     bool
 	Timeout        time.Duration
 	Quiet          bool
 	// Stop, when a signal arrives on it (SIGTERM, SIGINT: a scheduler's
@@ -59,7 +58,7 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "data", Usage: "directory written by `nmt-train prepare` (train.bin, valid.bin, vocab.txt); empty: the built-in synthetic corpus"},
 		&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "sentence pairs of the built-in corpus (when --data is empty)"},
 		&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
-		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank: rows x the longer side's padded length (tensor2tensor's count)"},
+		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank: rows x the longer side's padded length (tensor2tensor's count); a step takes this x ranks x --backward-passes-per-step (the global batch, kept by --resume on any number of ranks)"},
 		&cli.IntFlag{Name: "max-length", Value: 56, Usage: "skip sentence pairs with a side longer than this many tokens (EOS included)"},
 		&cli.StringFlag{Name: "lr-policy", Value: "transformer", Usage: "transformer | inverse_sqrt | constant"},
 		&cli.Float64Flag{Name: "learning-rate", Value: 2.0, Usage: "lab's learning_rate (transformer_policy multiplies it by d_model^-0.5)"},
@@ -86,7 +85,6 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "precision", Value: "auto", Usage: "inputs of matrix products: auto (fp16 on a GPU, fp32 on the CPU) | fp32 | fp16 (with dynamic loss scaling) | bf16"},
 		&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (0: cores / ranks on this host)"},
 		&cli.BoolFlag{Name: "no-dropout", Usage: "turn dropout off (for parity checks)"},
-		&cli.BoolFlag{Name: "batch-split", Usage: "every rank builds the same global batch of N x batch-tokens and takes its 1/N of the sentences (the parity test's mode)"},
 		&cli.DurationFlag{Name: "timeout", Value: 120 * time.Second, Usage: "a collective waiting longer than this on a peer is an error naming it"},
 		&cli.BoolFlag{Name: "quiet", Usage: "no progress bar"},
 	}
@@ -104,7 +102,7 @@ func OptionsFromCLI(c *cli.Context) (Options, error) {
 		Resume: c.Bool("resume"), Compression: c.String("compression"), BucketCapMB: c.Float64("bucket-cap-mb"),
 		FirstBucketMB: c.Float64("first-bucket-mb"), CycleTime: c.Duration("cycle-time"), Overlap: c.Bool("overlap"),
 		PassesPerStep: c.Int("backward-passes-per-step"), Timeline: c.String("timeline"), LinkGbps: c.Float64("link-gbps"),
-		Threads: c.Int("threads"), Device: c.String("device"), Precision: c.String("precision"), NoDropout: c.Bool("no-dropout"), BatchSplit: c.Bool("batch-split"),
+		Threads: c.Int("threads"), Device: c.String("device"), Precision: c.String("precision"), NoDropout: c.Bool("no-dropout"),
 		Timeout: c.Duration("timeout"), Quiet: c.Bool("quiet"),
 	}
 	return o, o.Validate()

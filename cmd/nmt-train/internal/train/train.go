@@ -27,14 +27,18 @@ import (
 	"github.com/gorun/gorun/transformer"
 )
 
-// source hands out this rank's batches, one per backward pass.
+// source hands out this rank's batches of each step (the micro-batches of
+// one backward pass each).
 type source interface {
-	Next() (*transformer.Batch, error)
-	// Position is the data position to store in a checkpoint (the same on
-	// every rank: all ranks take the same number of batches).
+	Next() ([]*transformer.Batch, error)
+	// Position is the data position to store in a checkpoint: a global
+	// position, the same on every rank and for any number of ranks.
 	Position() json.RawMessage
 	Restore(json.RawMessage) error
 	Epoch() int
+	// GlobalBatch is the batches per step, over all ranks, and their
+	// token budget: the run's, kept across resumes.
+	GlobalBatch() (batches, tokens int)
 }
 
 // corpus is what the trainer needs from the data side.
@@ -361,6 +365,10 @@ func (t *Trainer) setup(ctx context.Context) error {
 		t.id.Size, strings.Join(metrics.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, metrics.Commas(int64(t.m.NumParams())), t.data.Name, compute, o.RunDir)
 	if st != nil {
 		t.logf("nmt-train: resumed from step %d", t.step)
+		if p, u := t.data.Train.GlobalBatch(); p != o.PassesPerStep*t.id.Size || u != o.BatchTokens {
+			t.logf("nmt-train: the run's global batch is kept: %d batches of %d tokens a step (not --backward-passes-per-step %d x %d rank(s) of --batch-tokens %d); %s",
+				p, u, o.PassesPerStep, t.id.Size, o.BatchTokens, shareNote(p, t.id.Size))
+		}
 	}
 	return nil
 }
@@ -551,6 +559,13 @@ func (t *Trainer) resumeRunDir() (*transformer.State, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The data position, checked here so that the refusal names the file
+	// (the other ranks restore it after the broadcast).
+	if raw, ok := st.Trainer["data"]; ok && string(raw) != "null" {
+		if err := t.data.Train.Restore(raw); err != nil {
+			return nil, fmt.Errorf("--resume: %s: %v", filepath.Join(ck, "state.json"), err)
+		}
+	}
 	removed, err := transformer.RemoveUnconfirmed(o.RunDir, st)
 	if err != nil {
 		return nil, fmt.Errorf("--resume: %v", err)
@@ -702,9 +717,10 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	if d, ok := t.m.Backend().(interface{ Describe() string }); ok {
 		dev += " (" + d.Describe() + ")"
 	}
+	_, batchTokens := t.data.Train.GlobalBatch() // a resumed run's own, whatever --batch-tokens says
 	ri := metrics.RunInfo{
 		Preset: t.o.Preset, Params: int64(t.m.NumParams()), DModel: cfg.DModel, WorldSize: t.id.Size,
-		Hosts: t.mesh.HostNames(), Device: dev, Threads: threads, BatchTokens: t.o.BatchTokens,
+		Hosts: t.mesh.HostNames(), Device: dev, Threads: threads, BatchTokens: batchTokens,
 		LRPolicy: t.o.LRPolicy, LearningRate: t.o.LearningRate, Warmup: t.o.Warmup, MaxSteps: t.o.MaxSteps,
 		LinkGbps: t.o.LinkGbps, Compression: t.o.Compression, Dataset: t.data.Stats,
 		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
@@ -736,7 +752,14 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	t0 := time.Now()
 	m := t.m
 	be := m.Backend()
-	k := t.o.PassesPerStep
+	// This rank's micro-batches of the step: one per pass of
+	// --backward-passes-per-step, or as many as its share of a resumed
+	// run's global batch takes (see batchSource).
+	batches, err := t.data.Train.Next()
+	if err != nil {
+		return r, err
+	}
+	k := len(batches)
 	// Gradient accumulation keeps Grads = (sum over passes of n_j g_j) / cur,
 	// where g_j is pass j's mean gradient over its n_j target tokens and cur
 	// is the token count of the last pass that had any. The last pass's
@@ -753,10 +776,7 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	}
 	for pass := 0; pass < k; pass++ {
 		last := pass == k-1
-		b, err := t.data.Train.Next()
-		if err != nil {
-			return r, err
-		}
+		b := batches[pass]
 		var n float64
 		if b.B > 0 {
 			loss, err := m.Forward(b, true)
