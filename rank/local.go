@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // localDepth is how many messages a lane of a local group buffers before
@@ -37,6 +38,8 @@ type localTransport struct {
 // inside this process, for algorithm tests: the same contract as a Mesh (tag
 // and length checked on every Recv, ctx honoured, Close of one rank makes
 // its peers' blocked and later calls fail with a *PeerError) without sockets.
+// Waits have no timeout but the one WithTimeout gives, and they end at it
+// (the liveness of a peer in the same process is not known).
 // A message is copied on Send, so the sender may reuse its buffer at once.
 func NewLocalGroup(n, channels int) []Transport {
 	if n < 1 || channels < 1 {
@@ -90,10 +93,26 @@ func (t *localTransport) check(peer, ch int, op string) error {
 }
 
 func (t *localTransport) fail(ctx context.Context, op string, peer, ch int, tag Tag, err error) error {
+	pe := &PeerError{Self: t.rank, Peer: peer, Op: op}
+	var se *stallError
 	if ctx.Err() != nil {
 		err = ctx.Err()
+	} else if errors.As(err, &se) {
+		pe.Waited = se.waited
 	}
-	return &PeerError{Self: t.rank, Peer: peer, Op: op, Err: fmt.Errorf("%w (channel %d, %v)", err, ch, tag)}
+	pe.Err = fmt.Errorf("%w (channel %d, %v)", err, ch, tag)
+	return pe
+}
+
+// waitTimer returns a channel that fires at the wait timeout ctx carries (nil:
+// never) and the func that stops it.
+func waitTimer(ctx context.Context) (<-chan time.Time, time.Duration, func() bool) {
+	d := timeoutFrom(ctx, 0)
+	if d <= 0 {
+		return nil, 0, func() bool { return false }
+	}
+	tm := time.NewTimer(d)
+	return tm.C, d, tm.Stop
 }
 
 // Send implements Transport.
@@ -107,10 +126,14 @@ func (t *localTransport) Send(ctx context.Context, peer, ch int, tag Tag, payloa
 		return t.fail(ctx, "send", peer, ch, tag, errPeerClosed)
 	default:
 	}
+	timeout, d, stop := waitTimer(ctx)
+	defer stop()
 	select {
 	case t.g.lanes[t.rank][peer][ch] <- m:
 		t.g.sent[t.rank][peer].Add(uint64(len(payload)))
 		return nil
+	case <-timeout:
+		return t.fail(ctx, "send", peer, ch, tag, unknownStall(d, d))
 	case <-ctx.Done():
 		return t.fail(ctx, "send", peer, ch, tag, ctx.Err())
 	case <-t.g.closed[t.rank]:
@@ -130,8 +153,12 @@ func (t *localTransport) Recv(ctx context.Context, peer, ch int, want Tag, dst [
 	select {
 	case m = <-q:
 	default:
+		timeout, d, stop := waitTimer(ctx)
+		defer stop()
 		select {
 		case m = <-q:
+		case <-timeout:
+			return t.fail(ctx, "recv", peer, ch, want, unknownStall(d, d))
 		case <-ctx.Done():
 			return t.fail(ctx, "recv", peer, ch, want, ctx.Err())
 		case <-t.g.closed[t.rank]:

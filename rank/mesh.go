@@ -35,7 +35,10 @@ type Options struct {
 	// Default: max(2, ConnsPerPeer).
 	Channels int
 	// Timeout bounds every wait: rendezvous, connecting, and each Send or
-	// Recv that makes no progress. Env: GORUN_TIMEOUT (Go duration). Default 60s.
+	// Recv that makes no progress (a wait for a live peer lasts up to twice
+	// as long; stall.go). It also sets the QUIC keep-alive period (an
+	// eighth of it, at most 2s) and idle timeout (three times it). Env:
+	// GORUN_TIMEOUT (Go duration). Default 60s.
 	Timeout time.Duration
 	// SharedMemory: ranks on the same host exchange messages through
 	// shared-memory rings instead of sockets (docs/shm.md). "" or "auto"
@@ -115,6 +118,10 @@ type lane struct {
 	c    laneConn
 	rmu  sync.Mutex
 	wmu  sync.Mutex
+	dmu  sync.Mutex // orders deadline changes: a wait's extension, a cancelled context's and Close's cut
+	rw   laneWait   // the Recv in progress (under rmu)
+	ww   laneWait   // the Send in progress (under wmu)
+	gen  [2]uint64  // [write]: waits started (under dmu), so that a late cut hits no later wait
 	rh   [headerBytes]byte
 	wh   [headerBytes]byte
 	wbuf []byte // header and a small payload, written at once
@@ -150,6 +157,8 @@ type Mesh struct {
 	qln      *quic.Listener
 	tln      net.Listener
 	conns    []*quic.Conn
+	pconns   [][]*quic.Conn // [peer]: the QUIC connections with it
+	live     []peerLive     // [peer]: when it was last heard from (QUIC; stall.go)
 	tcpConns []net.Conn
 	rdv      *RendezvousServer
 	closed   chan struct{}
@@ -177,6 +186,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	for p := range m.lanes {
 		m.lanes[p] = make([]*lane, opt.Channels)
 	}
+	m.pconns = make([][]*quic.Conn, id.Size)
 	m.hosts = make([]string, id.Size)
 	m.names = make([]string, id.Size)
 	m.hosts[id.Rank] = hostKey()
@@ -291,6 +301,9 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if err := m.setupShm(ctx); err != nil {
 		return fail(err)
 	}
+	if m.qtr != nil {
+		m.startLiveness()
+	}
 	return m, nil
 }
 
@@ -380,6 +393,7 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 			}
 			m.mu.Lock()
 			m.conns = append(m.conns, conn)
+			m.pconns[peer] = append(m.pconns[peer], conn)
 			m.mu.Unlock()
 			go func() {
 				for {
@@ -461,6 +475,7 @@ func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
 			conns[k] = c
 			m.mu.Lock()
 			m.conns = append(m.conns, c)
+			m.pconns[p] = append(m.pconns[p], c)
 			m.mu.Unlock()
 		}
 		for ch := 0; ch < m.opt.Channels; ch++ {
@@ -557,32 +572,170 @@ func (m *Mesh) lane(peer, ch int, op string) (*lane, error) {
 	return m.lanes[peer][ch], nil
 }
 
-func (m *Mesh) deadline(ctx context.Context) time.Time {
-	d := time.Now().Add(m.opt.Timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		return cd
-	}
-	return d
+// laneWait runs the deadlines of one Send or Recv on a socket lane: while
+// bytes move the deadline moves with them; when none have moved for the
+// timeout, judge (stall.go) decides whether the wait goes on.
+type laneWait struct {
+	m       *Mesh
+	l       *lane
+	ctx     context.Context
+	peer    int
+	write   bool
+	timeout time.Duration
+	last    time.Time // the last progress (or the start)
+	stop    func() bool
 }
 
-func (m *Mesh) ioError(ctx context.Context, op string, peer, ch int, tag Tag, err error) error {
-	if ctx.Err() != nil {
-		err = ctx.Err()
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		err = fmt.Errorf("no progress for %s (timeout) on channel %d, %v", m.opt.Timeout, ch, tag)
+func (m *Mesh) startWait(ctx context.Context, l *lane, peer int, write bool) *laneWait {
+	w := &l.rw
+	if write {
+		w = &l.ww
+	}
+	*w = laneWait{m: m, l: l, ctx: ctx, peer: peer, write: write, timeout: timeoutFrom(ctx, m.opt.Timeout), last: time.Now()}
+	d := 0
+	if write {
+		d = 1
+	}
+	l.dmu.Lock()
+	l.gen[d]++
+	gen := l.gen[d]
+	l.dmu.Unlock()
+	w.extend(w.last.Add(w.timeout))
+	w.stop = context.AfterFunc(ctx, func() {
+		l.dmu.Lock()
+		if l.gen[d] == gen { // not a later wait's (a TLS connection is unusable after a write deadline)
+			setDeadline(l, write, time.Unix(1, 0))
+		}
+		l.dmu.Unlock()
+	})
+	return w
+}
+
+func setDeadline(l *lane, write bool, t time.Time) {
+	if write {
+		l.c.SetWriteDeadline(t)
 	} else {
-		select {
-		case <-m.closed:
-			err = errClosed
-		default:
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				err = fmt.Errorf("rank %d closed the connection (channel %d, %v)", peer, ch, tag)
-			} else {
-				err = fmt.Errorf("%v (channel %d, %v)", err, ch, tag)
+		l.c.SetReadDeadline(t)
+	}
+}
+
+// extend sets the deadline to t, unless the context is done or the mesh
+// closed (whose cut it must not undo); it reports whether it did.
+func (w *laneWait) extend(t time.Time) bool {
+	w.l.dmu.Lock()
+	defer w.l.dmu.Unlock()
+	ok := w.ctx.Err() == nil
+	select {
+	case <-w.m.closed:
+		ok = false
+	default:
+	}
+	if !ok {
+		t = time.Unix(1, 0)
+	}
+	setDeadline(w.l, w.write, t)
+	return ok
+}
+
+// expired handles err from a Read or Write: nil if the wait goes on.
+func (w *laneWait) expired(err error) error {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || w.ctx.Err() != nil {
+		return err
+	}
+	idle := time.Since(w.last)
+	if w.write && w.m.opt.Transport == "tcp" {
+		// A TLS connection is unusable after a write deadline.
+		return unknownStall(idle, w.timeout)
+	}
+	next, serr := w.m.judge(w.peer, idle, w.timeout)
+	if serr != nil {
+		return serr
+	}
+	if !w.extend(time.Now().Add(next)) {
+		return err
+	}
+	return nil
+}
+
+func (w *laneWait) readFull(b []byte) error {
+	for len(b) > 0 {
+		n, err := w.l.c.Read(b)
+		if n > 0 {
+			b = b[n:]
+			w.last = time.Now()
+		}
+		if err != nil && len(b) > 0 {
+			if err = w.expired(err); err != nil {
+				return err
 			}
 		}
 	}
-	return &PeerError{Self: m.id.Rank, Peer: peer, Host: m.names[peer], Op: op, Err: err}
+	return nil
+}
+
+func (w *laneWait) writeAll(b []byte) error {
+	for len(b) > 0 {
+		n, err := w.l.c.Write(b)
+		if n > 0 {
+			b = b[n:]
+			w.last = time.Now()
+		}
+		if err != nil && len(b) > 0 {
+			if err = w.expired(err); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// discard reads and drops n bytes.
+func (w *laneWait) discard(n int) error {
+	buf := make([]byte, min(n, 64<<10))
+	for n > 0 {
+		k := min(n, len(buf))
+		if err := w.readFull(buf[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+func (m *Mesh) ioError(ctx context.Context, op string, peer, ch int, tag Tag, err error, w *laneWait) error {
+	pe := &PeerError{Self: m.id.Rank, Peer: peer, Host: m.names[peer], Op: op}
+	closed := false
+	select {
+	case <-m.closed:
+		closed = true
+	default:
+	}
+	var se *stallError
+	var it *quic.IdleTimeoutError
+	switch {
+	case ctx.Err() != nil:
+		err = ctx.Err()
+	case errors.As(err, &se):
+		pe.Waited = se.waited
+		err = fmt.Errorf("%w (channel %d, %v)", se, ch, tag)
+	case closed:
+		err = errClosed
+	case errors.As(err, &it):
+		// The connection itself gave up: nothing came from the peer, not
+		// even an answer to a keep-alive, for the QUIC idle timeout.
+		pe.Waited = time.Since(w.last)
+		err = &stallError{waited: pe.Waited, msg: fmt.Sprintf("waited %s (timeout %s): rank %d sent nothing for %s, not even keep-alives, and the QUIC connection timed out (stopped, dead or cut off; channel %d, %v)",
+			round(pe.Waited), w.timeout, peer, quicIdleTimeout(m.opt.Timeout), ch, tag)}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		pe.Waited = time.Since(w.last)
+		err = fmt.Errorf("%w (channel %d, %v)", unknownStall(pe.Waited, w.timeout), ch, tag)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		err = fmt.Errorf("rank %d closed the connection (channel %d, %v)", peer, ch, tag)
+	default:
+		err = fmt.Errorf("%v (channel %d, %v)", err, ch, tag)
+	}
+	pe.Err = err
+	return pe
 }
 
 // Send implements Transport.
@@ -600,17 +753,16 @@ func (m *Mesh) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) 
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	putHeader(l.wh[:], tag, len(payload))
-	l.c.SetWriteDeadline(m.deadline(ctx))
-	stop := context.AfterFunc(ctx, func() { l.c.SetWriteDeadline(time.Unix(1, 0)) })
-	defer stop()
+	w := m.startWait(ctx, l, peer, true)
+	defer w.stop()
 	if len(payload) <= coalesceBytes {
 		l.wbuf = append(append(l.wbuf[:0], l.wh[:]...), payload...)
-		_, err = l.c.Write(l.wbuf)
-	} else if _, err = l.c.Write(l.wh[:]); err == nil {
-		_, err = l.c.Write(payload)
+		err = w.writeAll(l.wbuf)
+	} else if err = w.writeAll(l.wh[:]); err == nil {
+		err = w.writeAll(payload)
 	}
 	if err != nil {
-		return m.ioError(ctx, "send", peer, ch, tag, err)
+		return m.ioError(ctx, "send", peer, ch, tag, err, w)
 	}
 	m.count[peer].sent.Add(uint64(headerBytes + len(payload)))
 	return nil
@@ -627,11 +779,10 @@ func (m *Mesh) Recv(ctx context.Context, peer, ch int, want Tag, dst []byte) err
 	}
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
-	l.c.SetReadDeadline(m.deadline(ctx))
-	stop := context.AfterFunc(ctx, func() { l.c.SetReadDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if _, err := io.ReadFull(l.c, l.rh[:]); err != nil {
-		return m.ioError(ctx, "recv", peer, ch, want, err)
+	w := m.startWait(ctx, l, peer, false)
+	defer w.stop()
+	if err := w.readFull(l.rh[:]); err != nil {
+		return m.ioError(ctx, "recv", peer, ch, want, err, w)
 	}
 	magic := binary.LittleEndian.Uint32(l.rh[0:])
 	if magic != frameMagic {
@@ -641,15 +792,15 @@ func (m *Mesh) Recv(ctx context.Context, peer, ch int, want Tag, dst []byte) err
 	got, n := parseHeader(l.rh[:])
 	if got != want || n != len(dst) {
 		// Consume the payload so the lane stays framed, then report.
-		if _, err := io.CopyN(io.Discard, l.c, int64(n)); err != nil {
-			return m.ioError(ctx, "recv", peer, ch, want, err)
+		if err := w.discard(n); err != nil {
+			return m.ioError(ctx, "recv", peer, ch, want, err, w)
 		}
 		m.count[peer].recv.Add(uint64(headerBytes + n))
 		return &MismatchError{Self: m.id.Rank, Peer: peer, Channel: ch, Want: want, Got: got, WantLen: len(dst), GotLen: n}
 	}
 	if n > 0 {
-		if _, err := io.ReadFull(l.c, dst); err != nil {
-			return m.ioError(ctx, "recv", peer, ch, want, err)
+		if err := w.readFull(dst); err != nil {
+			return m.ioError(ctx, "recv", peer, ch, want, err, w)
 		}
 	}
 	m.count[peer].recv.Add(uint64(headerBytes + n))
@@ -706,7 +857,9 @@ func (m *Mesh) Close() error {
 			wg.Add(1)
 			go func(l *lane) {
 				defer wg.Done()
+				l.dmu.Lock()
 				l.c.SetReadDeadline(time.Unix(1, 0)) // abort Recvs in flight
+				l.dmu.Unlock()
 				l.wmu.Lock()
 				if cw, ok := l.c.(interface{ CloseWrite() error }); ok {
 					cw.CloseWrite()
@@ -749,12 +902,16 @@ func (m *Mesh) Close() error {
 // Done is closed when Close has been called.
 func (m *Mesh) Done() <-chan struct{} { return m.closed }
 
+// quicIdleTimeout is how long a QUIC connection lasts with nothing at all
+// from the peer: three times the timeout, past any wait (stall.go), so that
+// the waits decide. A live peer answers keep-alives and is never idle.
+func quicIdleTimeout(timeout time.Duration) time.Duration { return 3 * timeout }
+
 func quicConfig(timeout time.Duration) *quic.Config {
-	idle := min(timeout, 15*time.Second)
 	return &quic.Config{
 		HandshakeIdleTimeout:           min(timeout, 10*time.Second),
-		MaxIdleTimeout:                 idle,
-		KeepAlivePeriod:                idle / 4,
+		MaxIdleTimeout:                 quicIdleTimeout(timeout),
+		KeepAlivePeriod:                keepAlivePeriod(timeout),
 		InitialStreamReceiveWindow:     4 << 20,
 		MaxStreamReceiveWindow:         32 << 20,
 		InitialConnectionReceiveWindow: 8 << 20,

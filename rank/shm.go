@@ -128,6 +128,7 @@ type shmPeer struct {
 	dead       atomic.Bool
 	timeout    time.Duration
 	count      *peerCounters
+	mesh       *Mesh
 }
 
 func shmLayout(channels int) (dataOff, size int) {
@@ -430,7 +431,7 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 				}
 				return
 			}
-			sp.host, sp.timeout, sp.count = m.names[p], m.opt.Timeout, &m.count[p]
+			sp.host, sp.timeout, sp.count, sp.mesh = m.names[p], m.opt.Timeout, &m.count[p], m
 			if fd, err := unix.PidfdOpen(sp.pid, 0); err == nil {
 				sp.pidfd = fd
 			}
@@ -626,12 +627,16 @@ func (sp *shmPeer) alive() bool {
 
 // shmWait paces one Send or Recv while the ring is full or empty.
 type shmWait struct {
-	sp       *shmPeer
-	ctx      context.Context
-	n        int
-	nap      time.Duration
-	start    time.Time
-	nextLive time.Time
+	sp        *shmPeer
+	ctx       context.Context
+	n         int
+	nap       time.Duration
+	start     time.Time // of the wait without progress
+	nextLive  time.Time
+	timeout   time.Duration
+	nextJudge time.Time
+	stall     error // what ended the wait (errShmStall)
+	gone      error // the peer closed or died: the next pause fails with it
 }
 
 // progress resets the backoff after bytes moved.
@@ -643,8 +648,15 @@ func (w *shmWait) pause() error {
 	if sp.closing.Load() {
 		return errClosed
 	}
+	// A peer that closed its mesh or died may have written (an abort, say)
+	// just before: the caller looks at the ring once more before this
+	// wait fails.
+	if w.gone != nil {
+		return w.gone
+	}
 	if sp.peerClosed.Load() != 0 {
-		return errShmPeerClosed
+		w.gone = errShmPeerClosed
+		return nil
 	}
 	w.n++
 	if w.n <= shmSpins {
@@ -654,6 +666,10 @@ func (w *shmWait) pause() error {
 		w.start = time.Now()
 		w.nextLive = w.start.Add(shmLiveCheck)
 		w.nap = shmNapMin
+		if w.timeout == 0 {
+			w.timeout = timeoutFrom(w.ctx, sp.timeout)
+		}
+		w.nextJudge = w.start.Add(w.timeout)
 	}
 	select {
 	case <-w.ctx.Done():
@@ -677,43 +693,40 @@ func (w *shmWait) pause() error {
 		time.Sleep(shmSleep)
 	}
 	now := time.Now()
-	if now.Sub(w.start) > shmTimeout(sp.timeout) {
-		return errShmTimeout
-	}
 	if now.After(w.nextLive) {
 		w.nextLive = now.Add(shmLiveCheck)
 		if !sp.alive() {
-			return errShmPeerDied
+			w.gone = errShmPeerDied
+			return nil
 		}
+	}
+	if now.After(w.nextJudge) {
+		// No progress for the timeout: a stopped peer is named now, a live
+		// one gets longer (stall.go).
+		next, err := sp.mesh.judge(sp.peer, now.Sub(w.start), w.timeout)
+		if err != nil {
+			w.stall = err
+			return errShmStall
+		}
+		w.nextJudge = now.Add(next)
 	}
 	return nil
 }
 
-// shmTimeout is how long a wait for a rank on this host lasts without
-// progress: the mesh's timeout and a quarter more. A rank on this host that
-// makes no progress is usually itself waiting for a rank elsewhere, with the
-// same timeout started a little later; the extra quarter lets that wait end
-// first and its error (naming the rank really lost) reach this rank as an
-// abort, instead of this rank blaming its live neighbour. A dead neighbour
-// is noticed at once, through its pidfd.
-func shmTimeout(t time.Duration) time.Duration { return t + t/4 }
-
-func shmTimeoutText(t time.Duration) string {
-	return fmt.Sprintf("no progress for %s (timeout %s, and a quarter more for a rank on this host)", shmTimeout(t), t)
-}
-
 var (
-	errShmTimeout  = errors.New("timeout")
+	errShmStall    = errors.New("no progress")
 	errShmPeerDied = errors.New("peer process died")
 )
 
 func (sp *shmPeer) fail(w *shmWait, op string, ch int, tag Tag, err error) error {
+	var waited time.Duration
 	switch {
 	case w.ctx.Err() != nil:
 		err = w.ctx.Err()
 	case err == errClosed:
-	case err == errShmTimeout:
-		err = fmt.Errorf("%s on shared-memory channel %d, %v", shmTimeoutText(sp.timeout), ch, tag)
+	case err == errShmStall:
+		waited = w.stall.(*stallError).waited
+		err = fmt.Errorf("%w (shared-memory channel %d, %v)", w.stall, ch, tag)
 	case err == errShmPeerDied:
 		err = fmt.Errorf("rank %d (pid %d) died (shared-memory channel %d, %v)", sp.peer, sp.pid, ch, tag)
 	case err == errShmPeerClosed:
@@ -721,7 +734,7 @@ func (sp *shmPeer) fail(w *shmWait, op string, ch int, tag Tag, err error) error
 	default:
 		err = fmt.Errorf("%v (shared-memory channel %d, %v)", err, ch, tag)
 	}
-	return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: op, Err: err}
+	return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: op, Err: err, Waited: waited}
 }
 
 // put copies b into the ring from position *t, waiting for room; it

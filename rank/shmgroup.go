@@ -174,8 +174,10 @@ func (g *LocalGroup) Leave() { g.mu.Unlock() }
 // it waits for needs this core), then sleeps in growing naps; while it
 // waits it calls check (when not nil), whose error it returns, and it fails
 // with a *PeerError naming member i when i's process dies or closes its
-// mesh, when this rank's mesh closes, when ctx ends, or after the mesh's
-// timeout without cond holding. Call it between Enter and Leave.
+// mesh, when this rank's mesh closes, when ctx ends, or when cond has not
+// held for the timeout (the mesh's, or WithTimeout's) and i is stopped, or
+// for twice the timeout while i runs (stall.go). Call it between Enter and
+// Leave.
 func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check func() error) error {
 	for k := 0; k < grpSpins; k++ {
 		if cond() {
@@ -184,18 +186,33 @@ func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check fu
 	}
 	p := g.ranks[i]
 	sp := g.m.shmPeer(p)
-	fail := func(err error) error {
+	fail := func(err error) *PeerError {
 		return &PeerError{Self: g.m.id.Rank, Peer: p, Host: sp.host, Op: "shared-memory group", Err: err}
+	}
+	// gone ends the wait for a peer that closed its mesh or died, after one
+	// more look: what it did before (arrived, posted an abort) counts.
+	gone := func(err error) error {
+		if cond() {
+			return nil
+		}
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		return fail(err)
 	}
 	start := time.Now()
 	nextLive := start.Add(shmLiveCheck)
+	timeout := timeoutFrom(ctx, sp.timeout)
+	nextJudge := start.Add(timeout)
 	nap := shmNapMin
 	for k := 0; !cond(); k++ {
 		if g.closing.Load() || sp.closing.Load() {
 			return fail(errClosed)
 		}
 		if sp.peerClosed.Load() != 0 {
-			return fail(fmt.Errorf("rank %d closed its connection", p))
+			return gone(fmt.Errorf("rank %d closed its connection", p))
 		}
 		if err := ctx.Err(); err != nil {
 			return fail(err)
@@ -226,14 +243,20 @@ func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check fu
 		default:
 			time.Sleep(shmSleep)
 		}
-		if waited > shmTimeout(sp.timeout) {
-			return fail(fmt.Errorf("%s waiting for rank %d in shared memory", shmTimeoutText(sp.timeout), p))
-		}
 		if now.After(nextLive) {
 			nextLive = now.Add(shmLiveCheck)
 			if !sp.alive() {
-				return fail(fmt.Errorf("rank %d (pid %d) died", p, sp.pid))
+				return gone(fmt.Errorf("rank %d (pid %d) died", p, sp.pid))
 			}
+		}
+		if now.After(nextJudge) {
+			next, err := g.m.judge(p, waited, timeout)
+			if err != nil {
+				pe := fail(err)
+				pe.Waited = waited
+				return pe
+			}
+			nextJudge = now.Add(next)
 		}
 	}
 	return nil

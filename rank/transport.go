@@ -3,6 +3,7 @@ package rank
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Tag is the header every framed message carries. The transport checks that
@@ -74,6 +75,9 @@ type PeerError struct {
 	Host       string
 	Op         string // "send", "recv", "dial", ...
 	Err        error
+	// Waited is how long the wait went without progress, when that is why
+	// it ended (zero otherwise).
+	Waited time.Duration
 }
 
 func (e *PeerError) Error() string {
