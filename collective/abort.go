@@ -164,7 +164,8 @@ func blame(self int, ctx context.Context, cl call, err error) (origin, culprit i
 		if ctx.Err() == context.Canceled {
 			return self, self, reasonCancel, 0
 		}
-		if ctx.Err() != nil || strings.Contains(pe.Err.Error(), "timeout") {
+		var te interface{ Timeout() bool }
+		if ctx.Err() != nil || pe.Waited > 0 || errors.As(pe.Err, &te) && te.Timeout() || strings.Contains(pe.Err.Error(), "timeout") {
 			return self, pe.Peer, reasonTimeout, 0
 		}
 		return self, pe.Peer, reasonPeer, 0
@@ -181,8 +182,9 @@ const abortLinger = 30 * time.Second
 
 // abort tells every peer on every channel that call cl failed here, and
 // drains what the peers still send until each has aborted too (or the
-// linger time is over). It returns once the abort frames are sent (or
-// after abortSendWait); the draining goes on in the background.
+// linger time is over). It returns once the abort frames are sent and
+// every peer but the culprit has answered with its own abort (or failed),
+// or after abortSendWait; the draining goes on in the background.
 func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 	t := c.t
 	n, me := t.Size(), t.Rank()
@@ -199,21 +201,35 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 		linger = c.cfg.Timeout
 	}
 	actx, cancel := context.WithTimeout(context.Background(), linger)
-	var wg, sends sync.WaitGroup
+	// A peer has answered once one of its lanes brings its abort (or
+	// fails); the culprit may never answer (stopped, dead), and the peer
+	// whose abort this call received has answered already.
+	from := -1
+	var ab *AbortError
+	if errors.As(err, &ab) {
+		from = ab.From
+	}
+	var wg, told sync.WaitGroup
 	for p := 0; p < n; p++ {
 		if p == me {
 			continue
 		}
+		told.Add(1)
+		answered := sync.OnceFunc(told.Done)
+		if p == culprit || p == from {
+			answered()
+		}
 		for ch := 0; ch < t.Channels(); ch++ {
 			wg.Add(2)
-			sends.Add(1)
+			told.Add(1)
 			go func(p, ch int) {
 				defer wg.Done()
-				defer sends.Done()
+				defer told.Done()
 				t.Send(actx, p, ch, tag, nil)
 			}(p, ch)
 			go func(p, ch int) {
 				defer wg.Done()
+				defer answered()
 				for {
 					err := t.Recv(actx, p, ch, tag, nil)
 					var rm *rank.MismatchError
@@ -225,10 +241,13 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 		}
 	}
 	go func() { wg.Wait(); cancel() }()
-	// Wait (briefly) until the abort frames are out, so that a process
-	// that exits on this error has told its peers first.
+	// Wait (briefly) until the abort frames are out and the peers have
+	// answered, so that a process that exits on this error has told its
+	// peers first: a frame handed to QUIC is sent later, from a buffer
+	// that dies with the process, and a peer that finds this rank dead
+	// may not look for a frame it left in shared memory.
 	sent := make(chan struct{})
-	go func() { sends.Wait(); close(sent) }()
+	go func() { told.Wait(); close(sent) }()
 	select {
 	case <-sent:
 	case <-time.After(min(linger, abortSendWait)):

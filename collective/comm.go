@@ -51,8 +51,12 @@ type Config struct {
 	// (rings in parallel); default: one per two CPU cores, at most what
 	// the transport has. Env GORUN_RINGS.
 	Channels int
-	// Timeout bounds each call whose context has no deadline (0: only the
-	// transport's own timeout applies).
+	// Timeout replaces the transport's timeout for the waits of each call
+	// whose context has no deadline (rank.WithTimeout): a wait without
+	// progress for this long names the peer if it is stopped, dead or
+	// silent, and goes on up to twice as long for a live peer, which is
+	// then most likely waiting itself and reports the rank really lost
+	// (rank/stall.go). 0: the transport's own timeout applies.
 	Timeout time.Duration
 	// Model is the cost model behind Auto; zero means DefaultModel.
 	Model CostModel
@@ -239,9 +243,9 @@ func inline(ctx context.Context) context.Context { return context.WithValue(ctx,
 func (c *Communicator) exec(h *Handle) error {
 	ctx := h.ctx
 	if _, ok := ctx.Deadline(); !ok && c.cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
+		// Not a deadline for the whole call: that would end the wait of
+		// whichever rank started first, blaming a live peer (issue 15).
+		ctx = rank.WithTimeout(ctx, c.cfg.Timeout)
 	}
 	if err := ctx.Err(); err != nil {
 		c.abort(h.c, ctx, err)
