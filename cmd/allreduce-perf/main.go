@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -299,7 +300,7 @@ func bench(o options, out io.Writer) error {
 			} else {
 				us, err = timeIt(ctx, comm, s, r, o, opts)
 				if err == nil && o.check {
-					wrong, err = checkIt(ctx, comm, s, r, o, opts)
+					wrong, err = checkIt(ctx, comm, mesh, s, r, o, opts)
 				}
 			}
 			if err != nil {
@@ -482,7 +483,7 @@ func round(dt collective.DType, v float32) float32 {
 
 // checkIt refills the input, runs one allreduce and counts the elements
 // (over all ranks) that differ from the exact reference.
-func checkIt(ctx context.Context, c *collective.Communicator, send, recv []byte, o options, opts []collective.CallOption) (int, error) {
+func checkIt(ctx context.Context, c *collective.Communicator, t rank.Transport, send, recv []byte, o options, opts []collective.CallOption) (int, error) {
 	fill(send, c.Rank(), o.dtype)
 	if err := c.Allreduce(ctx, send, recv, o.dtype, o.op, opts...); err != nil {
 		return 0, err
@@ -512,6 +513,48 @@ func checkIt(ctx context.Context, c *collective.Communicator, send, recv []byte,
 			wrong++
 		}
 	}
-	w, err := overRanks(ctx, c, float64(wrong), collective.Sum)
-	return int(w), err
+	return sumCounts(ctx, t, &countSeq, wrong)
+}
+
+// countKind marks the messages of sumCounts (Tag.Kind), apart from every
+// collective's and from -C sendrecv's.
+const countKind = 0xfffd
+
+// countSeq numbers sumCounts's exchanges; every rank counts the same.
+var countSeq uint64
+
+// sumCounts adds up one count of every rank and gives every rank the
+// total, with point-to-point messages through rank 0 (seq numbers the
+// exchanges: the same count on every rank): not with the
+// collective under test, which could otherwise hide its own wrong results
+// by summing their count wrong too.
+func sumCounts(ctx context.Context, t rank.Transport, seq *uint64, v int) (int, error) {
+	n, me := t.Size(), t.Rank()
+	*seq++
+	tag := rank.Tag{Seq: *seq, Kind: countKind}
+	var b [8]byte
+	if me != 0 {
+		binary.LittleEndian.PutUint64(b[:], uint64(v))
+		if err := t.Send(ctx, 0, 0, tag, b[:]); err != nil {
+			return 0, err
+		}
+		if err := t.Recv(ctx, 0, 0, tag, b[:]); err != nil {
+			return 0, err
+		}
+		return int(binary.LittleEndian.Uint64(b[:])), nil
+	}
+	total := v
+	for r := 1; r < n; r++ {
+		if err := t.Recv(ctx, r, 0, tag, b[:]); err != nil {
+			return 0, err
+		}
+		total += int(binary.LittleEndian.Uint64(b[:]))
+	}
+	binary.LittleEndian.PutUint64(b[:], uint64(total))
+	for r := 1; r < n; r++ {
+		if err := t.Send(ctx, r, 0, tag, b[:]); err != nil {
+			return 0, err
+		}
+	}
+	return total, nil
 }

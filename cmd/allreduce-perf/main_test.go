@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -292,6 +293,34 @@ func TestOneRankWithoutLauncher(t *testing.T) {
 	for _, row := range rows {
 		if row[8] != "0.000" || row[9] != "0" {
 			t.Errorf("row: %s", row[0])
+		}
+	}
+}
+
+// TestSumCounts: the wrong-element counts are added up over real sockets
+// without the collective under test, and every rank gets the total.
+func TestSumCounts(t *testing.T) {
+	ctx := context.Background()
+	ts, err := rank.LoopbackGroup(ctx, 3, rank.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rank.CloseAll(ts)
+	seqs := make([]uint64, len(ts)) // each rank's own, as in its own process
+	for round, counts := range [][]int{{0, 0, 0}, {5, 0, 1 << 40}, {0, 7, 0}} {
+		got := make([]int, len(ts))
+		errs := make([]error, len(ts))
+		var wg sync.WaitGroup
+		for r, tr := range ts {
+			wg.Add(1)
+			go func() { defer wg.Done(); got[r], errs[r] = sumCounts(ctx, tr, &seqs[r], counts[r]) }()
+		}
+		wg.Wait()
+		want := counts[0] + counts[1] + counts[2]
+		for r := range ts {
+			if errs[r] != nil || got[r] != want {
+				t.Fatalf("round %d rank %d: %d (%v), want %d", round, r, got[r], errs[r], want)
+			}
 		}
 	}
 }

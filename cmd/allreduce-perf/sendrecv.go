@@ -92,8 +92,8 @@ func sendRecv(ctx context.Context, c *collective.Communicator, t rank.Transport,
 	if err != nil || !o.check {
 		return us, 0, err
 	}
-	w, err := overRanks(ctx, c, float64(wrongFrom(recv, (me+n-1)%n, o.dtype)), collective.Sum)
-	return us, int(w), err
+	w, err := sumCounts(ctx, t, &countSeq, wrongFrom(recv, (me+n-1)%n, o.dtype))
+	return us, w, err
 }
 
 // wrongFrom counts the elements of recv that differ from what rank prev
