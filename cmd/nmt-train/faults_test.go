@@ -208,3 +208,38 @@ func (s *syncBuf) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A rank frozen with SIGSTOP during training: the other ranks end the job
+// within a few --timeouts, each naming the frozen rank (not a healthy
+// one), in every run.
+func TestFrozenRankNamed(t *testing.T) {
+	for run := 0; run < 2; run++ {
+		dir := t.TempDir()
+		args := append(append([]string{}, tinyArgs...), "--batch-tokens", "512", "--max-steps", "100000",
+			"--checkpoint-every", "0", "--eval-every", "0", "--timeout", "2s", "--run-dir", dir)
+		cmd, out := startGorun(t, append([]string{"-np", "3", "--grace", "1s", trainBin}, args...)...)
+		waitStep(t, dir, 3, out)
+		frozen := 1 + run // rank 1, then rank 2
+		pid := rankPID(t, dir, frozen)
+		syscall.Kill(pid, syscall.SIGSTOP)
+		if code := exitCode(t, cmd, out); code == 0 {
+			t.Fatalf("run %d: the job went on with rank %d frozen:\n%s", run, frozen, out)
+		}
+		syscall.Kill(pid, syscall.SIGCONT)
+		for r := 0; r < 3; r++ {
+			if r == frozen {
+				continue
+			}
+			var line string
+			for _, l := range strings.Split(out.String(), "\n") {
+				if strings.HasPrefix(l, fmt.Sprintf("[%d] nmt-train: rank %d: ", r, r)) {
+					line = l
+				}
+			}
+			// "... timed out waiting for rank F" or "... rank F (pid N) is stopped"
+			if !strings.HasSuffix(line, fmt.Sprintf("waiting for rank %d", frozen)) && !strings.Contains(line, fmt.Sprintf("rank %d (pid ", frozen)) {
+				t.Errorf("run %d: rank %d's error does not name frozen rank %d: %q\n%s", run, r, frozen, line, out)
+			}
+		}
+	}
+}
