@@ -14,6 +14,8 @@
 #     tiny-np1   nmt-train on the built-in corpus, tiny preset, 1 rank on the GPU
 #     tiny-np2   the same with 2 ranks sharing the GPU (gradients through the mesh)
 #     translate  beam search from the tiny run's checkpoint on the GPU
+#     interop    the tiny run's checkpoint read with Python's safetensors, its
+#                event file with TensorBoard's loader (bench/gpu/interop.py)
 #   train:
 #     base       Transformer-base (the lab's model) for 300 steps
 #   bench:
@@ -68,6 +70,7 @@ if want check; then
 	step tiny-np2 140 "$bin/gorun" -np 2 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
 		--max-steps "$(n 200)" --run-dir "$runs/tiny-np2"
 	step translate 40 bash -c "printf 'la gana vomego beto .\n' | '$bin/nmt-train' translate --device cuda --run-dir '$runs/tiny-np1'"
+	step interop 60 python3 bench/gpu/interop.py "$runs/tiny-np1"
 fi
 if want train; then
 	step base 420 "$bin/gorun" -np 1 "$bin/nmt-train" train --preset base --synthetic-lines 200000 --device cuda \
