@@ -14,7 +14,7 @@ import (
 func TestHelperProcess(t *testing.T) {
 	switch os.Getenv(envHelper) {
 	case "":
-		t.Skip("helper process only")
+		return // run as a test, it has nothing to do (not a skip: nothing is left unchecked)
 	case "notinit":
 		helperNotInit(t)
 	case "novisible":
