@@ -162,6 +162,22 @@ func fromEnv(get envGetter) (Identity, error) {
 			port = strconv.Itoa(DefaultRendezvousPort)
 		}
 		id.Rendezvous = net.JoinHostPort(str("MASTER_ADDR"), port)
+	case id.Launcher == "openmpi" && str("OMPI_MCA_orte_hnp_uri") != "":
+		// OpenMPI's mpirun (how Horovod labs start jobs) tells every rank
+		// its own address; rank 0, placed on mpirun's host by the default
+		// mapping, serves the rendezvous there (all on one node: loopback)
+		// on a port derived from the job id. MASTER_ADDR or
+		// GORUN_RENDEZVOUS override it.
+		host := "127.0.0.1"
+		if n, _, _ := num("OMPI_MCA_orte_num_nodes"); n > 1 {
+			h, err := hnpHost(str("OMPI_MCA_orte_hnp_uri"))
+			if err != nil {
+				return id, err
+			}
+			host = h
+		}
+		jid, _, _ := num("OMPI_MCA_ess_base_jobid")
+		id.Rendezvous = net.JoinHostPort(host, strconv.Itoa(openMPIPort(jid)))
 	case id.Launcher == "slurm" && str("SLURM_JOB_NODELIST") != "":
 		h, err := FirstSlurmHost(str("SLURM_JOB_NODELIST"))
 		if err != nil {
@@ -254,3 +270,21 @@ func FirstSlurmHost(list string) (string, error) {
 	}
 	return first[:open] + inner + first[close+1:], nil
 }
+
+// hnpHost is the IPv4 host of OpenMPI's mpirun from its contact URI,
+// "JOBID.0;tcp://192.0.2.2:60409;tcp6://[fd00::2]:57589".
+func hnpHost(uri string) (string, error) {
+	for _, part := range strings.Split(uri, ";") {
+		if rest, ok := strings.CutPrefix(part, "tcp://"); ok {
+			if h, _, err := net.SplitHostPort(rest); err == nil && h != "" {
+				return h, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("OMPI_MCA_orte_hnp_uri=%q names no IPv4 address for the rendezvous: set %s=host:port (or MASTER_ADDR/MASTER_PORT)", uri, EnvRendezvous)
+}
+
+// openMPIPort is the rendezvous port of an OpenMPI job: one of 1000 ports
+// from DefaultRendezvousPort on, by the job id, so that two jobs on one
+// host rarely meet.
+func openMPIPort(jobID int) int { return DefaultRendezvousPort + jobID%1000 }

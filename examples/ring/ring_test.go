@@ -114,3 +114,23 @@ func TestAloneRankTimesOut(t *testing.T) {
 		t.Errorf("took %v", d)
 	}
 }
+
+// TestUnderOpenMPI starts the ring with OpenMPI's own mpirun, as Horovod
+// labs start jobs, with no gorun variable at all: the ranks find the
+// rendezvous from what mpirun gives them.
+func TestUnderOpenMPI(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("OpenMPI's mpirun is not installed (Debian: openmpi-bin; .ci/run installs it)")
+	}
+	cmd := exec.Command(mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", ringBin, "-timeout", "20s")
+	cmd.Env = testenv.CleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	s := string(out)
+	if !strings.Contains(s, "went 3 times around 3 ranks (sum 3 ok)") || strings.Count(s, "launcher openmpi") != 3 {
+		t.Fatalf("output:\n%s", s)
+	}
+}
