@@ -16,7 +16,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -o $(BIN)/ ./cmd/... ./examples/...
+	$(GO) build -trimpath -buildvcs=auto -o $(BIN)/ ./cmd/... ./examples/...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

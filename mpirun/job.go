@@ -28,6 +28,7 @@ type Config struct {
 	Hosts         []Host // nil = this machine, with NP slots (the CPU count if NP is 0)
 	MapBy         string // MapBySlot (default) or MapByNode
 	Oversubscribe bool   // allow more ranks than slots (up to max_slots)
+	PerNode       int    // -N: exactly this many ranks on every host (0: by slots)
 
 	Program string   // run as given: a path, or a name looked up in PATH
 	Args    []string // the program's arguments, untouched
@@ -173,15 +174,36 @@ func prepare(cfg Config) (*plan, error) {
 	if cfg.NP < 0 {
 		return nil, usagef("-np %d: need at least 1 rank", cfg.NP)
 	}
+	if cfg.PerNode < 0 {
+		return nil, usagef("-N %d: need at least 1 rank per host", cfg.PerNode)
+	}
 	hosts := cfg.Hosts
 	if len(hosts) == 0 {
 		n := cfg.NP
+		if cfg.PerNode > 0 {
+			n = cfg.PerNode
+		}
 		if n == 0 {
 			n = runtime.NumCPU()
 		}
 		hosts = []Host{{Name: "localhost", Slots: n, Where: "default"}}
 	}
 	hosts = mergeLocalHosts(hosts)
+	if cfg.PerNode > 0 {
+		// mpirun -N / torchrun --nproc-per-node: every host gets exactly
+		// that many ranks, whatever its slots say (within max_slots)
+		hosts = append([]Host(nil), hosts...)
+		for i := range hosts {
+			if hosts[i].MaxSlots > 0 && hosts[i].MaxSlots < cfg.PerNode {
+				return nil, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
+			}
+			hosts[i].Slots = cfg.PerNode
+		}
+		if cfg.NP > 0 && cfg.NP != cfg.PerNode*len(hosts) {
+			return nil, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
+		}
+		cfg.MapBy = MapBySlot
+	}
 	np := cfg.NP
 	if np == 0 {
 		for _, h := range hosts {

@@ -436,3 +436,24 @@ func TestRunMaxRestarts(t *testing.T) {
 		t.Fatalf("status %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
+
+// TestPerNode: -N puts exactly N ranks on every host, whatever the slots,
+// within max_slots.
+func TestPerNode(t *testing.T) {
+	hosts := []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 8}}
+	p, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sp := range p.specs {
+		got = append(got, fmt.Sprintf("%d@%s/%d", sp.slot.Rank, sp.slot.Host, sp.slot.LocalRank))
+	}
+	if s := strings.Join(got, " "); s != "0@a.invalid/0 1@a.invalid/1 2@b.invalid/0 3@b.invalid/1" {
+		t.Fatalf("placement %s", s)
+	}
+	hosts[0].MaxSlots = 1
+	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "max_slots=1") {
+		t.Fatalf("max_slots: %v", err)
+	}
+}

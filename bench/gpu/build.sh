@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 out=.gpu
 rm -rf "$out" && mkdir -p "$out/pkg/bin"
 export CGO_ENABLED=0
-flags=(-trimpath -ldflags=-s\ -w)
+flags=(-trimpath -buildvcs=auto -ldflags=-s\ -w)
 go build "${flags[@]}" -o "$out/pkg/bin/" ./cmd/...
 go test -c "${flags[@]}" -o "$out/pkg/cuda.test" ./kernels/cuda
 go test -c "${flags[@]}" -o "$out/pkg/bench.test" ./bench

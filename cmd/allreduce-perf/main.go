@@ -31,6 +31,7 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/rank"
 	"github.com/urfave/cli/v2"
 )
@@ -78,9 +79,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.IntFlag{Name: "inplace", Aliases: []string{"I"}, Value: 2, Usage: "0: out of place only, 1: in place only, 2: both"},
 			&cli.StringFlag{Name: "collective", Aliases: []string{"C"}, Value: "allreduce", Usage: "allreduce, or sendrecv: each rank sends to the next and receives from the previous (nccl-tests' sendrecv_perf; the transport's ceiling for a ring)"},
 			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 0, Usage: "give up on a peer after this long (default: the transport's, GORUN_TIMEOUT or 60s)"},
+			&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version and CPU features"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
 		Action: func(c *cli.Context) error {
+			if c.Bool("version") {
+				fmt.Fprint(stdout, version.String("allreduce-perf", ""))
+				return nil
+			}
 			if c.NArg() > 0 {
 				return usageError{fmt.Errorf("unexpected argument %q", c.Args().First())}
 			}

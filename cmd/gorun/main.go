@@ -21,6 +21,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/mpirun"
 	"github.com/urfave/cli/v2"
 )
@@ -34,6 +35,7 @@ type usageError struct{ error }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	status := 0
+	args, notes := mcaArgs(args)
 	app := &cli.App{
 		Name:                      "gorun",
 		Usage:                     "start a program as the ranks of a job (mpirun / horovodrun style)",
@@ -48,6 +50,18 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		},
 		ExitErrHandler: func(*cli.Context, error) {},
 		Action: func(c *cli.Context) error {
+			if c.Bool("version") {
+				fmt.Fprint(stdout, version.String("gorun", version.NVIDIADevices()))
+				return nil
+			}
+			if b := c.String("bind-to"); b != "none" {
+				// placement on cores is the kernel's (mpirun's --bind-to none);
+				// a program sizes its own threads (nmt-train --threads)
+				notes = append(notes, fmt.Sprintf("--bind-to %s: gorun does not bind ranks to cores (as --bind-to none); each rank sizes its own threads (nmt-train --threads)", b))
+			}
+			for _, n := range notes {
+				fmt.Fprintln(stderr, "gorun: "+n)
+			}
 			if c.Bool(mpirun.AgentFlag) {
 				return runAgent(c, stdin, &status)
 			}
@@ -96,6 +110,10 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "hostfile", Aliases: []string{"machinefile"}, Usage: "hosts, one a line: `FILE` in OpenMPI (host slots=N max_slots=M) or Horovod (host:N) syntax"},
 		&cli.StringSliceFlag{Name: "H", Aliases: []string{"host"}, Usage: "hosts as a `LIST` like host1:2,host2:2 (a host without :N has 1 slot)"},
 		&cli.BoolFlag{Name: "oversubscribe", Usage: "allow more ranks than slots (never more than max_slots)"},
+		&cli.IntFlag{Name: "npernode", Aliases: []string{"N", "nproc-per-node", "nproc_per_node"}, Usage: "exactly `N` ranks on every host (mpirun -N, torchrun --nproc-per-node); -np defaults to N x hosts"},
+		&cli.StringFlag{Name: "bind-to", Value: "none", Usage: "`WHAT` to bind ranks to: gorun binds nothing (mpirun's none); core and socket are accepted with a note"},
+		&cli.BoolFlag{Name: "allow-run-as-root", Usage: "accepted for mpirun habits (gorun runs as root without it)"},
+		&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version, CPU features and GPUs found"},
 		&cli.StringFlag{Name: "map-by", Value: mpirun.MapBySlot, Usage: "`POLICY` slot: fill a host's slots before the next; node: round-robin over hosts"},
 		&cli.StringSliceFlag{Name: "x", Usage: "export `NAME[=VALUE]` to every rank (repeatable; NAME alone takes gorun's value)"},
 		&cli.StringFlag{Name: "wdir", Usage: "working `DIR` of every rank (default: gorun's, the same path on remote hosts)"},
@@ -154,6 +172,7 @@ func config(c *cli.Context) (mpirun.Config, error) {
 		cfg.Hosts = hosts
 	}
 	cfg.Oversubscribe = c.Bool("oversubscribe")
+	cfg.PerNode = c.Int("npernode")
 	cfg.MapBy = c.String("map-by")
 	cfg.Export = c.StringSlice("x")
 	cfg.Dir = c.String("wdir")
@@ -213,4 +232,39 @@ func runAgent(c *cli.Context, stdin io.Reader, status *int) error {
 		Args:      c.Args().Tail(),
 	}, stdin, os.Stdout, os.Stderr)
 	return nil
+}
+
+// mcaArgs takes OpenMPI's --mca KEY VALUE (and -mca, --gmca) out of
+// gorun's own flags, which end at the program: they tune OpenMPI, which
+// gorun is not, so each is dropped with a note.
+func mcaArgs(args []string) ([]string, []string) {
+	valueFlags := map[string]bool{}
+	for _, f := range flags() {
+		if _, isBool := f.(*cli.BoolFlag); isBool {
+			continue
+		}
+		for _, n := range f.Names() {
+			valueFlags[n] = true
+		}
+	}
+	out := []string{args[0]}
+	var notes []string
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		name := strings.TrimLeft(a, "-")
+		if !strings.HasPrefix(a, "-") || a == "--" {
+			return append(out, args[i:]...), notes // the program and its arguments
+		}
+		if (name == "mca" || name == "gmca") && i+2 < len(args) {
+			notes = append(notes, fmt.Sprintf("%s %s %s ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI", a, args[i+1], args[i+2]))
+			i += 2
+			continue
+		}
+		out = append(out, a)
+		if valueFlags[name] && !strings.Contains(name, "=") && i+1 < len(args) {
+			i++
+			out = append(out, args[i])
+		}
+	}
+	return out, notes
 }

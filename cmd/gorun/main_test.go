@@ -697,3 +697,34 @@ func TestHelp(t *testing.T) {
 		t.Errorf("help: %d %q", r.code, r.stdout)
 	}
 }
+
+// TestMPIHabits: the mpirun and torchrun flags people type out of habit
+// work or say why they do nothing, and --version describes the binary.
+func TestMPIHabits(t *testing.T) {
+	for _, args := range [][]string{{"-N", "3"}, {"--npernode", "3"}, {"--nproc-per-node", "3"}, {"--nproc_per_node=3"}, {"-H", "localhost:1", "-N", "3"}} {
+		r := gorun(t, "", append(args, "/bin/sh", "-c", `echo "$GORUN_SIZE"`)...)
+		if r.code != 0 || strings.Count(r.stdout, "3\n") != 3 || r.stderr != "" {
+			t.Errorf("%q: %d %q %q", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	r := gorun(t, "", "-N", "2", "-np", "3", "true")
+	if r.code != 2 || r.stderr != "gorun: -np 3 with -N 2 on 1 host(s): want -np 2, or no -np\n" {
+		t.Errorf("-N with -np: %d %q", r.code, r.stderr)
+	}
+	// accepted with a note: --mca (OpenMPI's own parameters), --bind-to core;
+	// accepted silently: --allow-run-as-root, --bind-to none
+	r = gorun(t, "", "--allow-run-as-root", "--mca", "btl", "tcp,self", "-np", "1", "--bind-to", "core", "/bin/echo", "--mca", "x", "y")
+	want := "gorun: --mca btl tcp,self ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI\n" +
+		"gorun: --bind-to core: gorun does not bind ranks to cores (as --bind-to none); each rank sizes its own threads (nmt-train --threads)\n"
+	if r.code != 0 || r.stdout != "[0] --mca x y\n" || r.stderr != want {
+		t.Errorf("--mca/--bind-to: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = gorun(t, "", "--bind-to", "none", "--allow-run-as-root", "-np", "1", "true")
+	if r.code != 0 || r.stderr != "" {
+		t.Errorf("--bind-to none: %d %q", r.code, r.stderr)
+	}
+	r = gorun(t, "", "--version")
+	if r.code != 0 || !regexp.MustCompile(`^gorun \S+ \(commit [^)]+\)\ngo1\.\S+ linux/\w+, \d+ CPUs\nCPU features: .+\nGPUs: .+\n$`).MatchString(r.stdout) {
+		t.Errorf("--version: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}

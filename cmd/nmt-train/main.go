@@ -15,6 +15,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
+	"github.com/gorun/gorun/internal/version"
+	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/metrics"
 )
 
@@ -48,6 +50,14 @@ func main() {
 			translateCommand(),
 			bleuCommand(),
 			reportCommand(),
+		},
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version, CPU features and GPUs found"}},
+		Action: func(c *cli.Context) error {
+			if c.Bool("version") {
+				fmt.Fprint(os.Stdout, version.String("nmt-train", gpus()))
+				return nil
+			}
+			return cli.ShowAppHelp(c)
 		},
 		// One line on stderr for every error; no usage dump after it.
 		ExitErrHandler: func(*cli.Context, error) {},
@@ -109,4 +119,20 @@ func reportCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// gpus says what GPUs --device cuda would find: their names, or why none.
+func gpus() string {
+	n, err := cuda.Count()
+	if err != nil {
+		return "none usable: " + err.Error()
+	}
+	if n == 0 {
+		return "none: the driver sees no GPU"
+	}
+	b, err := cuda.Open(0)
+	if err != nil {
+		return fmt.Sprintf("%d, but opening the first failed: %v", n, err)
+	}
+	return fmt.Sprintf("%d; the first: %s", n, b.Describe())
 }

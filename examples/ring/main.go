@@ -14,6 +14,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -25,7 +26,12 @@ func main() {
 	hold := flag.Duration("hold", 0, "sleep this long before the barrier (for tests)")
 	failRank := flag.Int("fail-rank", -1, "this rank exits with status 3 before the barrier (for tests)")
 	timeout := flag.Duration("timeout", 0, "give up waiting on a peer after this long (default 60s or GORUN_TIMEOUT)")
+	showVersion := flag.Bool("version", false, "print the version, commit, Go version and CPU features")
 	flag.Parse()
+	if *showVersion {
+		fmt.Print(version.String("ring", ""))
+		return
+	}
 	if err := run(*rounds, *size, *hold, *failRank, *timeout); err != nil {
 		if err != errPrinted {
 			fmt.Fprintln(os.Stderr, "ring:", err)
