@@ -6,7 +6,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -377,9 +379,19 @@ func describeCheckpoints(dir string) string {
 		return "- No checkpoint was written in this run.\n"
 	}
 	var b strings.Builder
-	latest, _ := os.ReadFile(filepath.Join(dir, "latest"))
-	fmt.Fprintf(&b, "- %d checkpoint(s) kept; `latest` points to `%s`.\n", len(entries), strings.TrimSpace(string(latest)))
-	last := entries[len(entries)-1]
+	latestB, _ := os.ReadFile(filepath.Join(dir, "latest"))
+	latest := strings.TrimSpace(string(latestB))
+	fmt.Fprintf(&b, "- %d checkpoint(s) kept; `latest` points to `%s`.\n", len(entries), latest)
+	// the one latest names; without it the newest (by step: ckpt-12 sorts
+	// before ckpt-6)
+	last := filepath.Join(dir, latest)
+	if st, err := os.Stat(last); latest == "" || err != nil || !st.IsDir() {
+		step := func(p string) int {
+			n, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "ckpt-"))
+			return n
+		}
+		last = slices.MaxFunc(entries, func(a, b string) int { return step(a) - step(b) })
+	}
 	files, _ := os.ReadDir(last)
 	var total int64
 	fmt.Fprintf(&b, "- `%s` holds:\n\n| file | bytes |\n|---|---|\n", filepath.Base(last))
