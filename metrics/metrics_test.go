@@ -63,28 +63,6 @@ func TestMaskedCRC(t *testing.T) {
 	}
 }
 
-func TestPlotPNG(t *testing.T) {
-	f := filepath.Join(t.TempDir(), "loss.png")
-	var a, b []Point
-	for s := int64(0); s < 50; s++ {
-		a = append(a, Point{Step: s, V: 5 / float64(s+1)})
-		if s%10 == 0 {
-			b = append(b, Point{Step: s, V: 6 / float64(s+1)})
-		}
-	}
-	ok, err := PlotPNG(f, "loss", "nats", Line{"train", a}, Line{"eval", b}, Line{"empty", nil})
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	data, err := os.ReadFile(f)
-	if err != nil || len(data) < 1000 || string(data[1:4]) != "PNG" {
-		t.Fatalf("not a PNG: %v %d", err, len(data))
-	}
-	if ok, _ := PlotPNG(filepath.Join(t.TempDir(), "none.png"), "x", "y"); ok {
-		t.Error("an empty plot was written")
-	}
-}
-
 // The lab: Transformer-base (60,880,896 parameters) on 4 ranks over 1 Gbit/s.
 // fp32: 2*3/4 * 4 B * 60.88e6 / 125e6 B/s = 2.922 s; fp16 half of that.
 func TestBottleneckLab(t *testing.T) {
