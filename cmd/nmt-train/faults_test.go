@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,10 +107,7 @@ func TestStopOnSIGTERM(t *testing.T) {
 	runJob(t, 2, append(args(dir, last), "--resume")...)
 	full := t.TempDir()
 	runJob(t, 2, args(full, last)...)
-	got, want := trainLosses(t, dir)[int64(last)], trainLosses(t, full)[int64(last)]
-	if math.Abs(got-want) > 1e-6*math.Max(1, want) {
-		t.Fatalf("stopped at step %d and resumed: loss at step %d is %.7f, uninterrupted %.7f", st.Step, last, got, want)
-	}
+	follow(t, fmt.Sprintf("stopped at step %d and resumed, against an uninterrupted run", st.Step), trainLosses(t, dir), trainLosses(t, full), 1, int64(last), 1e-6)
 }
 
 // A rank killed under gorun --max-restarts 1: gorun stops the job, starts
@@ -126,8 +122,9 @@ func TestMaxRestartsResumes(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cmd, out := startGorun(t, append([]string{"-np", "2", "--max-restarts", "1", trainBin}, args(dir)...)...)
+	waitStep(t, dir, 1, out)
+	pid := rankPID(t, dir, 1) // found before step 12, so that the kill follows it at once
 	waitStep(t, dir, 12, out)
-	pid := rankPID(t, dir, 1)
 	syscall.Kill(pid, syscall.SIGKILL)
 	if code := exitCode(t, cmd, out); code != 0 {
 		t.Fatalf("gorun exit status %d:\n%s", code, out)
@@ -160,10 +157,7 @@ func TestMaxRestartsResumes(t *testing.T) {
 
 	full := t.TempDir()
 	runJob(t, 2, args(full)...)
-	got, want := trainLosses(t, dir)[steps], trainLosses(t, full)[steps]
-	if math.Abs(got-want) > 1e-6*math.Max(1, want) {
-		t.Fatalf("restarted: loss at step %d is %.7f, uninterrupted %.7f", steps, got, want)
-	}
+	follow(t, "restarted, against an uninterrupted run", trainLosses(t, dir), trainLosses(t, full), 1, steps, 1e-6)
 }
 
 // rankPID finds the nmt-train process of rank r of the job whose run
