@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -57,6 +58,10 @@ func main() {
 				fmt.Fprint(os.Stdout, version.String("nmt-train", gpus()))
 				return nil
 			}
+			if c.NArg() > 0 {
+				name := c.Args().First()
+				return fmt.Errorf("unknown command '%s'%s (see nmt-train --help)", name, suggest(name, c.App.Commands))
+			}
 			return cli.ShowAppHelp(c)
 		},
 		// One line on stderr for every error; no usage dump after it.
@@ -64,7 +69,14 @@ func main() {
 		Writer:         os.Stdout,
 		ErrWriter:      os.Stderr,
 	}
-	if err := app.RunContext(ctx, os.Args); err != nil {
+	// One bad flag: one line and where the help is, not the usage dump.
+	for _, cmd := range app.Commands {
+		cmd.OnUsageError = func(c *cli.Context, err error, _ bool) error {
+			return fmt.Errorf("%v (see nmt-train %s --help)", err, c.Command.Name)
+		}
+	}
+	app.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return fmt.Errorf("%v (see nmt-train --help)", err) }
+	if err := app.RunContext(ctx, bleuFlagsFirst(os.Args)); err != nil {
 		var stopped *train.StoppedError
 		if errors.As(err, &stopped) {
 			os.Exit(128 + int(stopped.Sig.(syscall.Signal)))
@@ -135,4 +147,74 @@ func gpus() string {
 		return fmt.Sprintf("%d, but opening the first failed: %v", n, err)
 	}
 	return fmt.Sprintf("%d; the first: %s", n, b.Describe())
+}
+
+// suggest is " (did you mean X?)" for the command nearest to name (at most
+// two edits away), else "".
+func suggest(name string, cmds []*cli.Command) string {
+	best, bestD := "", 3
+	for _, c := range cmds {
+		if d := editDistance(name, c.Name); d < bestD {
+			best, bestD = c.Name, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %s?)", best)
+}
+
+// editDistance is the Damerau-Levenshtein distance (adjacent swaps count
+// one), enough for typed command names.
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}
+
+// bleuFlagsFirst lets `bleu` take its flags after its arguments, as
+// sacrebleu does (`bleu -r REF HYP --tokenized`): the flags move before the
+// hypothesis file (the CLI stops reading flags at the first argument).
+func bleuFlagsFirst(args []string) []string {
+	if len(args) < 3 || args[1] != "bleu" {
+		return args
+	}
+	flags, rest := []string{}, []string{}
+	for i := 2; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			rest = append(rest, args[i:]...)
+			i = len(args)
+		case a == "-r" || a == "--ref" || a == "-ref":
+			flags = append(flags, a)
+			if i+1 < len(args) {
+				i++
+				flags = append(flags, args[i])
+			}
+		case strings.HasPrefix(a, "-") && a != "-":
+			flags = append(flags, a)
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return append(append(append([]string{}, args[:2]...), flags...), rest...)
 }

@@ -47,7 +47,7 @@ func prepareCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-length", Value: 56, Usage: "drop pairs with a side longer than `N` tokens including EOS (0: no limit)"},
 			&cli.IntFlag{Name: "valid-lines", Value: 1000, Usage: "without --valid-src: hold out the last `N` kept training pairs (at most half of them)"},
 			&cli.BoolFlag{Name: "synthetic", Usage: "write the built-in synthetic corpus"},
-			&cli.IntFlag{Name: "synthetic-lines", Value: 20000, Usage: "training pairs of the synthetic corpus"},
+			&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "training pairs of the synthetic corpus (train's built-in corpus has as many)"},
 			&cli.StringFlag{Name: "out", Usage: "output `DIR` (created)", Required: true},
 		},
 		Action: runPrepare,

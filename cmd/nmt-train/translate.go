@@ -41,9 +41,12 @@ func translateCommand() *cli.Command {
 				return err
 			}
 			dir := c.String("run-dir")
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				return fmt.Errorf("translate: no run directory %s (give the one you trained into with --run-dir)", dir)
+			}
 			v, err := data.LoadVocab(filepath.Join(dir, train.VocabFile))
 			if err != nil {
-				return fmt.Errorf("translate: %v", err)
+				return fmt.Errorf("translate: %s is not a run directory: %v", dir, err)
 			}
 			var bpe *data.BPE
 			if _, err := os.Stat(filepath.Join(dir, train.BPEFile)); err == nil {
@@ -75,32 +78,40 @@ func translateCommand() *cli.Command {
 			opt := transformer.DecodeOptions{Beam: c.Int("beam"), Alpha: c.Float64("alpha"), MaxExtra: 50}
 			w := bufio.NewWriter(os.Stdout)
 			defer w.Flush()
+			// lines are answered in order; an empty input line gets an
+			// empty output line (real[i] false)
 			var batch [][]int32
+			var real []bool
 			flush := func() error {
-				if len(batch) == 0 {
-					return nil
+				var out [][]int32
+				if len(batch) > 0 {
+					if out, err = m.Translate(batch, opt); err != nil {
+						return err
+					}
 				}
-				out, err := m.Translate(batch, opt)
-				if err != nil {
-					return err
-				}
-				for _, ids := range out {
-					p := v.Decode(ids)
+				for _, r := range real {
+					if !r {
+						fmt.Fprintln(w)
+						continue
+					}
+					p := v.Decode(out[0])
+					out = out[1:]
 					if c.Bool("pieces") {
 						fmt.Fprintln(w, strings.Join(p, " "))
 					} else {
 						fmt.Fprintln(w, data.Detokenize(p))
 					}
 				}
-				batch = batch[:0]
+				batch, real = batch[:0], real[:0]
 				return w.Flush()
 			}
 			sc := bufio.NewScanner(os.Stdin)
 			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for line := 1; sc.Scan(); line++ {
+			for sc.Scan() {
 				ids := v.Encode(split(sc.Text()))
+				real = append(real, len(ids) > 0)
 				if len(ids) == 0 {
-					return fmt.Errorf("stdin:%d: empty line", line)
+					continue
 				}
 				batch = append(batch, append(ids, data.EOS))
 				if len(batch) == c.Int("batch") {

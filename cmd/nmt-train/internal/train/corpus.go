@@ -50,6 +50,9 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 			return nil, fmt.Errorf("--data %s: not a directory (make one with `nmt-train prepare --out %s ...`)", o.Data, o.Data)
 		}
 		vf := filepath.Join(o.Data, VocabFile)
+		if _, err := os.Stat(vf); err != nil {
+			return nil, fmt.Errorf("--data %s is not a prepared corpus (no %s, %s, %s): make one with `nmt-train prepare --out %s ...`", o.Data, VocabFile, TrainFile, ValidFile, o.Data)
+		}
 		if v, err = data.LoadVocab(vf); err != nil {
 			return nil, err
 		}

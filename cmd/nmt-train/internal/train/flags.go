@@ -55,7 +55,7 @@ type Options struct {
 func Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "YAML or JSON file with any of these options (the command line wins)"},
-		&cli.StringFlag{Name: "data", Usage: "directory written by `nmt-train prepare` (train.bin, valid.bin, vocab.txt); empty: the built-in synthetic corpus"},
+		&cli.StringFlag{Name: "data", Usage: "`DIR` written by nmt-train prepare (train.bin, valid.bin, vocab.txt); empty: the built-in synthetic corpus"},
 		&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "sentence pairs of the built-in corpus (when --data is empty)"},
 		&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
 		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank: rows x the longer side's padded length (tensor2tensor's count); a step takes this x ranks x --backward-passes-per-step (the global batch, kept by --resume on any number of ranks)"},
