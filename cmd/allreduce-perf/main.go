@@ -61,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	app := &cli.App{
 		Name:            "allreduce-perf",
 		Usage:           "measure Allreduce bandwidth like nccl-tests' all_reduce_perf",
-		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
+		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree|direct|shm] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
 		HideHelpCommand: true,
 		Writer:          stdout,
 		ErrWriter:       stderr,

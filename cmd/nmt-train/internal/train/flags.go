@@ -80,7 +80,7 @@ func Flags() []cli.Flag {
 		&cli.BoolFlag{Name: "overlap", Value: true, Usage: "allreduce buckets while backward runs (false: one allreduce after backward)"},
 		&cli.IntFlag{Name: "backward-passes-per-step", Value: 1, Usage: "gradient accumulation: batches per optimizer step"},
 		&cli.StringFlag{Name: "timeline", Usage: "write a Chrome trace (Perfetto, chrome://tracing) of every layer and bucket to this file"},
-		&cli.Float64Flag{Name: "link-gbps", Usage: "network link capacity for the bottleneck analysis (0: unknown)"},
+		&cli.Float64Flag{Name: "link-gbps", Usage: "network link capacity in `GBIT/S` for the bottleneck analysis (0, the default: probed between rank 0 and a rank on another host; unknown on one host)"},
 		&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
 		&cli.StringFlag{Name: "precision", Value: "auto", Usage: "inputs of matrix products: auto (fp16 on a GPU, fp32 on the CPU) | fp32 | fp16 (with dynamic loss scaling) | bf16"},
 		&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (0: cores / ranks on this host)"},
