@@ -168,6 +168,7 @@ type Mesh struct {
 	grpMu    sync.Mutex
 	grpDone  bool
 	grpOK    *LocalGroup
+	refused  refusals // connections the accept loop turned away
 }
 
 // Connect joins the job described by id: it registers with the rendezvous
@@ -239,7 +240,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
 		}
 		m.qtr = &quic.Transport{Conn: m.udp}
-		m.qln, err = m.qtr.Listen(auth.serverTLS(), quicConfig(opt.Timeout))
+		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(opt.Timeout))
 		if err != nil {
 			return fail(err)
 		}
@@ -296,7 +297,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	case err := <-acceptErr:
 		return fail(err)
 	case <-ctx.Done():
-		return fail(fmt.Errorf("rank %d: %s did not connect within %s", id.Rank, m.describeMissing(), opt.Timeout))
+		return fail(fmt.Errorf("rank %d: %s did not connect within %s%s", id.Rank, m.describeMissing(), opt.Timeout, m.refused.summary()))
 	}
 	if err := m.setupShm(ctx); err != nil {
 		return fail(err)
@@ -386,8 +387,10 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 			if err != nil {
 				return
 			}
-			peer := labelRank(peerLabel(conn.ConnectionState().TLS))
+			label := peerLabel(conn.ConnectionState().TLS)
+			peer := labelRank(label)
 			if peer < 0 || peer >= m.id.Rank {
+				m.refuseWrongPeer(conn.RemoteAddr().String(), label)
 				conn.CloseWithError(1, "unexpected peer")
 				continue
 			}
@@ -418,7 +421,7 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 		}
 	}
 	if m.tln != nil {
-		cfg := auth.serverTLS()
+		cfg := auth.serverTLS(&m.refused)
 		for {
 			c, err := m.tln.Accept()
 			if err != nil {
@@ -432,9 +435,15 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 					return
 				}
 				tc.SetDeadline(time.Time{})
-				peer := labelRank(peerLabel(tc.ConnectionState()))
+				label := peerLabel(tc.ConnectionState())
+				peer := labelRank(label)
+				if peer < 0 || peer >= m.id.Rank {
+					m.refuseWrongPeer(c.RemoteAddr().String(), label)
+					c.Close()
+					return
+				}
 				r, ch, err := readHello(tc)
-				if err != nil || r != peer || peer < 0 || peer >= m.id.Rank {
+				if err != nil || r != peer {
 					c.Close()
 					return
 				}
@@ -451,6 +460,13 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 			}()
 		}
 	}
+}
+
+// refuseWrongPeer records a connection from a holder of the job secret
+// that is not a rank that connects to this one (the ranks below it do).
+func (m *Mesh) refuseWrongPeer(from, label string) {
+	m.refused.add(&authError{by: rankLabel(m.id.Rank), from: from, reason: wrongPeer,
+		msg: fmt.Sprintf("it holds this job's secret but its certificate names %q, not one of the ranks that connect to rank %d (those below it)", label, m.id.Rank)})
 }
 
 func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
@@ -470,7 +486,7 @@ func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
 			}
 			if got := labelRank(peerLabel(c.ConnectionState().TLS)); got != p {
 				c.CloseWithError(1, "wrong peer")
-				return fmt.Errorf("rank %d: %s at %s presented a certificate for %q", m.id.Rank, who, ua, peerLabel(c.ConnectionState().TLS))
+				return fmt.Errorf("rank %d: cannot connect to %s at %s: it holds this job's secret but its certificate names %q", m.id.Rank, who, ua, peerLabel(c.ConnectionState().TLS))
 			}
 			conns[k] = c
 			m.mu.Lock()
@@ -506,7 +522,7 @@ func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
 			}
 			if got := labelRank(peerLabel(tc.ConnectionState())); got != p {
 				tc.Close()
-				return fmt.Errorf("rank %d: %s at %s presented a certificate for %q", m.id.Rank, who, ta, peerLabel(tc.ConnectionState()))
+				return fmt.Errorf("rank %d: cannot connect to %s at %s: it holds this job's secret but its certificate names %q", m.id.Rank, who, ta, peerLabel(tc.ConnectionState()))
 			}
 			if err := writeHello(tc, m.id.Rank, ch); err != nil {
 				tc.Close()

@@ -53,6 +53,7 @@ type RendezvousServer struct {
 	done    chan struct{}
 	closed  chan struct{}
 	once    sync.Once
+	refused refusals // connections the handshake or the registration turned away
 }
 
 // ListenRendezvous starts a rendezvous for a job of size ranks on addr
@@ -70,16 +71,17 @@ func ListenRendezvous(addr string, size int, secret []byte) (*RendezvousServer, 
 		return nil, fmt.Errorf("rendezvous: cannot listen on %s: %v", addr, err)
 	}
 	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(auth.serverTLS(), quicConfig(30*time.Second))
+	s := &RendezvousServer{
+		size: size, tr: tr, addr: udp.LocalAddr().String(),
+		regs: map[int]registration{}, waiters: map[int]chan rdvReply{},
+		done: make(chan struct{}), closed: make(chan struct{}),
+	}
+	ln, err := tr.Listen(auth.serverTLS(&s.refused), quicConfig(30*time.Second))
 	if err != nil {
 		udp.Close()
 		return nil, fmt.Errorf("rendezvous: %v", err)
 	}
-	s := &RendezvousServer{
-		size: size, tr: tr, ln: ln, addr: udp.LocalAddr().String(),
-		regs: map[int]registration{}, waiters: map[int]chan rdvReply{},
-		done: make(chan struct{}), closed: make(chan struct{}),
-	}
+	s.ln = ln
 	go s.acceptLoop()
 	return s, nil
 }
@@ -142,7 +144,10 @@ func (s *RendezvousServer) handle(conn *quic.Conn) {
 		return
 	}
 	if got := labelRank(peerLabel(conn.ConnectionState().TLS)); got != reg.Rank {
-		fail(fmt.Sprintf("certificate names %q but registration claims rank %d", peerLabel(conn.ConnectionState().TLS), reg.Rank))
+		label := peerLabel(conn.ConnectionState().TLS)
+		s.refused.add(&authError{by: "the rendezvous", from: conn.RemoteAddr().String(), reason: wrongPeer,
+			msg: fmt.Sprintf("it holds this job's secret but registers as rank %d with a certificate for %q", reg.Rank, label)})
+		fail(fmt.Sprintf("certificate names %q but registration claims rank %d", label, reg.Rank))
 		return
 	}
 	ch := make(chan rdvReply, 4)
