@@ -15,25 +15,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a job.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func sortedLines(s string) []string {
 	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
@@ -47,7 +31,7 @@ func sortedLines(s string) []string {
 // runSh runs sh -c script as the ranks of a job in this process.
 func runSh(t *testing.T, cfg Config, script string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e syncBuffer
+	var o, e testenv.Buffer
 	cfg.Program, cfg.Args = "/bin/sh", []string{"-c", script}
 	cfg.Stdout, cfg.Stderr = &o, &e
 	code, err := Run(cfg)
@@ -94,7 +78,7 @@ func TestRunEnvAndTags(t *testing.T) {
 }
 
 func TestRunStdinGoesToRankZero(t *testing.T) {
-	var o, e syncBuffer
+	var o, e testenv.Buffer
 	code, err := Run(Config{NP: 2, Program: "/bin/sh", Args: []string{"-c", `n=$(wc -c); echo "rank $GORUN_RANK read $n bytes"`},
 		Stdin: strings.NewReader("hello\nworld\n"), Stdout: &o, Stderr: &e})
 	if err != nil || code != 0 {
@@ -139,7 +123,7 @@ func TestRunFirstFailureStopsJob(t *testing.T) {
 
 func TestRunSignalsAndTimeout(t *testing.T) {
 	sigs := make(chan os.Signal, 1)
-	var o, e syncBuffer
+	var o, e testenv.Buffer
 	done := make(chan int)
 	go func() {
 		code, _ := Run(Config{NP: 2, Program: "/bin/sh", Args: []string{"-c", `trap 'echo "got INT"; exit 9' INT; echo ready; while :; do sleep 0.05; done`},
@@ -206,7 +190,7 @@ func TestRunBadInput(t *testing.T) {
 		{Config{NP: 1, Program: "/bin/true", StdinRank: 4}, "--stdin 4"},
 	}
 	for _, c := range cases {
-		var o, e syncBuffer
+		var o, e testenv.Buffer
 		c.cfg.Stdout, c.cfg.Stderr = &o, &e
 		code, err := Run(c.cfg)
 		if err == nil || code != ExitUsage || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
@@ -219,7 +203,7 @@ func TestRunBadInput(t *testing.T) {
 }
 
 func TestDryRunRemote(t *testing.T) {
-	var o syncBuffer
+	var o testenv.Buffer
 	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "node7.invalid", Slots: 2}},
 		Program: "./prog", Args: []string{"--it's", "x y"}, Export: []string{"A=1"}, SSHPort: 2222, SSHArgs: "-F 'my cfg'",
 		RemoteGorun: "/opt/gorun", Dir: "/tmp", DryRun: true, Stdout: &o, StdinRank: -1})
@@ -309,7 +293,7 @@ func TestIsLocalHost(t *testing.T) {
 // than LineCap is cut into tagged pieces; a last line without newline gets
 // one.
 func TestTaggerLines(t *testing.T) {
-	var out syncBuffer
+	var out testenv.Buffer
 	s := &sink{w: &out}
 	var wg sync.WaitGroup
 	const lines = 300

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // The test binary doubles as gorun's remote agent and reaper (so that they
@@ -74,7 +76,7 @@ func TestRunRemoteInProcess(t *testing.T) {
 	self, _ := os.Executable()
 	hosts := []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}}
 	os.Unsetenv("CUDA_VISIBLE_DEVICES")
-	var o, e syncBuffer
+	var o, e testenv.Buffer
 	code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
 		Program: "/bin/sh", Args: []string{"-c", `echo "$GORUN_RANK/$GORUN_SIZE $GORUN_LOCAL_RANK/$GORUN_LOCAL_SIZE $GORUN_NODE_RANK $GORUN_HOST $CUDA_VISIBLE_DEVICES ${#GORUN_SECRET} $(cat)"; printf "no newline $GORUN_RANK" >&2`},
 		Export: []string{"A=1"}, Stdin: strings.NewReader("in"), StdinRank: 2, Stdout: &o, Stderr: &e})
@@ -89,7 +91,7 @@ func TestRunRemoteInProcess(t *testing.T) {
 		t.Errorf("stderr %q", got)
 	}
 
-	o, e = syncBuffer{}, syncBuffer{}
+	o, e = testenv.Buffer{}, testenv.Buffer{}
 	code, err = Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Grace: time.Second,
 		Program: "/bin/sh", Args: []string{"-c", `if [ $GORUN_RANK = 2 ]; then exit 4; fi; sleep 60`},
 		StdinRank: -1, Stdout: &o, Stderr: &e})

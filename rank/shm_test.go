@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // shmGroup is a loopback group whose ranks reach each other through shared
@@ -396,33 +398,15 @@ func putU64(b []byte, v uint64) {
 }
 
 // startChild serves a rendezvous, starts rank 1 in a child process and
-// connects as rank 0.
-// lockedBuffer collects a child's output while the test may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func startChild(t testing.TB, mode string) (*Mesh, *exec.Cmd, string, *lockedBuffer) {
+// connects as rank 0; the child's output collects in the buffer.
+func startChild(t testing.TB, mode string) (*Mesh, *exec.Cmd, string, *testenv.Buffer) {
 	t.Helper()
 	return startChildTimeout(t, mode, 20*time.Second, 20*time.Second)
 }
 
 // startChildTimeout is startChild with the mesh timeout of this rank set
 // to timeout and that of the child to childTimeout.
-func startChildTimeout(t testing.TB, mode string, timeout, childTimeout time.Duration) (*Mesh, *exec.Cmd, string, *lockedBuffer) {
+func startChildTimeout(t testing.TB, mode string, timeout, childTimeout time.Duration) (*Mesh, *exec.Cmd, string, *testenv.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("GORUN_SHM_DIR", dir)
@@ -443,7 +427,7 @@ func startChildTimeout(t testing.TB, mode string, timeout, childTimeout time.Dur
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), shmChildEnv+"="+mode, EnvSecret+"="+secretHex, EnvRendezvous+"="+rdv.Addr(), "GORUN_SHM_DIR="+dir,
 		shmChildTimeoutEnv+"="+childTimeout.String())
-	var out lockedBuffer
+	var out testenv.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

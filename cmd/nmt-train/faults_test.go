@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,11 +24,11 @@ import (
 
 // startGorun starts gorun with args; its output goes to the returned
 // buffer (safe to read while it runs).
-func startGorun(t *testing.T, args ...string) (*exec.Cmd, *syncBuf) {
+func startGorun(t *testing.T, args ...string) (*exec.Cmd, *testenv.Buffer) {
 	t.Helper()
 	cmd := exec.Command(gorunBin, args...)
 	cmd.Env = testenv.CleanEnv()
-	var out syncBuf
+	var out testenv.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -39,7 +38,7 @@ func startGorun(t *testing.T, args ...string) (*exec.Cmd, *syncBuf) {
 }
 
 // waitStep waits until dir's metrics.jsonl has logged step >= step.
-func waitStep(t *testing.T, dir string, step int64, out *syncBuf) {
+func waitStep(t *testing.T, dir string, step int64, out *testenv.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -54,7 +53,7 @@ func waitStep(t *testing.T, dir string, step int64, out *syncBuf) {
 }
 
 // exitCode waits for cmd and returns its exit status.
-func exitCode(t *testing.T, cmd *exec.Cmd, out *syncBuf) int {
+func exitCode(t *testing.T, cmd *exec.Cmd, out *testenv.Buffer) int {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -183,24 +182,6 @@ func rankPID(t *testing.T, dir string, r int) int {
 	}
 	t.Fatalf("no process of rank %d for %s", r, dir)
 	return 0
-}
-
-// syncBuf is a bytes.Buffer for a process's output, read while it runs.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A rank frozen with SIGSTOP during training: the other ranks end the job

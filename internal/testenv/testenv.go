@@ -1,11 +1,14 @@
 // Package testenv holds what the process tests of several packages share:
-// an environment free of launcher variables, and a free loopback port.
+// an environment free of launcher variables, a free loopback port, and a
+// buffer for the output of running processes.
 package testenv
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -36,4 +39,23 @@ func FreeUDPPort(t testing.TB) string {
 	defer c.Close()
 	_, port, _ := net.SplitHostPort(c.LocalAddr().String())
 	return port
+}
+
+// Buffer collects a process's output while the test reads it: a
+// bytes.Buffer safe for concurrent writes and reads.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
