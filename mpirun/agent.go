@@ -155,7 +155,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 	var mu sync.Mutex // guards ranks' cmd.Process use against the waiters
 	ranks := map[int]*agentRank{}
 	var all []*agentRank
-	gpus := hostGPUs()
+	gpus := HostGPUs()
 	for _, ar := range cfg.Ranks {
 		a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
 		env := append(os.Environ(),

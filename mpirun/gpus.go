@@ -12,9 +12,9 @@ var devDir = "/dev"
 
 var nvidiaNode = regexp.MustCompile(`^nvidia[0-9]+$`)
 
-// hostGPUs counts the GPUs of this host by their device nodes: no driver
+// HostGPUs counts the GPUs of this host by their device nodes: no driver
 // call, so gorun itself needs no CUDA.
-func hostGPUs() int {
+func HostGPUs() int {
 	ents, err := os.ReadDir(devDir)
 	if err != nil {
 		return 0

@@ -16,7 +16,7 @@ func TestVisibleDeviceWrapsAroundTheHostsGPUs(t *testing.T) {
 	old := devDir
 	devDir = dir
 	defer func() { devDir = old }()
-	if g := hostGPUs(); g != 2 {
+	if g := HostGPUs(); g != 2 {
 		t.Fatalf("hostGPUs = %d, want 2 (nvidia0, nvidia1; not nvidiactl or nvidia-uvm)", g)
 	}
 	for _, c := range []struct {
@@ -28,7 +28,7 @@ func TestVisibleDeviceWrapsAroundTheHostsGPUs(t *testing.T) {
 		}
 	}
 	devDir = filepath.Join(dir, "absent")
-	if g := hostGPUs(); g != 0 {
+	if g := HostGPUs(); g != 0 {
 		t.Fatalf("no /dev: hostGPUs = %d", g)
 	}
 }

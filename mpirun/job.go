@@ -324,7 +324,7 @@ func prepare(cfg Config) (*plan, error) {
 	_, inheritedCUDA := os.LookupEnv("CUDA_VISIBLE_DEVICES")
 	cudaLocal := !userCUDA && !inheritedCUDA
 	p.rprog, p.cudaRank = remoteProg, cudaLocal
-	localGPUs := hostGPUs()
+	localGPUs := HostGPUs()
 	hostIndex := map[string]int{}
 	for _, s := range slots {
 		sp := rankSpec{slot: s, remote: !local[s.Host]}

@@ -51,7 +51,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		ExitErrHandler: func(*cli.Context, error) {},
 		Action: func(c *cli.Context) error {
 			if c.Bool("version") {
-				fmt.Fprint(stdout, version.String("gorun", version.NVIDIADevices()))
+				gpus := "none found (no /dev/nvidiaN)"
+				if n := mpirun.HostGPUs(); n > 0 {
+					gpus = fmt.Sprintf("%d (/dev/nvidia0..%d)", n, n-1)
+				}
+				fmt.Fprint(stdout, version.String("gorun", gpus))
 				return nil
 			}
 			if b := c.String("bind-to"); b != "none" {

@@ -5,8 +5,6 @@ package version
 
 import (
 	"fmt"
-	"os"
-	"regexp"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -83,21 +81,4 @@ func Features() []string {
 		add(cpu.ARM64.HasASIMD, "neon")
 	}
 	return f
-}
-
-// NVIDIADevices counts this host's /dev/nvidiaN device nodes: "none found"
-// or "N (/dev/nvidia*)".
-func NVIDIADevices() string {
-	ents, _ := os.ReadDir("/dev")
-	n := 0
-	re := regexp.MustCompile(`^nvidia[0-9]+$`)
-	for _, e := range ents {
-		if re.MatchString(e.Name()) {
-			n++
-		}
-	}
-	if n == 0 {
-		return "none found (no /dev/nvidiaN)"
-	}
-	return fmt.Sprintf("%d (/dev/nvidia0..%d)", n, n-1)
 }

@@ -93,11 +93,7 @@ func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs
 	b.devA(o, dt, "o")
 	b.bgemm(false, true, Sq, Sk, Dh, a.Scale, qh, kh, P, BH)
 	b.kern(kAttnSoftmax.of(dt)).ptr(P.Ptr).ptr(b.keyLen(a)).i32(B).i32(H).i32(Sq).i32(Sk).i32(boolInt(a.Causal)).rows(BH*Sq, Sk)
-	pd := P
-	if a.Dropout > 0 {
-		pd = b.buf(&s.pd, dt, P.Len())
-		b.dropout(dt, pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
-	}
+	pd := b.droppedProbs(P, a)
 	oh := b.buf(&s.oh, dt, BH*Sq*Dh)
 	b.bgemm(false, false, Sq, Dh, Sk, 1, pd, vh, oh, BH)
 	b.merge(o, oh, B, Sq, H, Dh, Sq)
@@ -123,11 +119,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kerne
 	P, dP := probs, dprobs
 	b.devA(P, dt, "probs")
 	b.devA(dP, dt, "dprobs")
-	pd := P
-	if a.Dropout > 0 {
-		pd = b.buf(&s.pd, dt, P.Len())
-		b.dropout(dt, pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
-	}
+	pd := b.droppedProbs(P, a)
 	dqh, dkh, dvh := b.buf(&s.dqh, dt, BH*Sq*Dh), b.buf(&s.dkh, dt, BH*Sk*Dh), b.buf(&s.dvh, dt, BH*Sk*Dh)
 	// dPd = dO V^T; dV = Pd^T dO
 	b.bgemm(false, true, Sq, Sk, Dh, 1, doh, vh, dP, BH)
@@ -142,6 +134,18 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kerne
 	b.merge(dq, dqh, B, Sq, H, Dh, Sq)
 	b.merge(dk, dkh, B, Sk, H, Dh, skCap)
 	b.merge(dv, dvh, B, Sk, H, Dh, skCap)
+}
+
+// droppedProbs is the attention weights P after dropout (regenerated from
+// a.Seed, the same mask in forward and backward), in scratch; P itself
+// when there is no dropout.
+func (b *Backend) droppedProbs(P kernels.Tensor, a kernels.AttnArgs) kernels.Tensor {
+	if a.Dropout <= 0 {
+		return P
+	}
+	pd := b.buf(&b.attn.pd, P.DType, P.Len())
+	b.dropout(P.DType, pd.Ptr, 0, P.Ptr, P.Len(), a.Dropout, a.Seed)
+	return pd
 }
 
 func boolInt(v bool) int {
