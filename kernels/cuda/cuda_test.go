@@ -310,10 +310,7 @@ func stepsMatchCPU(t *testing.T, be *Backend, acts kernels.DType, lossScale floa
 // parameter's largest magnitude.
 func compare(t *testing.T, what string, mc, mg *transformer.Model, c, g kernels.Tensor, tol float64) {
 	t.Helper()
-	hc := make([]float32, c.Len())
-	hg := make([]float32, g.Len())
-	mc.Backend().Download(hc, c)
-	mg.Backend().Download(hg, g)
+	hc, hg := download(mc, c), download(mg, g)
 	worstAll, worstAt := 0.0, ""
 	defer func() { t.Logf("%s: worst difference %.3g of the allowed (%s)", what, worstAll, worstAt) }()
 	for _, p := range mc.Params {
@@ -343,10 +340,7 @@ func compare(t *testing.T, what string, mc, mg *transformer.Model, c, g kernels.
 // nearly cancels, keeps the rounding of its terms), the bulk must not.
 func compareL2(t *testing.T, what string, mc, mg *transformer.Model, c, g kernels.Tensor, tol float64) {
 	t.Helper()
-	hc := make([]float32, c.Len())
-	hg := make([]float32, g.Len())
-	mc.Backend().Download(hc, c)
-	mg.Backend().Download(hg, g)
+	hc, hg := download(mc, c), download(mg, g)
 	var dd, cc float64
 	for i := range hc {
 		d := float64(hc[i]) - float64(hg[i])
@@ -373,4 +367,11 @@ func TestFailure(t *testing.T) {
 	}()
 	Failure("a bug")
 	t.Fatal("Failure returned on a non-GPU panic")
+}
+
+// download copies a tensor of m's backend to the host.
+func download(m *transformer.Model, t kernels.Tensor) []float32 {
+	h := make([]float32, t.Len())
+	m.Backend().Download(h, t)
+	return h
 }
