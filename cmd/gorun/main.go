@@ -177,6 +177,9 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	}
 	cfg.Oversubscribe = c.Bool("oversubscribe")
 	cfg.PerNode = c.Int("npernode")
+	if c.IsSet("npernode") && cfg.PerNode < 1 {
+		return cfg, fmt.Errorf("-N %d: need at least 1 rank per host", cfg.PerNode)
+	}
 	cfg.MapBy = c.String("map-by")
 	cfg.Export = c.StringSlice("x")
 	cfg.Dir = c.String("wdir")

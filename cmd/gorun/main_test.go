@@ -707,6 +707,9 @@ func TestMPIHabits(t *testing.T) {
 			t.Errorf("%q: %d %q %q", args, r.code, r.stdout, r.stderr)
 		}
 	}
+	if r := gorun(t, "", "-N", "0", "true"); r.code != 2 || r.stderr != "gorun: -N 0: need at least 1 rank per host\n" {
+		t.Errorf("-N 0: %d %q", r.code, r.stderr)
+	}
 	r := gorun(t, "", "-N", "2", "-np", "3", "true")
 	if r.code != 2 || r.stderr != "gorun: -np 3 with -N 2 on 1 host(s): want -np 2, or no -np\n" {
 		t.Errorf("-N with -np: %d %q", r.code, r.stderr)
