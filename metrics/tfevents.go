@@ -61,17 +61,24 @@ func NewEventWriter(dir string) (*EventWriter, error) {
 		path = fmt.Sprintf("%s.%d", base, n)
 	}
 	ew := &EventWriter{f: f, w: bufio.NewWriter(f), path: path}
-	var ev []byte
-	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
-	ev = protowire.AppendFixed64(ev, math.Float64bits(float64(time.Now().UnixNano())/1e9))
-	ev = protowire.AppendTag(ev, 3, protowire.BytesType)
-	ev = protowire.AppendString(ev, "brain.Event:2")
-	if err := ew.record(ev); err != nil {
+	if err := ew.record(fileVersionEvent(wallTime(time.Now()))); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return ew, ew.w.Flush()
 }
+
+// fileVersionEvent is the first event of every file: the format version.
+func fileVersionEvent(wall float64) []byte {
+	var ev []byte
+	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
+	ev = protowire.AppendFixed64(ev, math.Float64bits(wall))
+	ev = protowire.AppendTag(ev, 3, protowire.BytesType)
+	return protowire.AppendString(ev, "brain.Event:2")
+}
+
+// wallTime is an event's wall_time: seconds since the epoch.
+func wallTime(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 // Path is the event file's path.
 func (e *EventWriter) Path() string { return e.path }
@@ -106,7 +113,7 @@ func (e *EventWriter) Scalars(step int64, wall time.Time, values map[string]floa
 	}
 	var ev []byte
 	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
-	ev = protowire.AppendFixed64(ev, math.Float64bits(float64(wall.UnixNano())/1e9))
+	ev = protowire.AppendFixed64(ev, math.Float64bits(wallTime(wall)))
 	ev = protowire.AppendTag(ev, 2, protowire.VarintType)
 	ev = protowire.AppendVarint(ev, uint64(step))
 	ev = protowire.AppendTag(ev, 5, protowire.BytesType)
@@ -324,6 +331,7 @@ func parseSummary(b []byte, into map[string]float32) error {
 		b = b[n:]
 		var tag string
 		var val float32
+		have := false // a float scalar: other summaries (images, text) are skipped
 		for len(v) > 0 {
 			num, typ, n := protowire.ConsumeTag(v)
 			if n < 0 {
@@ -342,7 +350,14 @@ func parseSummary(b []byte, into map[string]float32) error {
 				if n < 0 {
 					return errors.New("bad simple_value")
 				}
-				val, v = math.Float32frombits(x), v[n:]
+				val, v, have = math.Float32frombits(x), v[n:], true
+			case num == 8 && typ == protowire.BytesType: // tensor: how TF2's tf.summary.scalar writes
+				b, n := protowire.ConsumeBytes(v)
+				if n < 0 {
+					return errors.New("bad tensor")
+				}
+				val, have = tensorScalar(b)
+				v = v[n:]
 			default:
 				n := protowire.ConsumeFieldValue(num, typ, v)
 				if n < 0 {
@@ -351,7 +366,68 @@ func parseSummary(b []byte, into map[string]float32) error {
 				v = v[n:]
 			}
 		}
-		into[tag] = val
+		if have {
+			into[tag] = val
+		}
 	}
 	return nil
+}
+
+// tensorScalar decodes a scalar tensorflow.TensorProto of dtype DT_FLOAT
+// (1) or DT_DOUBLE (2), held in tensor_content (field 4) or in
+// float_val/double_val (fields 5 and 6, packed or not). It reports false
+// for any other tensor.
+func tensorScalar(b []byte) (float32, bool) {
+	var dtype uint64
+	var content []byte
+	var val float32
+	found := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			dtype, n = protowire.ConsumeVarint(b)
+		case num == 4 && typ == protowire.BytesType:
+			content, n = protowire.ConsumeBytes(b)
+		case num == 5 && typ == protowire.Fixed32Type:
+			var x uint32
+			x, n = protowire.ConsumeFixed32(b)
+			val, found = math.Float32frombits(x), true
+		case num == 5 && typ == protowire.BytesType:
+			var p []byte
+			p, n = protowire.ConsumeBytes(b)
+			if len(p) == 4 {
+				val, found = math.Float32frombits(binary.LittleEndian.Uint32(p)), true
+			}
+		case num == 6 && typ == protowire.Fixed64Type:
+			var x uint64
+			x, n = protowire.ConsumeFixed64(b)
+			val, found = float32(math.Float64frombits(x)), true
+		case num == 6 && typ == protowire.BytesType:
+			var p []byte
+			p, n = protowire.ConsumeBytes(b)
+			if len(p) == 8 {
+				val, found = float32(math.Float64frombits(binary.LittleEndian.Uint64(p))), true
+			}
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+	}
+	switch {
+	case found:
+		return val, true
+	case dtype == 1 && len(content) == 4:
+		return math.Float32frombits(binary.LittleEndian.Uint32(content)), true
+	case dtype == 2 && len(content) == 8:
+		return float32(math.Float64frombits(binary.LittleEndian.Uint64(content))), true
+	}
+	return 0, false
 }

@@ -26,6 +26,16 @@ type STensor struct {
 	Data  []float32
 }
 
+// dtypeSize is the bytes per element of each dtype the format defines.
+// Any of them is read and validated; only F32 tensors are loaded into a
+// model (Read).
+var dtypeSize = map[string]int{
+	"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
+	"I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+	"I32": 4, "U32": 4, "F32": 4,
+	"I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+
 type stEntry struct {
 	DType   string `json:"dtype"`
 	Shape   []int  `json:"shape"`
@@ -172,14 +182,15 @@ func ReadSafetensors(path string) (*SafetensorsFile, error) {
 		if err := json.Unmarshal(v, &e); err != nil {
 			return nil, fmt.Errorf("%s: bad entry for %s: %v", path, k, err)
 		}
-		if e.DType != "F32" {
-			return nil, fmt.Errorf("%s: tensor %s has dtype %s, only F32 is supported", path, k, e.DType)
+		size, known := dtypeSize[e.DType]
+		if !known {
+			return nil, fmt.Errorf("%s: tensor %s has unknown dtype %q", path, k, e.DType)
 		}
 		cnt := 1
 		for _, s := range e.Shape {
 			cnt *= s
 		}
-		if e.Offsets[0] < 0 || e.Offsets[1]-e.Offsets[0] != 4*cnt {
+		if e.Offsets[0] < 0 || e.Offsets[1]-e.Offsets[0] != size*cnt {
 			return nil, fmt.Errorf("%s: tensor %s: offsets %v do not match shape %v", path, k, e.Offsets, e.Shape)
 		}
 		sf.entries[k] = e
@@ -229,6 +240,9 @@ func (s *SafetensorsFile) Read(name string, shape []int, dst []float32) error {
 	e, ok := s.entries[name]
 	if !ok {
 		return fmt.Errorf("%s: no tensor %s", s.Path, name)
+	}
+	if e.DType != "F32" {
+		return fmt.Errorf("%s: tensor %s has dtype %s; checkpoints hold F32", s.Path, name, e.DType)
 	}
 	if !equalShape(e.Shape, shape) {
 		return fmt.Errorf("%s: tensor %s has shape %v, the model needs %v", s.Path, name, e.Shape, shape)
