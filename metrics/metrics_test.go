@@ -31,7 +31,8 @@ func TestEventsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(evs) != 7 || evs[0].FileVersion != "brain.Event:2" {
+	// the file version, 6 scalar events and the eval's text summary
+	if len(evs) != 8 || evs[0].FileVersion != "brain.Event:2" || evs[7].Step != 50 || len(evs[7].Scalars) != 0 {
 		t.Fatalf("got %d events, first %+v", len(evs), evs[0])
 	}
 	if evs[3].Step != 30 || evs[3].Scalars["train/loss"] != float32(5.0/3) || evs[6].Scalars["eval/bleu"] != 31.5 {

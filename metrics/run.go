@@ -50,7 +50,8 @@ func OpenRun(dir string) (*Run, error) {
 }
 
 // Log writes one record: a JSON line, a TensorBoard event with every value
-// as a scalar named kind/name, and a point on each series. A value that is
+// as a scalar named kind/name (and every text as a text summary named
+// kind/name), and a point on each series. A value that is
 // not finite (a diverged loss) is recorded, not an error: as a string in
 // the JSON line (see Record), as a float in TensorBoard, and on no series.
 func (r *Run) Log(kind string, step int64, values map[string]float64, text map[string]string) error {
@@ -74,6 +75,15 @@ func (r *Run) Log(kind string, step int64, values map[string]float64, text map[s
 	}
 	if err := r.events.Scalars(step, now, tb); err != nil {
 		return err
+	}
+	if len(text) > 0 {
+		tt := make(map[string]string, len(text))
+		for k, v := range text {
+			tt[kind+"/"+k] = v
+		}
+		if err := r.events.Text(step, now, tt); err != nil {
+			return err
+		}
 	}
 	return r.events.Flush()
 }

@@ -111,14 +111,102 @@ func (e *EventWriter) Scalars(step int64, wall time.Time, values map[string]floa
 		summary = protowire.AppendTag(summary, 1, protowire.BytesType)
 		summary = protowire.AppendBytes(summary, v)
 	}
+	return e.record(summaryEvent(step, wall, summary))
+}
+
+// Text writes one event holding the given tag → text pairs at step, as
+// the text plugin's summaries (a string tensor; TensorBoard's Text
+// dashboard renders it as Markdown).
+func (e *EventWriter) Text(step int64, wall time.Time, values map[string]string) error {
+	var summary []byte
+	for _, tag := range sortedKeys(values) {
+		var tensor []byte
+		tensor = protowire.AppendTag(tensor, 1, protowire.VarintType) // dtype
+		tensor = protowire.AppendVarint(tensor, 7)                    // DT_STRING
+		tensor = protowire.AppendTag(tensor, 2, protowire.BytesType)  // tensor_shape: a scalar
+		tensor = protowire.AppendBytes(tensor, nil)
+		tensor = protowire.AppendTag(tensor, 8, protowire.BytesType) // string_val
+		tensor = protowire.AppendString(tensor, values[tag])
+		summary = appendPluginValue(summary, tag, "text", nil, tensor)
+	}
+	return e.record(summaryEvent(step, wall, summary))
+}
+
+// HParams writes the run's settings as a session start of the hparams
+// plugin (TensorBoard's HParams dashboard; its metrics are the run's
+// scalars). Each value is a string, a float64 or a bool.
+func (e *EventWriter) HParams(wall time.Time, values map[string]any) error {
+	var start []byte // tensorboard.hparams.SessionStartInfo
+	for _, k := range sortedKeys(values) {
+		var v []byte // google.protobuf.Value
+		switch x := values[k].(type) {
+		case float64:
+			v = protowire.AppendTag(v, 2, protowire.Fixed64Type)
+			v = protowire.AppendFixed64(v, math.Float64bits(x))
+		case string:
+			v = protowire.AppendTag(v, 3, protowire.BytesType)
+			v = protowire.AppendString(v, x)
+		case bool:
+			v = protowire.AppendTag(v, 4, protowire.VarintType)
+			v = protowire.AppendVarint(v, protowire.EncodeBool(x))
+		default:
+			return fmt.Errorf("hparam %s: a %T is not a string, number or bool", k, x)
+		}
+		var entry []byte // map<string, Value> entry
+		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+		entry = protowire.AppendString(entry, k)
+		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+		entry = protowire.AppendBytes(entry, v)
+		start = protowire.AppendTag(start, 1, protowire.BytesType) // hparams
+		start = protowire.AppendBytes(start, entry)
+	}
+	start = protowire.AppendTag(start, 5, protowire.Fixed64Type) // start_time_secs
+	start = protowire.AppendFixed64(start, math.Float64bits(wallTime(wall)))
+	var content []byte // tensorboard.hparams.HParamsPluginData, version 0
+	content = protowire.AppendTag(content, 3, protowire.BytesType)
+	content = protowire.AppendBytes(content, start)
+	var null []byte // the hparams plugin's empty float tensor
+	null = protowire.AppendTag(null, 1, protowire.VarintType)
+	null = protowire.AppendVarint(null, 1) // DT_FLOAT
+	null = protowire.AppendTag(null, 2, protowire.BytesType)
+	null = protowire.AppendBytes(null, protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), nil)) // shape [0]
+	summary := appendPluginValue(nil, "_hparams_/session_start_info", "hparams", content, null)
+	return e.record(summaryEvent(0, wall, summary))
+}
+
+// appendPluginValue appends a Summary.Value with a tag, the metadata
+// naming the plugin that reads it (and its content), and a tensor.
+func appendPluginValue(summary []byte, tag, plugin string, content, tensor []byte) []byte {
+	var pd []byte // SummaryMetadata.PluginData
+	pd = protowire.AppendTag(pd, 1, protowire.BytesType)
+	pd = protowire.AppendString(pd, plugin)
+	if len(content) > 0 {
+		pd = protowire.AppendTag(pd, 2, protowire.BytesType)
+		pd = protowire.AppendBytes(pd, content)
+	}
+	var md []byte // SummaryMetadata
+	md = protowire.AppendTag(md, 1, protowire.BytesType)
+	md = protowire.AppendBytes(md, pd)
+	var v []byte
+	v = protowire.AppendTag(v, 1, protowire.BytesType)
+	v = protowire.AppendString(v, tag)
+	v = protowire.AppendTag(v, 9, protowire.BytesType) // metadata
+	v = protowire.AppendBytes(v, md)
+	v = protowire.AppendTag(v, 8, protowire.BytesType) // tensor
+	v = protowire.AppendBytes(v, tensor)
+	summary = protowire.AppendTag(summary, 1, protowire.BytesType)
+	return protowire.AppendBytes(summary, v)
+}
+
+// summaryEvent is an Event holding a Summary at step.
+func summaryEvent(step int64, wall time.Time, summary []byte) []byte {
 	var ev []byte
 	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
 	ev = protowire.AppendFixed64(ev, math.Float64bits(wallTime(wall)))
 	ev = protowire.AppendTag(ev, 2, protowire.VarintType)
 	ev = protowire.AppendVarint(ev, uint64(step))
 	ev = protowire.AppendTag(ev, 5, protowire.BytesType)
-	ev = protowire.AppendBytes(ev, summary)
-	return e.record(ev)
+	return protowire.AppendBytes(ev, summary)
 }
 
 // Flush writes buffered events to the file.

@@ -33,7 +33,8 @@ TB_CRC = "tensorboard/data/server/masked_crc.rs"
 
 # Each vector: output file, upstream test, and the pieces that make it:
 # (path, first line, last line) of a byte-string literal (Python literals
-# may span several lines; Rust ones are one literal starting on the line).
+# may span several lines; Rust ones are one literal starting on the line),
+# or the path of a whole file.
 VECTORS = [
     ("transformer/testdata/upstream/f32-zeros-2x2.safetensors", SAFETENSORS,
      "test_pt_comparison.py TorchTestCase.test_in_memory: save() of a 2x2 float32 zero tensor",
@@ -79,6 +80,9 @@ VECTORS = [
     ("metrics/testdata/upstream/bad-data-crc.tfevents", TENSORBOARD,
      "tf_record.rs test_data_crc_mismatch",
      [(TB_REC, 390, 390), (TB_REC, 391, 391), (TB_REC, 392, 392), (TB_REC, 393, 393)]),
+    ("metrics/testdata/upstream/descriptor.bin", TENSORBOARD,
+     "the FileDescriptorSet of TensorBoard's protos (Event, Summary, TensorProto, ...) that its data server decodes with",
+     "tensorboard/data/server/descriptor.bin"),
     ("metrics/testdata/upstream/crc-zeros.bin", TENSORBOARD,
      "masked_crc.rs test_compute: 32 zero bytes (RFC 3720 B.4), masked CRC32C mask(0x8a9136aa)",
      None),
@@ -145,6 +149,10 @@ def main():
         if pieces is None:
             data = bytes(32)  # the literal is `[0; 32]`, not a byte string
             where = "%s:73-75" % TB_CRC
+        elif isinstance(pieces, str):
+            data = subprocess.run(["git", "--git-dir", gitdirs[(repo, commit)], "show",
+                                   "%s:%s" % (commit, pieces)], check=True, capture_output=True).stdout
+            where = pieces
         else:
             data = b"".join(piece(gitdirs[(repo, commit)], commit, *p) for p in pieces)
             where = ", ".join("%s:%d" % (p[0], p[1]) if p[1] == p[2] else "%s:%d-%d" % p

@@ -734,6 +734,9 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 			ri.Started = prev.Started
 		}
 	}
+	if err := t.run.HParams(ri); err != nil {
+		return err
+	}
 	return metrics.WriteRunInfo(t.o.RunDir, ri)
 }
 
