@@ -11,7 +11,7 @@ import (
 	"strings"
 )
 
-// The rank environment contract (DESIGN.md): gorun sets these for every rank.
+// The rank environment contract (docs/architecture.md): gorun sets these for every rank.
 const (
 	EnvRank       = "GORUN_RANK"
 	EnvSize       = "GORUN_SIZE"
