@@ -306,6 +306,14 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 				copy(dst, wpart(i, i))
 			}
 		}
+		// Between this rank and i moved, each way, part i (of the
+		// contributions) and part me (of the results).
+		for i := 0; i < n; i++ {
+			if i != me {
+				b := (parts[i+1] - parts[i] + parts[me+1] - parts[me]) * ws
+				g.Count(i, b, b)
+			}
+		}
 	}
 	return nil
 }

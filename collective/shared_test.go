@@ -207,3 +207,60 @@ func TestSharedMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedAllreduceCounted: the shared-memory allreduce counts what it
+// moves through the group segment with each peer (rank.PeerStats'
+// GroupSent and GroupRecv): each way, per round, the peer's part of the
+// contributions and this rank's part of the results, in the wire type;
+// what rank r counts as sent to p, p counts as received from r; and none
+// of it is counted as messages.
+func TestSharedAllreduceCounted(t *testing.T) {
+	const n = 3
+	ts := loopback(t, n, "shm")
+	for _, v := range []variant{{Float32, Float32}, {Float32, Float16}} {
+		ws := v.wire.Size()
+		per := min(SharedRoundBytes, rank.GroupSlotBytes/2) / ws
+		count := 2*per + 5 // three rounds
+		// want[r][p]: the bytes between r and p, each way
+		var want [n][n]int
+		for lo := 0; lo < count; lo += per {
+			parts := split(min(count, lo+per)-lo, n)
+			for r := 0; r < n; r++ {
+				for p := 0; p < n; p++ {
+					if p != r {
+						want[r][p] += (parts[p+1] - parts[p] + parts[r+1] - parts[r]) * ws
+					}
+				}
+			}
+		}
+		got := make([][]rank.PeerStats, n)
+		errs := group(ts, Config{}, func(c *Communicator) error {
+			before := c.Transport().Stats()
+			buf := make([]float32, count)
+			if err := c.Allreduce(testCtx(t), nil, Float32Bytes(buf), Float32, Sum, WithWire(v.wire)); err != nil {
+				return err
+			}
+			after := c.Transport().Stats()
+			for p := range after {
+				after[p] = rank.PeerStats{BytesSent: after[p].BytesSent - before[p].BytesSent, BytesRecv: after[p].BytesRecv - before[p].BytesRecv,
+					GroupSent: after[p].GroupSent - before[p].GroupSent, GroupRecv: after[p].GroupRecv - before[p].GroupRecv}
+			}
+			got[c.Rank()] = after
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
+		}
+		for r := 0; r < n; r++ {
+			for p := 0; p < n; p++ {
+				s := got[r][p]
+				if s.GroupSent != uint64(want[r][p]) || s.GroupRecv != uint64(want[r][p]) || s.BytesSent != 0 || s.BytesRecv != 0 {
+					t.Errorf("%v wire: rank %d with rank %d: %+v, want %d group bytes each way and no messages", v.wire, r, p, s, want[r][p])
+				}
+				if s.GroupSent != got[p][r].GroupRecv {
+					t.Errorf("%v wire: rank %d counts %d bytes sent to rank %d, which counts %d received", v.wire, r, s.GroupSent, p, got[p][r].GroupRecv)
+				}
+			}
+		}
+	}
+}

@@ -134,8 +134,10 @@ type lane struct {
 // 24-byte header costs nothing measurable.
 const coalesceBytes = 16 << 10
 
+// peerCounters are the byte counters of one peer (PeerStats).
 type peerCounters struct {
-	sent, recv atomic.Uint64
+	sent, recv           atomic.Uint64
+	groupSent, groupRecv atomic.Uint64
 }
 
 // Mesh connects this rank with every other rank of the job. It implements
@@ -564,11 +566,13 @@ func (m *Mesh) Hosts() []string { return append([]string(nil), m.hosts...) }
 // HostNames returns each rank's host name, for messages.
 func (m *Mesh) HostNames() []string { return append([]string(nil), m.names...) }
 
-// Stats returns the bytes exchanged with each peer so far.
+// Stats returns the bytes exchanged with each peer so far: messages
+// (over the peer's transport, PeerTransport) and the group segment's.
 func (m *Mesh) Stats() []PeerStats {
 	s := make([]PeerStats, len(m.count))
 	for i := range m.count {
-		s[i] = PeerStats{BytesSent: m.count[i].sent.Load(), BytesRecv: m.count[i].recv.Load()}
+		c := &m.count[i]
+		s[i] = PeerStats{BytesSent: c.sent.Load(), BytesRecv: c.recv.Load(), GroupSent: c.groupSent.Load(), GroupRecv: c.groupRecv.Load()}
 	}
 	return s
 }

@@ -52,6 +52,7 @@ func (g *LocalGroup) Ranks() []int                 { return nil }
 func (g *LocalGroup) Word(i, k int) *atomic.Uint64 { panic("unreachable") }
 func (g *LocalGroup) Slot(i int) []byte            { panic("unreachable") }
 func (g *LocalGroup) Claim() int                   { return 0 }
+func (g *LocalGroup) Count(i, sent, recv int)      {}
 func (g *LocalGroup) Enter() error                 { return errClosed }
 func (g *LocalGroup) Leave()                       {}
 func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check func() error) error {

@@ -144,6 +144,15 @@ func (g *LocalGroup) Slot(i int) []byte {
 	return g.seg[off : off+GroupSlotBytes : off+GroupSlotBytes]
 }
 
+// Count adds to the byte counters of member i (PeerStats.GroupSent and
+// GroupRecv): sent bytes this rank wrote into the segment that i reads,
+// recv bytes it read of what i wrote.
+func (g *LocalGroup) Count(i, sent, recv int) {
+	c := &g.m.count[g.ranks[i]]
+	c.groupSent.Add(uint64(sent))
+	c.groupRecv.Add(uint64(recv))
+}
+
 // Claim returns 1 on its first call on this rank, 2 on the next, and so
 // on. A collective layer calls it once per communicator, in the same order
 // on every member, to tell its communicators' control words apart.

@@ -45,10 +45,18 @@ type Transport interface {
 	Close() error
 }
 
-// PeerStats counts the payload and framing bytes exchanged with one peer.
+// PeerStats counts the bytes exchanged with one peer: the payload and
+// framing bytes of messages (over whatever transport reaches the peer:
+// QUIC, TCP or a shared-memory ring), and the bytes that moved between
+// the two through the host's shared-memory group segment, where
+// collectives exchange data without messages (LocalGroup.Count): what
+// this rank wrote there for the peer to read, and what it read of the
+// peer's.
 type PeerStats struct {
 	BytesSent uint64
 	BytesRecv uint64
+	GroupSent uint64
+	GroupRecv uint64
 }
 
 // MismatchError reports a message that is not the one the receiver expected.
