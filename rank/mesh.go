@@ -207,7 +207,11 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if id.InsecureSecret && id.Rank == 0 {
 		fmt.Fprintf(os.Stderr, "gorun: warning: %s is not set; the %s job's peers authenticate with a secret derived from public job information (export %s to every rank for real protection)\n", EnvSecret, id.Launcher, EnvSecret)
 	}
-	warnUDPBuffers(id, opt)
+	if opt.Transport == "quic" {
+		// quic-go's own buffer warning comes from every process;
+		// warnUDPBuffers says it once, where QUIC carries data
+		os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	}
 	auth, err := newJobAuth(id.Secret, rankLabel(id.Rank))
 	if err != nil {
 		return nil, err
@@ -307,6 +311,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if m.qtr != nil {
 		m.startLiveness()
 	}
+	m.warnUDPBuffers()
 	return m, nil
 }
 
@@ -942,23 +947,45 @@ func quicConfig(timeout time.Duration) *quic.Config {
 
 var udpWarnOnce sync.Once
 
-// warnUDPBuffers says once, from rank 0, how to fix small UDP buffers, and
-// silences quic-go's own per-process warning.
-func warnUDPBuffers(id Identity, opt Options) {
-	if opt.Transport != "quic" {
+// quicBufferBytes is the UDP receive buffer quic-go asks for (its own
+// warning's figure): below it, bulk QUIC transfers run slower.
+const quicBufferBytes = 7500000
+
+// warnUDPBuffers prints udpWarning once per process, with this host's
+// net.core.rmem_max.
+func (m *Mesh) warnUDPBuffers() {
+	b, err := os.ReadFile("/proc/sys/net/core/rmem_max")
+	if err != nil {
 		return
 	}
-	os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
-	udpWarnOnce.Do(func() {
-		b, err := os.ReadFile("/proc/sys/net/core/rmem_max")
-		if err != nil || id.Rank != 0 {
-			return
-		}
-		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if n < 7500000 {
-			fmt.Fprintf(os.Stderr, "gorun: warning: net.core.rmem_max is %d; QUIC runs slower with UDP buffers under 7.5 MB: sysctl -w net.core.rmem_max=7500000 net.core.wmem_max=7500000\n", n)
-		}
-	})
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return
+	}
+	if w := m.udpWarning(n); w != "" {
+		udpWarnOnce.Do(func() { fmt.Fprintln(os.Stderr, w) })
+	}
+}
+
+// udpWarning is how to fix small UDP buffers, or "" when it does not
+// matter: only a rank that exchanges data with some peer over QUIC (a
+// rank on another host, or on this one without shared memory) says it,
+// and of those only the lowest rank of its host, where rmem_max is below
+// what quic-go asks for. (quic-go's own warning, one from every process,
+// is turned off.)
+func (m *Mesh) udpWarning(rmemMax int) string {
+	if rmemMax >= quicBufferBytes {
+		return ""
+	}
+	quic := false
+	for p := range m.id.Size {
+		quic = quic || m.PeerTransport(p) == "quic"
+	}
+	if local := m.localRanks(); !quic || len(local) == 0 || local[0] != m.id.Rank {
+		return ""
+	}
+	return fmt.Sprintf("gorun: warning: rank %d: net.core.rmem_max is %d on %s; QUIC runs slower with UDP buffers under 7.5 MB: sysctl -w net.core.rmem_max=%d net.core.wmem_max=%d",
+		m.id.Rank, rmemMax, m.names[m.id.Rank], quicBufferBytes, quicBufferBytes)
 }
 
 func isLoopbackHost(h string) bool {
