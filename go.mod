@@ -3,6 +3,7 @@ module github.com/gorun/gorun
 go 1.26.0
 
 require (
+	github.com/creack/pty v1.1.24
 	github.com/ebitengine/purego v0.11.3
 	github.com/quic-go/quic-go v0.65.0
 	github.com/urfave/cli/v2 v2.27.7

@@ -108,14 +108,16 @@ type plan struct {
 	rprog    string // the program as remote agents run it
 	cudaRank bool   // CUDA_VISIBLE_DEVICES = local rank
 	hosts    int
-	restart  int    // the number of this start (GORUN_RESTART)
-	cause    string // the failure that caused this start (GORUN_RESTART_CAUSE)
-	failure  string // set by run: the failure of a rank that stopped the job
+	restart  int           // the number of this start (GORUN_RESTART)
+	cause    string        // the failure that caused this start (GORUN_RESTART_CAUSE)
+	failure  string        // set by run: the failure of a rank that stopped the job
+	pl       *progressLine // gorun's stdout is a terminal (nil: it is not)
+	plErr    bool          // gorun's stderr is the same terminal
 }
 
 // contractVars are set by gorun itself; -x may not override them.
 var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.EnvLocalSize, rank.EnvNodeRank,
-	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart, rank.EnvRestartCause}
+	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart, rank.EnvRestartCause, EnvProgressLine}
 
 // tuningVars are forwarded from gorun's environment to every rank, remote
 // ones included, because the mesh needs them equal everywhere.
@@ -284,6 +286,7 @@ func prepare(cfg Config) (*plan, error) {
 
 	// Where the rendezvous is served.
 	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: usedHosts, rdvPort: "0"}
+	p.pl, p.plErr = newProgressLine(cfg.Stdout, cfg.Stderr)
 	ifaceEnv, ifaceLocalOnly := "", false
 	switch {
 	case cfg.RendezvousAddr != "":
@@ -347,6 +350,9 @@ func prepare(cfg Config) (*plan, error) {
 			if cudaLocal {
 				env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
 			}
+			if p.pl != nil {
+				env = append(env, EnvProgressLine+"=1")
+			}
 			sp.env = env
 			sp.argv = append([]string{prog}, cfg.Args...)
 		} else {
@@ -385,6 +391,9 @@ func prepare(cfg Config) (*plan, error) {
 		)
 		if cfg.MaxRestarts > 0 {
 			env = append(env, rank.EnvRestartCause+"="+causePlaceholder)
+		}
+		if p.pl != nil {
+			env = append(env, EnvProgressLine+"=1")
 		}
 		var ars []AgentRank
 		stdinRank := -1
@@ -695,7 +704,14 @@ func (p *plan) run() (int, error) {
 	_, port, _ := net.SplitHostPort(rdv.Addr())
 	p.rdvPort = port
 
-	stdout, stderr := &sink{w: cfg.Stdout}, &sink{w: cfg.Stderr}
+	stdout, stderr := &sink{w: cfg.Stdout, pl: p.pl}, &sink{w: cfg.Stderr}
+	if p.pl != nil {
+		defer p.pl.end()
+		if p.plErr {
+			stderr.pl = p.pl
+			cfg.Stderr = lineWriter{p.pl, cfg.Stderr}
+		}
+	}
 	if cfg.OutputDir != "" {
 		for _, sp := range p.specs {
 			if err := os.MkdirAll(filepath.Join(cfg.OutputDir, fmt.Sprintf("rank.%d", sp.slot.Rank)), 0o755); err != nil {
@@ -844,8 +860,8 @@ func (p *plan) outputFiles(r int) (of, ef *os.File, err error) {
 func (p *plan) newProc(sp rankSpec, stdout, stderr *sink) (*proc, error) {
 	r := sp.slot.Rank
 	pr := &proc{spec: sp}
-	pr.to = &tagger{out: stdout, prefix: tagPrefix(p.cfg.Tag, r, "stdout")}
-	pr.te = &tagger{out: stderr, prefix: tagPrefix(p.cfg.Tag, r, "stderr")}
+	pr.to = &tagger{out: stdout, prefix: tagPrefix(p.cfg.Tag, r, "stdout"), key: 2 * r}
+	pr.te = &tagger{out: stderr, prefix: tagPrefix(p.cfg.Tag, r, "stderr"), key: 2*r + 1}
 	of, ef, err := p.outputFiles(r)
 	if err != nil {
 		return nil, err
