@@ -158,7 +158,7 @@ for p in $TRAIN_PRESETS; do
   done
   for ov in true false; do
     log="$OUT/train_${p}_overlap-$ov.txt"
-    awk -v p="$p" -v ov="$ov" -F'|' '/ s\/step \|/ && !/\] step 10 \|/ {   # step 10: the first log line of a run (warm-up)
+    awk -v p="$p" -v ov="$ov" -F'|' '/ s\/step \|/ && !/\] step 10\// {   # step 10: the first log line of a run (warm-up)
         for (i = 1; i <= NF; i++) {
           if ($i ~ / s\/step/) { split($i, a, " "); s += a[1]; c++ }
           if ($i ~ /comm exposed/) { match($i, /exposed [0-9.]+ ms/); e += substr($i, RSTART + 8, RLENGTH - 11); match($i, /\([0-9.]+ %/); h += substr($i, RSTART + 1, RLENGTH - 3) }

@@ -774,7 +774,7 @@ func TestUnderGorun(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	s := string(out)
-	for _, want := range []string{"[0] nmt-train: device ", "[0] nmt-train: 2 rank(s)", "[0] step 6 |", "[0] eval at step 6", "[0] nmt-train: done"} {
+	for _, want := range []string{"[0] nmt-train: device ", "[0] nmt-train: 2 rank(s)", "[0] step 6/6 |", "[0] eval at step 6", "[0] nmt-train: done"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}

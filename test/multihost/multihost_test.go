@@ -69,14 +69,14 @@ func TestTrainAcrossHosts(t *testing.T) {
 	for _, want := range []string{
 		fmt.Sprintf("2 rank(s) on %s, %s", e.ips[0], e.ips[1]),
 		fmt.Sprintf("link probe rank 0 -> rank 1 (%s)", e.ips[1]),
-		"step 10 |",
+		"step 10/10 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("nmt-train's output lacks %q:\n%s", want, out)
 		}
 	}
 	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "link probe") || strings.Contains(l, "verdict") || strings.Contains(l, "step 10 |") {
+		if strings.Contains(l, "link probe") || strings.Contains(l, "verdict") || strings.Contains(l, "step 10/10 |") {
 			t.Log(l)
 		}
 	}

@@ -70,6 +70,7 @@ type Trainer struct {
 	data *corpus
 	run  *metrics.Run
 	out  io.Writer
+	bar  *progress // rank 0's progress between log lines (set by loop); logf clears it
 	step int
 	tl   *metrics.Timeline
 	// scaler is OpenSeq2Seq's Backoff loss scaler. The CPU backend computes
@@ -242,6 +243,7 @@ func (t *Trainer) leader() bool { return t.id.Rank == 0 }
 
 func (t *Trainer) logf(format string, a ...any) {
 	if t.leader() {
+		t.bar.clear()
 		fmt.Fprintf(t.out, format+"\n", a...)
 	}
 }
@@ -899,10 +901,9 @@ func (t *Trainer) loop(ctx context.Context) error {
 		lastLog    = time.Now()
 		cpuLast    = cpuSeconds()
 		smoothRaw  = math.NaN()
-		startStep  = t.step
 		trainStart = time.Now()
-		bar        = newProgress(t.out, t.leader() && !o.Quiet)
 	)
+	t.bar = newProgress(t.out, t.leader() && !o.Quiet, t.step, o.MaxSteps)
 	for t.step < o.MaxSteps {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("interrupted at step %d: %v", t.step, err)
@@ -924,7 +925,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 		} else {
 			smoothRaw = 0.98*smoothRaw + 0.02*r.lossRaw
 		}
-		bar.update(t.step, o.MaxSteps, startStep, trainStart, r.lossLab)
+		t.bar.update(t.step, r.lossLab, r.tokens, r.dur)
 		if t.step%o.LogEvery == 0 || t.step == o.MaxSteps {
 			now := time.Now()
 			st := sumStats(t.mesh.Stats())
@@ -950,9 +951,12 @@ func (t *Trainer) loop(ctx context.Context) error {
 			if t.lossScaling {
 				vals["loss_scale"] = float64(t.scaler.Scale)
 			}
-			bar.clear()
-			t.logf("step %s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)%s",
-				metrics.Commas(int64(t.step)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), outMB, inMB, a.exposed*1e3, a.hiddenPct, gpuNote)
+			comm := "" // one rank communicates nothing
+			if t.id.Size > 1 {
+				comm = fmt.Sprintf(" | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)", outMB, inMB, a.exposed*1e3, a.hiddenPct)
+			}
+			t.logf("step %s/%s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s%s%s | ETA %s",
+				metrics.Commas(int64(t.step)), metrics.Commas(int64(o.MaxSteps)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), comm, gpuNote, t.bar.eta(t.step))
 			if t.run != nil {
 				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
 					return err
@@ -961,7 +965,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 		}
 		evalNow := (o.EvalEvery > 0 && t.step%o.EvalEvery == 0) || t.step == o.MaxSteps
 		if evalNow {
-			bar.clear()
+			t.bar.clear()
 			if err := t.evaluate(ctx); err != nil {
 				return fmt.Errorf("eval at step %d: %w", t.step, err)
 			}
@@ -972,11 +976,11 @@ func (t *Trainer) loop(ctx context.Context) error {
 			}
 		}
 		if r.stop {
-			bar.clear()
+			t.bar.clear()
 			return t.stop(ctx)
 		}
 	}
-	bar.clear()
+	t.bar.clear()
 	if err := t.comm.Barrier(ctx); err != nil {
 		return err
 	}
