@@ -14,14 +14,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// terminal opens a pseudo-terminal that passes bytes unchanged (no "\r\n"
-// for "\n"), so that a test sees exactly what gorun wrote. read returns
-// everything written to it, once tty is closed.
-func terminal(t *testing.T) (tty *os.File, read func() string) {
+// terminal opens a pseudo-terminal of cols columns that passes bytes
+// unchanged (no "\r\n" for "\n"), so that a test sees exactly what gorun
+// wrote. read returns everything written to it, once tty is closed.
+func terminal(t *testing.T, cols uint16) (tty *os.File, read func() string) {
 	t.Helper()
 	ptmx, tty, err := pty.Open()
 	if err != nil {
 		t.Skipf("no pseudo-terminal: %v", err)
+	}
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 24, Cols: cols}); err != nil {
+		t.Fatal(err)
 	}
 	tio, err := unix.IoctlGetTermios(int(tty.Fd()), unix.TCGETS)
 	if err != nil {
@@ -40,9 +43,10 @@ func terminal(t *testing.T) (tty *os.File, read func() string) {
 
 // On a terminal, text a rank ends with '\r' is its progress, drawn on the
 // bottom line; every other line clears it first and redraws it after; a
-// line, a blank redraw or the rank's end takes it away. Exact bytes.
+// line, a blank redraw or the rank's end takes it away; it is cut to the
+// terminal's width (less one column, so that it never wraps). Exact bytes.
 func TestTaggerProgressLine(t *testing.T) {
-	tty, read := terminal(t)
+	tty, read := terminal(t, 16)
 	pl, errToo := newProgressLine(tty, tty)
 	if pl == nil || !errToo {
 		t.Fatalf("a terminal as stdout and stderr: progress line %v, stderr on it %v", pl != nil, errToo)
@@ -58,15 +62,16 @@ func TestTaggerProgressLine(t *testing.T) {
 	}{
 		{r0, "\rA", clr + "[0] A"}, // tqdm's way: '\r' first
 		{r0, "\rB", clr + "[0] B"},
-		{r1, "x\n", clr + "[1] x\n[0] B"},      // another rank's line, under the progress
-		{r1, "\rC", ""},                        // rank 1's progress waits behind rank 0's
-		{r0, "\n", clr + "[0] B\n" + "[1] C"},  // the line a terminal would show; rank 1's turn
-		{r1, "\r \r", clr},                     // a blank redraw: no progress
-		{r0, "text\r\n", "[0] text\n"},         // CRLF is a plain line
-		{r0, "P1\r", clr + "[0] P1"},           // progress ended by '\r'
-		{r0, "P2\rdone\n", clr + "[0] done\n"}, // the line replaces it
-		{r0, "\rlast", clr + "[0] last"},       // pending at the end...
-		{r0, "", clr + "[0] last\n"},           // ...Close writes it as a line, like a terminal shows it
+		{r1, "x\n", clr + "[1] x\n[0] B"},                   // another rank's line, under the progress
+		{r1, "\rC", ""},                                     // rank 1's progress waits behind rank 0's
+		{r0, "\n", clr + "[0] B\n" + "[1] C"},               // the line a terminal would show; rank 1's turn
+		{r1, "\r \r", clr},                                  // a blank redraw: no progress
+		{r0, "text\r\n", "[0] text\n"},                      // CRLF is a plain line
+		{r0, "P1\r", clr + "[0] P1"},                        // progress ended by '\r'
+		{r0, "P2\rdone\n", clr + "[0] done\n"},              // the line replaces it
+		{r0, "\r0123456789abcdef", clr + "[0] 0123456789a"}, // 15 columns of 16
+		{r0, "\rlast", clr + "[0] last"},                    // pending at the end...
+		{r0, "", clr + "[0] last\n"},                        // ...Close writes it as a line, like a terminal shows it
 	}
 	want := ""
 	for i, st := range steps {
@@ -109,7 +114,7 @@ func TestRunOnTerminal(t *testing.T) {
 		1) ` + wait("a") + `echo "out of 1"; echo "err of 1" >&2; touch ` + dir + `/b; ` + wait("c") + `printf '\rremote 1/2'; touch ` + dir + `/d; sleep 60;;
 		2) ` + wait("d") + `exit 3;;
 		esac`
-	tty, read := terminal(t)
+	tty, read := terminal(t, 200)
 	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}},
 		LaunchAgent: agent, RemoteGorun: self, Reaper: self, StdinRank: -1,
 		Program: "/bin/sh", Args: []string{"-c", script}, Stdout: tty, Stderr: tty})
