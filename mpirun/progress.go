@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -124,8 +125,9 @@ func (pl *progressLine) end() {
 	}
 }
 
-// fit makes text one line of the terminal: control characters dropped,
-// cut to one column less than the width, so that the terminal never wraps.
+// fit makes text one line of the terminal: escape sequences (colours)
+// and control characters dropped, cut to one column less than the width,
+// so that the terminal never wraps.
 func (pl *progressLine) fit(text string) string {
 	cols := 80
 	if ws, err := unix.IoctlGetWinsize(int(pl.term.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
@@ -133,7 +135,17 @@ func (pl *progressLine) fit(text string) string {
 	}
 	var b strings.Builder
 	n := 0
-	for _, r := range text {
+	for i := 0; i < len(text); {
+		if strings.HasPrefix(text[i:], "\x1b[") { // ESC [ parameters final-byte
+			i += 2
+			for i < len(text) && (text[i] < 0x40 || text[i] > 0x7e) {
+				i++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(text[i:])
+		i += size
 		if r == '\t' {
 			r = ' '
 		}

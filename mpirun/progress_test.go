@@ -44,7 +44,8 @@ func terminal(t *testing.T, cols uint16) (tty *os.File, read func() string) {
 // On a terminal, text a rank ends with '\r' is its progress, drawn on the
 // bottom line; every other line clears it first and redraws it after; a
 // line, a blank redraw or the rank's end takes it away; it is cut to the
-// terminal's width (less one column, so that it never wraps). Exact bytes.
+// terminal's width (less one column, so that it never wraps), without
+// escape sequences. Exact bytes.
 func TestTaggerProgressLine(t *testing.T) {
 	tty, read := terminal(t, 16)
 	pl, errToo := newProgressLine(tty, tty)
@@ -70,6 +71,7 @@ func TestTaggerProgressLine(t *testing.T) {
 		{r0, "P1\r", clr + "[0] P1"},                        // progress ended by '\r'
 		{r0, "P2\rdone\n", clr + "[0] done\n"},              // the line replaces it
 		{r0, "\r0123456789abcdef", clr + "[0] 0123456789a"}, // 15 columns of 16
+		{r0, "\r\x1b[1;32mgreen\x1b[0m", clr + "[0] green"}, // colours dropped
 		{r0, "\rlast", clr + "[0] last"},                    // pending at the end...
 		{r0, "", clr + "[0] last\n"},                        // ...Close writes it as a line, like a terminal shows it
 	}
