@@ -10,8 +10,11 @@ import (
 )
 
 // Record is one line of metrics.jsonl: the step, the wall time, what kind
-// of line it is ("train", "eval", "run"), and every number logged with it
-// (NaN and ±Inf are written as the strings "NaN", "Inf", "-Inf").
+// of line it is, and every number logged with it (NaN and ±Inf are written
+// as the strings "NaN", "Inf", "-Inf"). The trainer's kinds: "start" (a
+// segment of the run starts after the step: 0 fresh, else the checkpoint
+// resumed from), "train" (a log interval ending at the step), "eval",
+// "stop" (stopped by a signal) and "restart" (gorun --max-restarts).
 type Record struct {
 	Step   int64              `json:"step"`
 	Time   float64            `json:"time"` // unix seconds

@@ -67,7 +67,7 @@ func TestMaskedCRC(t *testing.T) {
 // The lab: Transformer-base (60,880,896 parameters) on 4 ranks over 1 Gbit/s.
 // fp32: 2*3/4 * 4 B * 60.88e6 / 125e6 B/s = 2.922 s; fp16 half of that.
 func TestBottleneckLab(t *testing.T) {
-	b := AnalyzeBottleneck(60880896, 4, 1, 1.9)
+	b := AnalyzeBottleneck(60880896, 4, 1, "flag", "fp16", 1.9)
 	if d := b.MinCommFP32 - 2.92228; d > 1e-4 || d < -1e-4 {
 		t.Errorf("fp32 bound %v", b.MinCommFP32)
 	}
@@ -77,10 +77,23 @@ func TestBottleneckLab(t *testing.T) {
 	if b.Verdict != "compute-bound" {
 		t.Errorf("verdict %q", b.Verdict)
 	}
-	if v := AnalyzeBottleneck(60880896, 4, 1, 0.5).Verdict; v != "network-bound" {
+	if v := AnalyzeBottleneck(60880896, 4, 1, "flag", "fp16", 0.5).Verdict; v != "network-bound" {
 		t.Errorf("verdict %q", v)
 	}
-	if !strings.Contains(b.String(), "2.922 s with fp32") {
+	if !strings.Contains(b.String(), "2.922 s with fp32") || !strings.Contains(b.String(), "1 Gbit/s link (given with --link-gbps)") {
 		t.Errorf("%s", b)
+	}
+	// An unknown link (0) is the lab's, said to be assumed.
+	u := AnalyzeBottleneck(60880896, 4, 0, "", "fp16", 1.9)
+	if u.LinkGbps != LabLinkGbps || u.MinCommFP16 != b.MinCommFP16 || !strings.Contains(u.String(), "1 Gbit/s link (unknown: the lab's link assumed") {
+		t.Errorf("unknown link: %+v\n%s", u, u)
+	}
+	// The verdict is for the run's wire type: fp32 gradients (compression
+	// none) need 2.922 s, more than a 2 s step computes; fp16 ones do not.
+	if v := AnalyzeBottleneck(60880896, 4, 1, "flag", "none", 2).Verdict; v != "network-bound" {
+		t.Errorf("fp32 on the wire, 2 s of compute: verdict %q", v)
+	}
+	if v := AnalyzeBottleneck(60880896, 4, 1, "flag", "fp16", 2).Verdict; v != "compute-bound" {
+		t.Errorf("fp16 on the wire, 2 s of compute: verdict %q", v)
 	}
 }

@@ -80,7 +80,7 @@ func TestLogNonFinite(t *testing.T) {
 	if recs, err := ReadJSONL(filepath.Join(dir, "metrics.jsonl")); err != nil || len(recs) != 4 {
 		t.Fatalf("after rewind to 30: %d records, %v (the NaN line must be kept as a valid line)", len(recs), err)
 	}
-	path, err := WriteReport(dir)
+	path, err := WriteReport(dir, nil)
 	if err != nil {
 		t.Fatalf("report: %v", err)
 	}

@@ -14,7 +14,8 @@ import (
 // TestPlotPNG decodes what PlotPNG writes: a PNG of 7 x 4 inches at 96 dpi
 // with each curve drawn in its color where its data says, points given in
 // any order, lines without points left out (and not in the legend), a
-// single point still visible, and nothing written without points.
+// single point still visible (at the top: the y axis runs from 0 to a
+// little above it), and nothing written without points.
 func TestPlotPNG(t *testing.T) {
 	dir := t.TempDir()
 	blue, red, green := palette[0], palette[1], palette[2]
@@ -89,8 +90,9 @@ func TestPlotPNG(t *testing.T) {
 	}
 
 	// A single point is drawn (a thin circle, so fainter than a line: any
-	// bluish pixel counts), in the middle: the axes go one unit either
-	// side of it. No points at all: no file.
+	// bluish pixel counts), in the middle across (the x axis goes one unit
+	// either side of it) and near the top (the y axis from 0 to 5 % above
+	// it). No points at all: no file.
 	img = plotImage(t, filepath.Join(dir, "one.png"), Line{"one", []Point{{Step: 5, V: 2}}})
 	var n, sx, sy int
 	b := img.Bounds()
@@ -105,8 +107,8 @@ func TestPlotPNG(t *testing.T) {
 	if n < 4 {
 		t.Fatalf("a single point: %d bluish pixels", n)
 	}
-	if cx, cy := float64(sx)/float64(n), float64(sy)/float64(n); math.Abs(cx-float64(b.Dx())/2) > 0.1*float64(b.Dx()) || math.Abs(cy-float64(b.Dy())/2) > 0.1*float64(b.Dy()) {
-		t.Errorf("a single point drawn around (%.0f, %.0f), want the middle of %dx%d", cx, cy, b.Dx(), b.Dy())
+	if cx, cy := float64(sx)/float64(n), float64(sy)/float64(n); math.Abs(cx-float64(b.Dx())/2) > 0.1*float64(b.Dx()) || cy > 0.15*float64(b.Dy()) {
+		t.Errorf("a single point drawn around (%.0f, %.0f), want the middle across and the top of %dx%d", cx, cy, b.Dx(), b.Dy())
 	}
 	none := filepath.Join(dir, "none.png")
 	if ok, err := PlotPNG(none, "x", "y", Line{"empty", nil}); ok || err != nil {
@@ -114,6 +116,63 @@ func TestPlotPNG(t *testing.T) {
 	}
 	if _, err := os.Stat(none); err == nil {
 		t.Error("a plot without points was written")
+	}
+}
+
+// A series far from 0 with a little noise (100 ± 1) is drawn as nearly
+// flat: the y axis starts at 0, so the noise takes about 2 % of the
+// plot's height, not all of it; a series that falls from 100 to 0 spans
+// most of it.
+func TestPlotScale(t *testing.T) {
+	dir := t.TempDir()
+	var noisy, falling []Point
+	for s := int64(0); s < 40; s++ {
+		noisy = append(noisy, Point{Step: s, V: 100 + float64(s%3-1)})
+		falling = append(falling, Point{Step: s, V: 100 - 100*float64(s)/39})
+	}
+	img := plotImage(t, filepath.Join(dir, "noisy.png"), Line{"noisy", noisy})
+	h := img.Bounds().Dy()
+	c := curveOf(img, palette[0])
+	if span := c.maxY() - c.minY(); c.n == 0 || span > h/20 {
+		t.Errorf("100 ± 1 spans rows %d..%d of %d: the noise is blown up", c.minY(), c.maxY(), h)
+	}
+	c = curveOf(plotImage(t, filepath.Join(dir, "falling.png"), Line{"falling", falling}), palette[0])
+	if span := c.maxY() - c.minY(); span < h/2 {
+		t.Errorf("100 to 0 spans rows %d..%d of %d", c.minY(), c.maxY(), h)
+	}
+}
+
+// A curve of a few points (evaluations) has each point marked with a
+// dot, wider than the line; a curve of many points has none.
+func TestPlotMarkers(t *testing.T) {
+	dir := t.TempDir()
+	flat := func(n int) []Point {
+		var p []Point
+		for i := 0; i < n; i++ {
+			p = append(p, Point{Step: int64(i * 100 / (n - 1)), V: 10})
+		}
+		return p
+	}
+	// height of the color's pixels in column x (and the one beside it)
+	height := func(c curve, x int) int {
+		lo, hi := math.MaxInt, -1
+		for _, col := range []int{x - 1, x, x + 1} {
+			for _, y := range c.rows[col] {
+				lo, hi = min(lo, y), max(hi, y)
+			}
+		}
+		return hi - lo + 1
+	}
+	few := curveOf(plotImage(t, filepath.Join(dir, "few.png"), Line{"few", flat(3)}), palette[0])
+	mid, between := (few.x0+few.x1)/2, (3*few.x0+few.x1)/4
+	if hp, hl := height(few, mid), height(few, between); hp < 6 || hl > 4 {
+		t.Errorf("3 points: %d px high at the middle point, %d px between points; want a dot (>= 6) and a line (<= 4)", hp, hl)
+	}
+	many := curveOf(plotImage(t, filepath.Join(dir, "many.png"), Line{"many", flat(101)}), palette[0])
+	for _, x := range []int{many.x0 + 5, (many.x0 + many.x1) / 2, many.x1 - 5} {
+		if h := height(many, x); h > 4 {
+			t.Errorf("101 points: %d px high at column %d, want a plain line", h, x)
+		}
 	}
 }
 

@@ -16,30 +16,37 @@ import (
 // RunInfo is run.json: what a run was asked to do and on what data. The
 // trainer writes it at start; the report reads it.
 type RunInfo struct {
-	Preset        string   `json:"preset"`
-	Params        int64    `json:"params"`
-	DModel        int      `json:"d_model"`
-	WorldSize     int      `json:"world_size"`
-	Hosts         []string `json:"hosts"`
-	Device        string   `json:"device"`
-	Threads       int      `json:"threads_per_rank"`
-	BatchTokens   int      `json:"batch_tokens_per_rank"`
-	LRPolicy      string   `json:"lr_policy"`
-	LearningRate  float64  `json:"learning_rate"`
-	Warmup        int      `json:"warmup_steps"`
-	MaxSteps      int      `json:"max_steps"`
-	LinkGbps      float64  `json:"link_gbps"`
-	LinkSource    string   `json:"link_source"` // "flag", "probe", "" (unknown)
-	Compression   string   `json:"compression"`
-	Dataset       Dataset  `json:"dataset"`
-	Started       float64  `json:"started"`
-	CheckpointDir string   `json:"checkpoint_dir"`
+	Preset       string   `json:"preset"`
+	Params       int64    `json:"params"`
+	DModel       int      `json:"d_model"`
+	WorldSize    int      `json:"world_size"`
+	Hosts        []string `json:"hosts"`
+	Device       string   `json:"device"`
+	CPUModel     string   `json:"cpu_model,omitempty"` // rank 0's host's CPU
+	CPUs         int      `json:"cpus,omitempty"`      // logical CPUs of rank 0's host
+	Threads      int      `json:"threads_per_rank"`
+	BatchTokens  int      `json:"batch_tokens_per_rank"`
+	LRPolicy     string   `json:"lr_policy"`
+	LearningRate float64  `json:"learning_rate"`
+	Warmup       int      `json:"warmup_steps"`
+	MaxSteps     int      `json:"max_steps"`
+	LinkGbps     float64  `json:"link_gbps"`
+	LinkSource   string   `json:"link_source"` // "flag", "probe", "" (unknown)
+	Compression  string   `json:"compression"`
+	Dataset      Dataset  `json:"dataset"`
+	// Started is when the run's first segment started (unix seconds);
+	// each segment logs a "start" record.
+	Started       float64 `json:"started"`
+	CheckpointDir string  `json:"checkpoint_dir"`
 }
 
 // Dataset describes the training set.
 type Dataset struct {
-	Name      string  `json:"name"`
+	Name string `json:"name"`
+	// MB is the corpus' size: its files on disk, or, InMemory, the text
+	// made in memory.
 	MB        float64 `json:"mb"`
+	InMemory  bool    `json:"in_memory,omitempty"` // built at start (the synthetic corpus), no file
 	Lines     int64   `json:"lines"`
 	SrcTokens int64   `json:"src_tokens"`
 	TgtTokens int64   `json:"tgt_tokens"`
@@ -68,6 +75,10 @@ func ReadRunInfo(dir string) (RunInfo, error) {
 	return ri, nil
 }
 
+// Schedule is a run's learning-rate policy: the rate of the step with
+// 0-based index step (the step the log calls step+1).
+type Schedule func(step int) float64
+
 func series(recs []Record, kind, name string) []Point {
 	var out []Point
 	for _, r := range recs {
@@ -76,6 +87,45 @@ func series(recs []Record, kind, name string) []Point {
 		}
 		if v, ok := r.Values[name]; ok && !math.IsNaN(v) && !math.IsInf(v, 0) { // non-finite values are recorded, not plotted
 			out = append(out, Point{Step: r.Step, Time: r.Time, V: v})
+		}
+	}
+	return out
+}
+
+// perRank returns the series name_rankR of every rank R that has one, by
+// rank.
+func perRank(recs []Record, kind, name string) [][]Point {
+	n := 0
+	for _, r := range recs {
+		if r.Kind != kind {
+			continue
+		}
+		for k := range r.Values {
+			if rs, ok := strings.CutPrefix(k, name+"_rank"); ok {
+				if i, err := strconv.Atoi(rs); err == nil && i >= 0 {
+					n = max(n, i+1)
+				}
+			}
+		}
+	}
+	out := make([][]Point, n)
+	for i := range out {
+		out[i] = series(recs, kind, fmt.Sprintf("%s_rank%d", name, i))
+	}
+	return out
+}
+
+// sumSeries adds series sampled at the same steps (a step missing from
+// one is left out).
+func sumSeries(a, b []Point) []Point {
+	bm := map[int64]float64{}
+	for _, q := range b {
+		bm[q.Step] = q.V
+	}
+	var out []Point
+	for _, q := range a {
+		if v, ok := bm[q.Step]; ok {
+			out = append(out, Point{Step: q.Step, Time: q.Time, V: q.V + v})
 		}
 	}
 	return out
@@ -90,6 +140,20 @@ func mean(p []Point) float64 {
 		s += x.V
 	}
 	return s / float64(len(p))
+}
+
+// cv is the coefficient of variation of p: its standard deviation over
+// its mean's magnitude (NaN for fewer than 2 points or a zero mean).
+func cv(p []Point) float64 {
+	m := mean(p)
+	if len(p) < 2 || m == 0 {
+		return math.NaN()
+	}
+	var ss float64
+	for _, q := range p {
+		ss += (q.V - m) * (q.V - m)
+	}
+	return math.Sqrt(ss/float64(len(p)-1)) / math.Abs(m)
 }
 
 // slope fits v = a + b*step by least squares and returns b.
@@ -149,12 +213,17 @@ func pearson(a, b []Point) (float64, int) {
 	return sxy / math.Sqrt(sxx*syy), n
 }
 
-func tail(p []Point, frac float64) []Point {
-	k := int(math.Ceil(float64(len(p)) * frac))
-	if k < 2 {
-		k = min(2, len(p))
-	}
-	return p[len(p)-k:]
+// chanceR is the largest |r| that n pairs of unrelated numbers give 19
+// times in 20 (Fisher's z: tanh(1.96/sqrt(n-3))).
+func chanceR(n int) float64 {
+	return math.Tanh(1.96 / math.Sqrt(float64(n-3)))
+}
+
+// tail is the last evaluations a trend at the end is fitted to: 30 % of
+// them, at least 3 (all of them when there are fewer).
+func tail(p []Point) []Point {
+	k := max(3, int(math.Ceil(float64(len(p))*0.3)))
+	return p[len(p)-min(k, len(p)):]
 }
 
 func fmtNum(v float64, f string) string {
@@ -164,10 +233,68 @@ func fmtNum(v float64, f string) string {
 	return fmt.Sprintf(f, v)
 }
 
+// fmtDur prints seconds as a duration to the second (to the millisecond
+// below 10 s).
+func fmtDur(sec float64) string {
+	d := time.Duration(sec * 1e9)
+	if d < 10*time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// The thresholds of the report's verdicts, stated in its sentences.
+const (
+	// flatPer1000 is a change of the eval loss per 1000 steps, as a share
+	// of the raw eval loss, below which it counts as flat.
+	flatPer1000 = 0.01
+	// slowShare is the share of the run's average rate of fall below which
+	// a still falling eval loss counts as levelling off.
+	slowShare = 0.25
+	// closeGap is an eval - train gap, as a share of the train loss, that
+	// counts as close; a gap that grew by more (and is more) counts as
+	// growing.
+	closeGap = 0.05
+	// minCorr is the fewest logged intervals a correlation is given for;
+	// flatCV the coefficient of variation below which a series counts as
+	// flat (nothing to correlate).
+	minCorr = 8
+	flatCV  = 0.01
+)
+
+// report is one report being written: the run's records and run.json.
+type report struct {
+	dir  string
+	ri   RunInfo
+	recs []Record
+	lr   Schedule
+	b    strings.Builder
+	// the train records' series
+	trainLoss, trainRaw, lrLog, stepTime, toks, compute []Point
+	exposed, hidden, netOut, netIn, shmOut, shmIn       []Point
+	cpu, gpu                                            []Point
+	// the eval records'
+	evalLoss, evalRaw, bleu []Point
+	lastStep                int64
+}
+
+func (r *report) w(f string, a ...any) { fmt.Fprintf(&r.b, f, a...) }
+
+// plot draws lines into name and returns the Markdown that shows it.
+func (r *report) plot(name, title, y string, lines ...Line) string {
+	ok, err := PlotPNG(filepath.Join(r.dir, name), title, y, lines...)
+	if err != nil || !ok {
+		return "(no data to plot)"
+	}
+	return fmt.Sprintf("![%s](%s)", title, name)
+}
+
 // WriteReport reads a run directory and writes report.md and the PNG plots
-// it refers to, answering the lab's questions from the run's own numbers.
-// It returns the report's path.
-func WriteReport(dir string) (string, error) {
+// it refers to, answering the lab's questions from the run's own numbers,
+// each answer with the evidence it rests on. lr is the run's learning-rate
+// policy (nil: only the logged rates are shown). It returns the report's
+// path.
+func WriteReport(dir string, lr Schedule) (string, error) {
 	ri, err := ReadRunInfo(dir)
 	if err != nil {
 		return "", fmt.Errorf("%s is not a run directory: %v", dir, err)
@@ -176,182 +303,499 @@ func WriteReport(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	trainLoss := series(recs, "train", "loss")
-	trainRaw := series(recs, "train", "loss_raw")
-	evalLoss := series(recs, "eval", "loss")
-	evalRaw := series(recs, "eval", "loss_raw")
-	bleu := series(recs, "eval", "bleu")
-	lr := series(recs, "train", "lr")
-	stepTime := series(recs, "train", "step_time_s")
-	toks := series(recs, "train", "tokens_per_s")
-	netOut := series(recs, "train", "net_out_MBps")
-	netIn := series(recs, "train", "net_in_MBps")
-	exposed := series(recs, "train", "comm_exposed_ms")
-	hidden := series(recs, "train", "comm_hidden_pct")
-	compute := series(recs, "train", "compute_s")
-	cpu := series(recs, "train", "cpu_util_pct")
-	gpu := series(recs, "train", "gpu_util_pct")
-
-	plot := func(name, title, y string, lines ...Line) string {
-		ok, err := PlotPNG(filepath.Join(dir, name), title, y, lines...)
-		if err != nil || !ok {
-			return "(no data to plot)"
-		}
-		return fmt.Sprintf("![%s](%s)", title, name)
-	}
-	var b strings.Builder
-	w := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
-
-	var first, last float64
-	var lastStep int64
-	for _, r := range recs {
-		if first == 0 || r.Time < first {
-			first = r.Time
-		}
-		if r.Time > last {
-			last = r.Time
-		}
-		if r.Step > lastStep {
-			lastStep = r.Step
-		}
-	}
-	if ri.Started > 0 {
-		first = ri.Started
-	}
-	w("# Training report\n\n")
-	w("Run directory `%s`: preset `%s` (%s parameters), %d rank(s) on %s, %s, %d tokens per rank per batch.\n\n",
-		dir, ri.Preset, Commas(ri.Params), ri.WorldSize, strings.Join(UniqueHosts(ri.Hosts), ", "), orStr(ri.Device, "cpu"), ri.BatchTokens)
-
-	w("## How long did it take, and how many steps?\n\n")
-	w("- Total wall time: **%s** for **%s steps** (the last logged step).\n", (time.Duration((last - first) * 1e9)).Round(time.Second), Commas(lastStep))
-	w("- Average step time: **%s s** (median %s s) over %d logged intervals.\n", fmtNum(mean(stepTime), "%.3f"), fmtNum(median(stepTime), "%.3f"), len(stepTime))
-	w("- Throughput: **%s target tokens/s** on average across the job.\n", fmtNum(mean(toks), "%.0f"))
-	w("%s\n", describeInterruptions(recs))
-	w("%s\n\n", plot("step_time.png", "step time", "seconds", Line{"step time", stepTime}))
-
-	w("## What does the learning-rate schedule do?\n\n")
-	if ri.LRPolicy == "transformer" && ri.Warmup > 0 && ri.DModel > 0 {
-		peak := ri.LearningRate / math.Sqrt(float64(ri.DModel)) / math.Sqrt(float64(ri.Warmup))
-		w("`transformer_policy`: lr = %g x d_model^-0.5 x min((step+1) x warmup^-1.5, (step+1)^-0.5) with d_model %d and warmup %d. ",
-			ri.LearningRate, ri.DModel, ri.Warmup)
-		w("It rises linearly for the first %d steps to its peak **%.3e** at step %d, then decays as 1/sqrt(step): half the peak at step %d, a quarter at step %d.\n",
-			ri.Warmup, peak, ri.Warmup-1, 4*ri.Warmup-1, 16*ri.Warmup-1)
-	} else {
-		w("Policy `%s`, learning rate %g, warmup %d.\n", ri.LRPolicy, ri.LearningRate, ri.Warmup)
-	}
-	if len(lr) > 0 {
-		w("In this run the rate went from %.3e (step %d) to %.3e (step %d).\n", lr[0].V, lr[0].Step, lr[len(lr)-1].V, lr[len(lr)-1].Step)
-	}
-	w("\n%s\n\n", plot("lr.png", "learning rate", "lr", Line{"lr", lr}))
-
-	w("## Is the model fully trained?\n\n")
-	if len(evalLoss) >= 2 {
-		tl := tail(evalLoss, 0.3)
-		s := slope(tl) * 1000
-		rel := s / math.Abs(mean(tl))
-		verdict := "the eval loss has flattened: more steps at this learning rate would gain little"
-		if rel < -0.01 {
-			verdict = "**no** — the eval loss is still falling; more steps would help"
-		} else if rel > 0.01 {
-			verdict = "the eval loss is rising at the end: training longer would not help (see overfitting)"
-		}
-		w("- Eval loss slope over the last %d evaluations: **%s nats per 1000 steps** (%s %% of its level): %s.\n",
-			len(tl), fmtNum(s, "%+.4f"), fmtNum(100*rel, "%+.1f"), verdict)
-	} else {
-		w("- Not enough evaluations (%d) to fit a slope.\n", len(evalLoss))
-	}
-	if len(bleu) >= 1 {
-		w("- BLEU: %s at step %d, **%s** at step %d", fmtNum(bleu[0].V, "%.2f"), bleu[0].Step, fmtNum(bleu[len(bleu)-1].V, "%.2f"), bleu[len(bleu)-1].Step)
-		if len(bleu) >= 3 {
-			w(" (slope over the last evaluations %s per 1000 steps)", fmtNum(slope(tail(bleu, 0.3))*1000, "%+.2f"))
-		}
-		w(".\n")
-	}
-	w("\n%s\n\n%s\n\n", plot("loss.png", "loss (lab convention: smoothed-target entropy subtracted)", "nats", Line{"train", trainLoss}, Line{"eval", evalLoss}),
-		plot("bleu.png", "BLEU (sacreBLEU-compatible, 0-100)", "BLEU", Line{"bleu", bleu}))
-
-	w("## Is it overfitting?\n\n")
-	if len(evalRaw) >= 2 && len(trainRaw) >= 2 {
-		gap := func(at Point) float64 { return at.V - nearest(trainRaw, at.Step) }
-		g0, g1 := gap(evalRaw[0]), gap(evalRaw[len(evalRaw)-1])
-		verdict := "no sign of overfitting: the gap between eval and train loss is not growing"
-		if g1 > g0+0.1 && slope(tail(evalRaw, 0.3)) > 0 {
-			verdict = "**yes**: eval loss rises while the gap to train loss grows"
-		} else if g1 > g0+0.1 {
-			verdict = "the gap is growing, but eval loss is not rising yet: watch it"
-		}
-		w("- Eval − train loss (raw cross entropy): %s at step %d, %s at step %d: %s.\n\n", fmtNum(g0, "%+.3f"), evalRaw[0].Step, fmtNum(g1, "%+.3f"), evalRaw[len(evalRaw)-1].Step, verdict)
-	} else {
-		w("- Not enough evaluations to compare train and eval loss.\n\n")
-	}
-	w("%s\n\n", plot("loss_raw.png", "raw label-smoothed cross entropy", "nats", Line{"train", trainRaw}, Line{"eval", evalRaw}))
-
-	w("## Were the devices busy?\n\n")
-	if len(gpu) > 0 {
-		w("- GPU utilization (NVML): **%s %%** on average (rank 0's GPU; %s).\n", fmtNum(mean(gpu), "%.0f"), orStr(ri.Device, "cuda"))
-		if used, peak := series(recs, "train", "gpu_mem_used_MiB"), series(recs, "train", "gpu_mem_peak_MiB"); len(used) > 0 {
-			w("- GPU memory: %s MiB in use on the device at the last log line (every process, as nvidia-smi counts), gorun's own allocations peaked at %s MiB.\n",
-				fmtNum(used[len(used)-1].V, "%.0f"), fmtNum(maxOf(peak), "%.0f"))
-		}
-	} else if !strings.HasPrefix(ri.Device, "cuda") {
-		w("- Trained on the CPU (%s): no GPU was used.\n", orStr(ri.Device, "cpu"))
-	}
-	w("- CPU use: **%s %%** of the cores given to each rank on average.\n", fmtNum(mean(cpu), "%.0f"))
-	if len(compute) > 0 && len(stepTime) > 0 {
-		w("- Compute (forward, backward, optimizer) is **%s %%** of the step time; the rest is exposed communication, data and logging.\n", fmtNum(100*mean(compute)/mean(stepTime), "%.0f"))
-	}
-	w("\n%s\n\n", plot("utilization.png", "utilization", "%", Line{"cpu", cpu}, Line{"gpu", gpu}))
-
-	w("## Was the network the bottleneck?\n\n")
-	if ri.WorldSize <= 1 {
-		w("- One rank: no gradients crossed the network.\n\n")
-	} else {
-		w("- Exposed communication (after backward finished): **%s ms** per step on average; **%s %%** of the allreduce time was hidden behind backward.\n",
-			fmtNum(mean(exposed), "%.1f"), fmtNum(mean(hidden), "%.0f"))
-		if len(stepTime) > 0 {
-			w("- Exposed communication is **%s %%** of the step time.\n", fmtNum(100*mean(exposed)/1000/mean(stepTime), "%.1f"))
-		}
-		w("- Network per rank: %s MB/s out, %s MB/s in on average", fmtNum(mean(netOut), "%.1f"), fmtNum(mean(netIn), "%.1f"))
-		if ri.LinkGbps > 0 {
-			w(" against a link of %.3g Gbit/s = %.0f MB/s (%s): **%s %%** of capacity", ri.LinkGbps, ri.LinkGbps*125, orStr(ri.LinkSource, "given"), fmtNum(100*mean(netOut)/(ri.LinkGbps*125), "%.1f"))
-		}
-		w(".\n")
-		if ri.LinkGbps > 0 && len(compute) > 0 {
-			an := AnalyzeBottleneck(ri.Params, ri.WorldSize, ri.LinkGbps, mean(compute))
-			w("- %s\n", strings.ReplaceAll(an.String(), "\n", "\n  "))
-		}
-		w("\n%s\n\n", plot("network.png", "network per rank", "MB/s", Line{"out", netOut}, Line{"in", netIn}))
+	r := &report{dir: dir, ri: ri, recs: recs, lr: lr}
+	tr := func(name string) []Point { return series(recs, "train", name) }
+	r.trainLoss, r.trainRaw, r.lrLog, r.stepTime, r.toks, r.compute = tr("loss"), tr("loss_raw"), tr("lr"), tr("step_time_s"), tr("tokens_per_s"), tr("compute_s")
+	r.exposed, r.hidden, r.netOut, r.netIn, r.shmOut, r.shmIn = tr("comm_exposed_ms"), tr("comm_hidden_pct"), tr("net_out_MBps"), tr("net_in_MBps"), tr("shm_out_MBps"), tr("shm_in_MBps")
+	r.cpu, r.gpu = tr("cpu_util_pct"), tr("gpu_util_pct")
+	r.evalLoss, r.evalRaw, r.bleu = series(recs, "eval", "loss"), series(recs, "eval", "loss_raw"), series(recs, "eval", "bleu")
+	for _, rec := range recs {
+		r.lastStep = max(r.lastStep, rec.Step)
 	}
 
-	w("## How does step time relate to network throughput?\n\n")
-	if r, n := pearson(stepTime, netOut); n >= 3 && !math.IsNaN(r) {
-		w("- Pearson correlation of step time with outgoing MB/s over %d intervals: **%+.2f**. ", n, r)
-		switch {
-		case r < -0.5:
-			w("Slower steps move fewer MB/s: the transfer volume per step is fixed, so the network rate follows the step time, not the other way round unless exposed communication is large.\n\n")
-		case r > 0.5:
-			w("Slower steps coincide with more traffic: communication is stretching the steps.\n\n")
-		default:
-			w("Weak: step time is not driven by network throughput.\n\n")
-		}
-	} else {
-		w("- Not enough intervals with network numbers to correlate.\n\n")
-	}
-
-	w("## How big was the training set?\n\n")
-	d := ri.Dataset
-	w("- `%s`: **%.1f MB** on disk, **%s lines** (sentence pairs), %s source and %s target tokens; %s lines dropped (too long or empty).\n\n",
-		orStr(d.Name, "corpus"), d.MB, Commas(d.Lines), Commas(d.SrcTokens), Commas(d.TgtTokens), Commas(d.Dropped))
-
-	w("## Which files make a checkpoint, and how big?\n\n")
+	r.w("# Training report\n\n")
+	r.w("Run directory `%s`: preset `%s` (%s parameters), %d rank(s) on %s, %s, %d tokens per rank per batch.\n\n",
+		dir, ri.Preset, Commas(ri.Params), ri.WorldSize, strings.Join(UniqueHosts(ri.Hosts), ", "), r.deviceName(), ri.BatchTokens)
+	r.timeSection()
+	r.lrSection()
+	r.trainedSection()
+	r.overfitSection()
+	r.devicesSection()
+	r.networkSection()
+	r.correlationSection()
+	r.datasetSection()
+	r.w("## Which files make a checkpoint, and how big?\n\n")
 	ckdir := ri.CheckpointDir
 	if ckdir == "" {
 		ckdir = dir
 	}
-	w("%s\n", describeCheckpoints(ckdir))
+	r.w("%s\n", describeCheckpoints(ckdir))
 
 	out := filepath.Join(dir, "report.md")
-	return out, os.WriteFile(out, []byte(b.String()), 0o644)
+	return out, os.WriteFile(out, []byte(r.b.String()), 0o644)
+}
+
+// onGPU says whether the run trained on GPUs.
+func (r *report) onGPU() bool { return strings.HasPrefix(r.ri.Device, "cuda") || len(r.gpu) > 0 }
+
+// deviceName is the device for the report's first line.
+func (r *report) deviceName() string {
+	if r.onGPU() {
+		return orStr(r.ri.Device, "cuda")
+	}
+	if r.ri.CPUModel != "" {
+		return "the CPU (" + r.ri.CPUModel + ")"
+	}
+	return "the CPU"
+}
+
+// segment is one part of a run, from a start (fresh, --resume, or a
+// restart) to its last record.
+type segment struct {
+	from, to   int64   // the step it started after, the last step it logged
+	start, end float64 // unix seconds: its start, its last record
+	logged     bool    // it logged a training step
+}
+
+// segmentsOf cuts the records into segments at the "start" records. The
+// records before the first (a run directory from before start records)
+// form a segment that began at started, when known.
+func segmentsOf(recs []Record, started float64) []segment {
+	var segs []segment
+	for _, rec := range recs {
+		if rec.Kind == "start" {
+			segs = append(segs, segment{from: rec.Step, to: rec.Step, start: rec.Time, end: rec.Time})
+			continue
+		}
+		if len(segs) == 0 {
+			s := rec.Time
+			if started > 0 && started < s {
+				s = started
+			}
+			segs = append(segs, segment{start: s, end: s})
+		}
+		sg := &segs[len(segs)-1]
+		sg.end = max(sg.end, rec.Time)
+		if rec.Kind == "train" {
+			sg.to, sg.logged = max(sg.to, rec.Step), true
+		}
+	}
+	// a start that kept no step (its records were cut back on a resume)
+	// took no time that the run shows
+	return slices.DeleteFunc(segs, func(s segment) bool { return !s.logged })
+}
+
+func (r *report) timeSection() {
+	r.w("## How long did it take, and how many steps?\n\n")
+	segs := segmentsOf(r.recs, r.ri.Started)
+	var total float64
+	for _, s := range segs {
+		total += s.end - s.start
+	}
+	switch {
+	case len(segs) == 0:
+		r.w("- No training step was logged.\n")
+	case total <= 0:
+		r.w("- **%s steps**; how long they took is unknown (the records hold a single time and run.json no start).\n", Commas(r.lastStep))
+	case len(segs) == 1:
+		r.w("- Training time: **%s** for **%s steps** (from the start to the last record, in one go).\n", fmtDur(total), Commas(r.lastStep))
+	default:
+		parts := make([]string, len(segs))
+		for i, s := range segs {
+			how := "started fresh"
+			if s.from > 0 {
+				how = fmt.Sprintf("resumed from the checkpoint of step %s", Commas(s.from))
+			}
+			parts[i] = fmt.Sprintf("steps %s-%s in %s (%s)", Commas(s.from+1), Commas(s.to), fmtDur(s.end-s.start), how)
+		}
+		r.w("- Training time: **%s** for **%s steps**, the sum of %d segments: %s.\n", fmtDur(total), Commas(r.lastStep), len(segs), strings.Join(parts, "; "))
+		span := segs[len(segs)-1].end - segs[0].start
+		r.w("- From the first start to the last record: %s, of which %s passed between the segments (stopped or killed, then resumed).\n", fmtDur(span), fmtDur(span-total))
+	}
+	every := ""
+	if len(segs) > 1 {
+		every = ", from every segment"
+	}
+	r.w("- Average step time: **%s s** (median %s s) over %d logged intervals%s.\n", fmtNum(mean(r.stepTime), "%.3f"), fmtNum(median(r.stepTime), "%.3f"), len(r.stepTime), every)
+	r.w("- Throughput: **%s target tokens/s** on average across the job.\n", fmtNum(mean(r.toks), "%.0f"))
+	r.w("%s\n", describeInterruptions(r.recs))
+	r.w("%s\n\n", r.plot("step_time.png", "step time", "seconds", Line{"step time", r.stepTime}))
+}
+
+func (r *report) lrSection() {
+	ri := r.ri
+	r.w("## What does the learning-rate schedule do?\n\n")
+	if ri.LRPolicy == "transformer" && ri.Warmup > 0 && ri.DModel > 0 {
+		peak := ri.LearningRate / math.Sqrt(float64(ri.DModel)) / math.Sqrt(float64(ri.Warmup))
+		r.w("`transformer_policy`: lr = %g x d_model^-0.5 x min(s x warmup^-1.5, s^-0.5) for step s (counted from 1, as in the log) with d_model %d and warmup %d. ",
+			ri.LearningRate, ri.DModel, ri.Warmup)
+		r.w("It rises linearly for the first %s steps to its peak **%.3e** at step %s, then decays as 1/sqrt(s): half the peak at step %s, a quarter at step %s.\n",
+			Commas(ri.Warmup), peak, Commas(ri.Warmup), Commas(4*ri.Warmup), Commas(16*ri.Warmup))
+	} else {
+		r.w("Policy `%s`, learning rate %g, warmup %d.\n", ri.LRPolicy, ri.LearningRate, ri.Warmup)
+	}
+	lines := []Line{{"logged", r.lrLog}}
+	if r.lr != nil && r.lastStep > 0 {
+		r.w("In this run the rate went from %.3e (step 1) to %.3e (step %d).\n", r.lr(0), r.lr(int(r.lastStep-1)), r.lastStep)
+		end := max(int64(ri.MaxSteps), r.lastStep)
+		lines = []Line{{fmt.Sprintf("policy, steps 1-%s", Commas(end)), r.policy(end)}, {"logged", r.lrLog}}
+	} else if len(r.lrLog) > 0 {
+		r.w("In this run the logged rate went from %.3e (step %d) to %.3e (step %d).\n", r.lrLog[0].V, r.lrLog[0].Step, r.lrLog[len(r.lrLog)-1].V, r.lrLog[len(r.lrLog)-1].Step)
+	}
+	r.w("\n%s\n\n", r.plot("lr.png", "learning rate", "lr", lines...))
+}
+
+// policy samples the learning-rate policy over steps 1..end: every step up
+// to 2000, else 1000 steps evenly spread, with the end of the warmup.
+func (r *report) policy(end int64) []Point {
+	steps := map[int64]bool{end: true}
+	if w := int64(r.ri.Warmup); w >= 1 && w <= end {
+		steps[w] = true
+	}
+	n := min(end, 2000)
+	if end > 2000 {
+		n = 1000
+	}
+	for i := int64(0); i < n; i++ {
+		steps[1+i*(end-1)/max(1, n-1)] = true
+	}
+	var out []Point
+	for s := range steps {
+		out = append(out, Point{Step: s, V: r.lr(int(s - 1))})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Step < out[j].Step })
+	return out
+}
+
+// evalEvidence says how much a trend of n evaluations rests on.
+func evalEvidence(n int) string {
+	if n == 2 {
+		return "Two evaluations are one interval: enough to see which way the eval loss moved, not whether it is levelling off."
+	}
+	return fmt.Sprintf("This rests on %d evaluations.", n)
+}
+
+// evalTrend is the eval loss' change at the end of the run: the slope over
+// the last evaluations (nats per 1000 steps), the same as a share of the
+// raw eval loss, and whether that is flat, falling or rising.
+type evalTrend struct {
+	tail                  []Point
+	per1000, rel          float64
+	flat, falling, rising bool
+}
+
+func (r *report) trend() evalTrend {
+	if len(r.evalLoss) < 2 || len(r.evalRaw) == 0 {
+		return evalTrend{per1000: math.NaN(), rel: math.NaN()}
+	}
+	t := evalTrend{tail: tail(r.evalLoss)}
+	t.per1000 = slope(t.tail) * 1000
+	t.rel = t.per1000 / math.Abs(r.evalRaw[len(r.evalRaw)-1].V)
+	t.flat = math.Abs(t.rel) <= flatPer1000
+	t.falling, t.rising = !t.flat && t.per1000 < 0, !t.flat && t.per1000 > 0
+	return t
+}
+
+func (r *report) trainedSection() {
+	r.w("## Is the model fully trained?\n\n")
+	ev := r.evalLoss
+	switch {
+	case len(ev) == 0 || len(r.evalRaw) != len(ev):
+		r.w("- No evaluation in this run: not enough data to say (--eval-every sets how often it evaluates).\n")
+	case len(ev) == 1:
+		r.w("- One evaluation (eval loss %.4f at step %s): a single point shows no trend; not enough data to say.\n", ev[0].V, Commas(ev[0].Step))
+	default:
+		t := r.trend()
+		first, last := ev[0], ev[len(ev)-1]
+		r.w("- Eval loss (%d evaluations): %.4f at step %s, %.4f at step %s.\n", len(ev), first.V, Commas(first.Step), last.V, Commas(last.Step))
+		r.w("- Slope over the last %d evaluations (steps %s-%s): **%s nats per 1000 steps** (%s %% of the raw eval loss %.3f; flat is within ±%.0f %%).\n",
+			len(t.tail), Commas(t.tail[0].Step), Commas(last.Step), fmtNum(t.per1000, "%+.4f"), fmtNum(100*t.rel, "%+.1f"), r.evalRaw[len(r.evalRaw)-1].V, 100*flatPer1000)
+		overall := (last.V - first.V) / float64(last.Step-first.Step) * 1000
+		share := t.per1000 / overall
+		switch {
+		case t.falling && len(ev) >= 3 && overall < 0 && share < slowShare:
+			r.w("- **Nearly**: the eval loss still falls, but at %.0f %% of its average rate since step %s (%+.4f per 1000 steps): it is levelling off, and more steps at this learning rate gain little. %s\n",
+				100*share, Commas(first.Step), overall, evalEvidence(len(ev)))
+		case t.falling:
+			r.w("- **No**: the eval loss is still falling; more steps would help. %s\n", evalEvidence(len(ev)))
+		case t.flat:
+			r.w("- **Yes, as far as this learning rate takes it**: the eval loss has stopped falling. %s\n", evalEvidence(len(ev)))
+		default:
+			lo := slices.MinFunc(ev, func(a, b Point) int { return cmpF(a.V, b.V) })
+			r.w("- **Past its best**: the eval loss is rising; its lowest was %.4f at step %s (see overfitting). %s\n", lo.V, Commas(lo.Step), evalEvidence(len(ev)))
+		}
+	}
+	if n := len(r.bleu); n == 1 {
+		r.w("- BLEU: **%s** at step %s (one evaluation).\n", fmtNum(r.bleu[0].V, "%.2f"), Commas(r.bleu[0].Step))
+	} else if n >= 2 {
+		r.w("- BLEU (%d evaluations): %s at step %s, **%s** at step %s", n, fmtNum(r.bleu[0].V, "%.2f"), Commas(r.bleu[0].Step), fmtNum(r.bleu[n-1].V, "%.2f"), Commas(r.bleu[n-1].Step))
+		if n >= 3 {
+			r.w(" (slope over the last %d evaluations %s per 1000 steps)", len(tail(r.bleu)), fmtNum(slope(tail(r.bleu))*1000, "%+.2f"))
+		}
+		r.w(".\n")
+	}
+	r.w("\n%s\n\n%s\n\n", r.plot("loss.png", "loss (lab convention: smoothed-target entropy subtracted)", "nats", Line{"train", r.trainLoss}, Line{"eval", r.evalLoss}),
+		r.plot("bleu.png", "BLEU (sacreBLEU-compatible, 0-100)", "BLEU", Line{"bleu", r.bleu}))
+}
+
+// plural writes n things: "1 rank", "2 ranks".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
+func cmpF(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (r *report) overfitSection() {
+	r.w("## Is it overfitting?\n\n")
+	ev := r.evalRaw
+	switch {
+	case len(ev) == 0 || len(r.trainRaw) == 0:
+		r.w("- No evaluation to compare with the train loss: not enough data to say.\n\n")
+	default:
+		gap := func(at Point) float64 { return at.V - nearest(r.trainRaw, at.Step) }
+		first, last := ev[0], ev[len(ev)-1]
+		g0, g1 := gap(first), gap(last)
+		level := nearest(r.trainRaw, last.Step)
+		r.w("- Eval − train loss (raw cross entropy; train: the logged interval's mean, with dropout; eval: without): ")
+		if len(ev) == 1 {
+			r.w("%s at step %s.\n", fmtNum(g1, "%+.3f"), Commas(last.Step))
+		} else {
+			r.w("%s at step %s, %s at step %s.\n", fmtNum(g0, "%+.3f"), Commas(first.Step), fmtNum(g1, "%+.3f"), Commas(last.Step))
+		}
+		where := "above"
+		switch {
+		case math.Abs(g1) <= closeGap*level:
+			where = fmt.Sprintf("close to (within %.0f %% of)", 100*closeGap)
+		case g1 < 0:
+			where = "below"
+		}
+		if len(ev) == 1 {
+			r.w("- The eval loss is %s the train loss, but one evaluation shows no trend: not enough data to say.\n\n", where)
+			break
+		}
+		t := r.trend()
+		// beyond close, and further than that from where it was
+		growing := g1 > closeGap*level && g1-g0 > closeGap*level
+		switch {
+		case t.rising && growing:
+			r.w("- **Yes**: the eval loss rises while the gap to the train loss grows (by %.3f). %s\n\n", g1-g0, evalEvidence(len(ev)))
+		case t.rising:
+			r.w("- The eval loss rises, but the gap to the train loss does not grow: the train loss rises too, which is not overfitting but training going wrong (a learning rate too high?). %s\n\n", evalEvidence(len(ev)))
+		case growing:
+			r.w("- **Not yet**: the eval loss is %s the train loss and the gap grew by %.3f, but the eval loss is not rising: the first sign of overfitting, to watch. %s\n\n", where, g1-g0, evalEvidence(len(ev)))
+		default:
+			r.w("- **No**: the eval loss is %s the train loss and not rising. %s\n\n", where, evalEvidence(len(ev)))
+		}
+	}
+	r.w("%s\n\n", r.plot("loss_raw.png", "raw label-smoothed cross entropy", "nats", Line{"train", r.trainRaw}, Line{"eval", r.evalRaw}))
+}
+
+// byRank prints per-rank means: "rank 0 89 %, rank 1 87 %".
+func byRank(s [][]Point, unit string) string {
+	parts := make([]string, 0, len(s))
+	for i, p := range s {
+		if len(p) > 0 {
+			parts = append(parts, fmt.Sprintf("rank %d %s%s", i, fmtNum(mean(p), "%.0f"), unit))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (r *report) devicesSection() {
+	ri := r.ri
+	r.w("## Were the devices busy?\n\n")
+	hosts := UniqueHosts(ri.Hosts)
+	cpuRanks, gpuRanks := perRank(r.recs, "train", "cpu_util_pct"), perRank(r.recs, "train", "gpu_util_pct")
+	if r.onGPU() {
+		r.w("- Trained on GPUs: rank 0's is %s.\n", orStr(ri.Device, "cuda"))
+		if len(r.gpu) > 0 {
+			r.w("- GPU utilization (NVML, the share of time a kernel ran): **%s %%** on average", fmtNum(mean(r.gpu), "%.0f"))
+			if len(gpuRanks) > 1 {
+				r.w(" (%s)", byRank(gpuRanks, " %"))
+			}
+			r.w(".\n")
+		}
+		if used, peak := series(r.recs, "train", "gpu_mem_used_MiB"), series(r.recs, "train", "gpu_mem_peak_MiB"); len(used) > 0 {
+			r.w("- GPU memory: %s MiB in use on the device at the last log line (every process, as nvidia-smi counts), gorun's own allocations peaked at %s MiB.\n",
+				fmtNum(used[len(used)-1].V, "%.0f"), fmtNum(maxOf(peak), "%.0f"))
+		}
+	} else {
+		cpu := orStr(ri.CPUModel, "CPU model unknown")
+		if ri.CPUs > 0 {
+			cpu += fmt.Sprintf(", %d logical CPUs", ri.CPUs)
+		}
+		onHost0 := 0
+		for _, h := range ri.Hosts {
+			if h == hosts[0] {
+				onHost0++
+			}
+		}
+		where := fmt.Sprintf("rank 0's host (%s: %s)", hosts[0], cpu)
+		if len(hosts) == 1 {
+			where = fmt.Sprintf("one host (%s: %s)", hosts[0], cpu)
+		}
+		r.w("- Trained on the CPU of %s; %s there, %s each. No GPU was used.\n", where, plural(max(onHost0, 1), "rank"), plural(ri.Threads, "compute thread"))
+	}
+	r.w("- CPU use: **%s %%** of the cores given to each rank on average", fmtNum(mean(r.cpu), "%.0f"))
+	if len(cpuRanks) > 1 {
+		r.w(" (%s)", byRank(cpuRanks, " %"))
+	}
+	r.w(".\n")
+	if len(r.compute) > 0 && len(r.stepTime) > 0 {
+		r.w("- Compute (forward, backward, optimizer) is **%s %%** of the step time; the rest is exposed communication, data and logging.\n", fmtNum(100*mean(r.compute)/mean(r.stepTime), "%.0f"))
+	}
+	lines := []Line{{"cpu", r.cpu}, {"gpu", r.gpu}}
+	if k := len(cpuRanks) + len(gpuRanks); k > 1 && k <= len(palette) {
+		lines = nil
+		for i, p := range cpuRanks {
+			lines = append(lines, Line{fmt.Sprintf("cpu rank %d", i), p})
+		}
+		for i, p := range gpuRanks {
+			lines = append(lines, Line{fmt.Sprintf("gpu rank %d", i), p})
+		}
+	}
+	r.w("\n%s\n\n", r.plot("utilization.png", "utilization", "%", lines...))
+}
+
+func (r *report) networkSection() {
+	ri := r.ri
+	r.w("## Was the network the bottleneck?\n\n")
+	if ri.WorldSize <= 1 {
+		r.w("- One rank: no gradients were exchanged, over a network or otherwise.\n\n")
+		return
+	}
+	hosts := UniqueHosts(ri.Hosts)
+	oneHost := len(hosts) == 1
+	exposedShare := mean(r.exposed) / 1000 / mean(r.stepTime)
+	r.w("- Exposed communication (after backward finished): **%s ms** per step on average; **%s %%** of the allreduce time was hidden behind backward.\n",
+		fmtNum(mean(r.exposed), "%.1f"), fmtNum(mean(r.hidden), "%.0f"))
+	r.w("- Exposed communication is **%s %%** of the step time.\n", fmtNum(100*exposedShare, "%.1f"))
+	r.w("- Traffic per rank (mean over the ranks and the logged intervals): network %s MB/s out, %s MB/s in", fmtNum(mean(r.netOut), "%.1f"), fmtNum(mean(r.netIn), "%.1f"))
+	if !oneHost && ri.LinkGbps > 0 {
+		r.w(" against a link of %.3g Gbit/s = %.0f MB/s (%s): **%s %%** of capacity", ri.LinkGbps, ri.LinkGbps*125, orStr(ri.LinkSource, "given"), fmtNum(100*mean(r.netOut)/(ri.LinkGbps*125), "%.1f"))
+	}
+	if len(r.shmOut) > 0 {
+		r.w("; shared memory %s MB/s out, %s MB/s in (the pair rings and the host's group segment)", fmtNum(mean(r.shmOut), "%.1f"), fmtNum(mean(r.shmIn), "%.1f"))
+	} else {
+		r.w("; shared-memory traffic not recorded (a run from before it was counted)")
+	}
+	r.w(".\n")
+	if oneHost {
+		via := "shared memory"
+		switch {
+		case len(r.shmOut) == 0:
+			via = "shared memory (its bytes were not counted in this run)"
+		case !(mean(r.shmOut) > 0):
+			via = "the loopback interface (shared memory was off)"
+		}
+		r.w("- All ranks ran on one host (%s): no gradient crossed a network; %s carried them. The analysis below asks what a link between hosts would have done.\n", hosts[0], via)
+	}
+	if len(r.compute) == 0 {
+		r.w("- No compute time was logged: no bottleneck analysis.\n")
+	} else {
+		an := AnalyzeBottleneck(ri.Params, ri.WorldSize, ri.LinkGbps, ri.LinkSource, ri.Compression, mean(r.compute))
+		r.w("- %s\n", strings.ReplaceAll(an.String(), "\n", "\n  "))
+		r.w("- %s\n", measuredVerdict(an, exposedShare, oneHost))
+	}
+	r.w("\n%s\n\n", r.plot("network.png", "traffic per rank", "MB/s",
+		Line{"network out", r.netOut}, Line{"network in", r.netIn}, Line{"shared memory out", r.shmOut}, Line{"shared memory in", r.shmIn}))
+}
+
+// measuredVerdict puts the bottleneck analysis (a bound from the link's
+// rate) beside what the run measured (the share of the step spent
+// waiting for communication).
+func measuredVerdict(an Bottleneck, exposedShare float64, oneHost bool) string {
+	link := fmt.Sprintf("%.3g Gbit/s link", an.LinkGbps)
+	if an.LinkSource == "" {
+		link = fmt.Sprintf("assumed %.3g Gbit/s link", an.LinkGbps)
+	}
+	need := 100 * an.MinComm() / an.ComputeSec
+	waited := fmtNum(100*exposedShare, "%.1f")
+	switch {
+	case an.Verdict == "network-bound" && oneHost:
+		return fmt.Sprintf("**Not here, but it would be across hosts**: on one host the ranks waited for communication %s %% of the step; on the %s the %s gradients alone would take %.3f s, longer than the %.3f s a step computes, which no overlap can hide.",
+			waited, link, an.wireName(), an.MinComm(), an.ComputeSec)
+	case an.Verdict == "network-bound":
+		return fmt.Sprintf("**Yes**: on the %s the %s gradients alone take at least %.3f s, longer than the %.3f s a step computes, so no overlap can hide them; the ranks waited for communication %s %% of the step.",
+			link, an.wireName(), an.MinComm(), an.ComputeSec, waited)
+	case exposedShare < 0.1:
+		return fmt.Sprintf("**No** (compute-bound): the %s can carry the %s gradients in %.0f %% of the compute time, and the ranks waited for communication only %s %% of the step.",
+			link, an.wireName(), need, waited)
+	default:
+		return fmt.Sprintf("**Not the link's bandwidth** (compute-bound), yet the ranks waited for communication %s %% of the step: the %s can carry the %s gradients in %.0f %% of the compute time, so the wait comes from latency, synchronization or the slowest rank.",
+			waited, link, an.wireName(), need)
+	}
+}
+
+func (r *report) correlationSection() {
+	r.w("## How does step time relate to network throughput?\n\n")
+	traffic, what := r.netOut, "outgoing network MB/s"
+	if len(r.shmOut) > 0 {
+		traffic, what = sumSeries(r.netOut, r.shmOut), "outgoing MB/s (network and shared memory)"
+	}
+	r.correlate(what, traffic, func(rr, chance float64) string {
+		switch {
+		case rr < -chance:
+			return "Slower steps move fewer MB/s: every step moves the same gradient bytes, so the rate follows the step time; this alone does not say the traffic slowed the steps."
+		case rr > chance:
+			return "Slower steps coincide with more traffic: traffic is stretching the steps."
+		}
+		return "No clear relation."
+	})
+	r.correlate("exposed communication (ms per step)", r.exposed, func(rr, chance float64) string {
+		switch {
+		case rr > chance:
+			return "Steps are slower when more communication is exposed: waiting for the allreduce stretches them."
+		case rr < -chance:
+			return "Slower steps have less exposed communication: a longer backward pass hides more of it."
+		}
+		return "No clear relation: exposed communication does not explain how the step time varies."
+	})
+	r.w("\n")
+}
+
+// correlate writes the correlation of the step time with x, or why there
+// is not enough data for one; meaning interprets r beyond chance.
+func (r *report) correlate(what string, x []Point, meaning func(r, chance float64) string) {
+	rr, n := pearson(r.stepTime, x)
+	cs, cx := cv(r.stepTime), cv(x)
+	switch {
+	case n < minCorr:
+		r.w("- Step time and %s: **not enough data**: %d logged interval(s); a correlation needs at least %d (--log-every logs more often).\n", what, n, minCorr)
+	case !(mean(x) > 0):
+		r.w("- Step time and %s: **not enough data**: it was zero throughout.\n", what)
+	case !(cx >= flatCV) || !(cs >= flatCV):
+		flat, c := what, cx
+		if !(cs >= flatCV) {
+			flat, c = "the step time", cs
+		}
+		r.w("- Step time and %s: **not enough data**: %s hardly varied (coefficient of variation %s %%), and the correlation of a flat series measures noise.\n", what, flat, fmtNum(100*c, "%.1f"))
+	default:
+		chance := chanceR(n)
+		r.w("- Step time and %s over %d intervals: Pearson r = **%+.2f** (unrelated numbers give |r| up to %.2f, 19 times in 20). %s\n", what, n, rr, chance, meaning(rr, chance))
+	}
+}
+
+func (r *report) datasetSection() {
+	d := r.ri.Dataset
+	r.w("## How big was the training set?\n\n")
+	size := fmt.Sprintf("**%.1f MB** on disk", d.MB)
+	if d.InMemory {
+		size = fmt.Sprintf("made in memory at start (no file; %.1f MB of text)", d.MB)
+	}
+	r.w("- `%s`: %s, **%s lines** (sentence pairs), %s source and %s target tokens; %s lines dropped (too long or empty).\n\n",
+		orStr(d.Name, "corpus"), size, Commas(d.Lines), Commas(d.SrcTokens), Commas(d.TgtTokens), Commas(d.Dropped))
 }
 
 // describeInterruptions lists the stops on a signal ("stop" records) and

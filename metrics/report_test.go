@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -37,7 +39,7 @@ func TestReportAnswersEveryQuestion(t *testing.T) {
 	os.WriteFile(filepath.Join(ck, "state.json"), []byte("{}"), 0o644)
 	os.WriteFile(filepath.Join(dir, "latest"), []byte("ckpt-2000\n"), 0o644)
 
-	path, err := WriteReport(dir)
+	path, err := WriteReport(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +76,7 @@ func TestReportAnswersEveryQuestion(t *testing.T) {
 func TestReportDevices(t *testing.T) {
 	for _, gpu := range []bool{false, true} {
 		dir := t.TempDir()
-		ri := RunInfo{Preset: "tiny", WorldSize: 1, Device: "cpu"}
+		ri := RunInfo{Preset: "tiny", WorldSize: 1, Device: "cpu", CPUModel: "AMD EPYC 7B13", CPUs: 8, Threads: 8}
 		vals := map[string]float64{"loss": 1, "loss_raw": 1, "step_time_s": 1, "cpu_util_pct": 90, "compute_s": 1}
 		if gpu {
 			ri.Device = "cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)"
@@ -89,15 +91,15 @@ func TestReportDevices(t *testing.T) {
 		}
 		r.Log("train", 10, vals, nil)
 		r.Close()
-		path, err := WriteReport(dir)
+		path, err := WriteReport(dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := os.ReadFile(path)
 		rep := string(b)
-		want := []string{"Trained on the CPU (cpu): no GPU was used"}
+		want := []string{"Trained on the CPU of one host (localhost: AMD EPYC 7B13, 8 logical CPUs); 1 rank there, 8 compute threads each. No GPU was used."}
 		if gpu {
-			want = []string{"GPU utilization (NVML): **87 %**", "NVIDIA H100", "20480 MiB in use", "peaked at 15000 MiB"}
+			want = []string{"Trained on GPUs: rank 0's is cuda:0 (NVIDIA H100", "GPU utilization (NVML, the share of time a kernel ran): **87 %**", "20480 MiB in use", "peaked at 15000 MiB"}
 		}
 		for _, w := range want {
 			if !strings.Contains(rep, w) {
@@ -107,5 +109,249 @@ func TestReportDevices(t *testing.T) {
 		if !gpu && strings.Contains(rep, "GPU utilization") {
 			t.Errorf("a CPU run's report speaks of GPU utilization")
 		}
+	}
+}
+
+// transformerLR is the transformer policy of run.json's lr 2, d_model 64
+// and warmup 200 (0-based steps, as Schedule).
+func transformerLR(step int) float64 {
+	s := float64(step + 1)
+	return 2 / math.Sqrt(64) * math.Min(s*math.Pow(200, -1.5), 1/math.Sqrt(s))
+}
+
+// reportFixture copies the fixture testdata/report/name into a new
+// directory, lets edit change its run.json and records, and writes its
+// report there; it returns the report.
+func reportFixture(t *testing.T, name string, lr Schedule, edit func(*RunInfo, []Record)) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join("testdata", "report", name)
+	ri, err := ReadRunInfo(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadJSONL(filepath.Join(src, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(&ri, recs)
+	}
+	if err := WriteRunInfo(dir, ri); err != nil {
+		t.Fatal(err)
+	}
+	var b []byte
+	for _, r := range recs {
+		line, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(append(b, line...), '\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path, err := WriteReport(dir, lr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(rep)
+}
+
+// setValues sets values of the train records.
+func setValues(recs []Record, f func(v map[string]float64)) {
+	for _, r := range recs {
+		if r.Kind == "train" {
+			f(r.Values)
+		}
+	}
+}
+
+// The report's sentences, from fixed run directories (testdata/report,
+// made to these numbers; each number below follows from them as the
+// comment says), for the cases the lab's students met: one host where
+// shared memory carries the gradients, a network-bound and a
+// compute-bound job across hosts, two evaluations against many, the eval
+// loss below the train loss, rising, levelling off and flat, a run
+// stopped and resumed an hour later, the built-in corpus made in memory,
+// one rank with one evaluation, and a run directory from before the
+// start records and shared-memory counts. Each verdict must come with
+// the numbers and the amount of evidence behind it, and a wrong one must
+// be absent.
+func TestReportFixtures(t *testing.T) {
+	// the least fp16 allreduce time, 2(n-1)/n x 2 bytes x params / link
+	fp16 := func(params float64, n int, gbps float64) float64 {
+		return 2 * float64(n-1) / float64(n) * 2 * params / (gbps * 125e6)
+	}
+	for _, c := range []struct {
+		name, fixture string
+		lr            Schedule
+		edit          func(*RunInfo, []Record)
+		want, not     []string
+	}{{
+		// 2 ranks on host vm, step times 0.105 + 0.003 x (0,1,2,3,0,1,...)
+		// (mean 0.1089 s), compute 6 ms less, 4.5 MB a step through shared
+		// memory, none over the network; evals at 250 and 500.
+		name: "one host, shared memory, two evaluations, eval below train", fixture: "onehost-shm", lr: transformerLR,
+		want: []string{
+			"2 rank(s) on vm, the CPU (AMD EPYC)",
+			"Training time: **56s** for **500 steps** (from the start to the last record, in one go)", // 500 steps of 0.1089 s and two evals of 1 s
+			"In this run the rate went from 8.839e-05 (step 1) to 1.118e-02 (step 500).",              // 2/8 x 200^-1.5; 2/8 x 500^-0.5
+			"peak **1.768e-02** at step 200, then decays as 1/sqrt(s): half the peak at step 800, a quarter at step 3,200",
+			// (0.184 - 0.385) / 250 x 1000; the raw eval loss 1.684
+			"Slope over the last 2 evaluations (steps 250-500): **-0.8040 nats per 1000 steps** (-47.7 % of the raw eval loss 1.684",
+			"- **No**: the eval loss is still falling; more steps would help. Two evaluations are one interval",
+			"BLEU (2 evaluations): 86.44 at step 250, **99.20** at step 500.",
+			"): -0.310 at step 250, -0.200 at step 500.",
+			"- **No**: the eval loss is below the train loss and not rising. Two evaluations are one interval",
+			"Trained on the CPU of one host (vm: AMD EPYC, 2 logical CPUs); 2 ranks there, 1 compute thread each. No GPU was used.",
+			"CPU use: **88 %** of the cores given to each rank on average (rank 0 89 %, rank 1 87 %).",
+			"Exposed communication is **5.5 %** of the step time.",                         // 6 ms of 0.1089 s
+			"network 0.0 MB/s out, 0.0 MB/s in; shared memory 41.4 MB/s out, 41.4 MB/s in", // mean of 4.5 / step time
+			"All ranks ran on one host (vm): no gradient crossed a network; shared memory carried them.",
+			"1 Gbit/s link (unknown: the lab's link assumed; set --link-gbps)",
+			fmt.Sprintf("%.3f s with fp16", fp16(258496, 2, 1)),
+			"measured compute per step:     0.103 s",
+			"verdict: compute-bound (communication needs at least 4 % of the compute time with fp16, 8 % with fp32; this run sent fp16)",
+			"- **No** (compute-bound): the assumed 1 Gbit/s link can carry the fp16 gradients in 4 % of the compute time, and the ranks waited for communication only 5.5 % of the step.",
+			// MB/s = bytes a step / step time: r = -1 over 10 intervals; tanh(1.96/sqrt(7))
+			"Step time and outgoing MB/s (network and shared memory) over 10 intervals: Pearson r = **-1.00** (unrelated numbers give |r| up to 0.63, 19 times in 20). Slower steps move fewer MB/s",
+			"Step time and exposed communication (ms per step): **not enough data**: exposed communication (ms per step) hardly varied (coefficient of variation 0.0 %)",
+			"`built-in synthetic corpus (40,000 pairs)`: made in memory at start (no file; 4.7 MB of text), **40,000 lines**",
+		},
+		not: []string{"growing", "watch", "on disk", "of capacity", "network-bound", "Not here"},
+	}, {
+		// the same with Transformer-base's parameters: on the lab's link
+		// its fp16 gradients need 0.974 s, more than the 0.103 s of compute
+		name: "one host, network-bound on the assumed link", fixture: "onehost-shm",
+		edit: func(ri *RunInfo, _ []Record) { ri.Params = 60880896 },
+		want: []string{
+			"verdict: network-bound",
+			fmt.Sprintf("- **Not here, but it would be across hosts**: on one host the ranks waited for communication 5.5 %% of the step; on the assumed 1 Gbit/s link the fp16 gradients alone would take %.3f s, longer than the 0.103 s a step computes", fp16(60880896, 2, 1)),
+		},
+		not: []string{"**Yes**", "compute-bound"},
+	}, {
+		// shared memory off: the same bytes over loopback sockets
+		name: "one host, shared memory off", fixture: "onehost-shm",
+		edit: func(_ *RunInfo, recs []Record) {
+			setValues(recs, func(v map[string]float64) {
+				v["net_out_MBps"], v["net_in_MBps"], v["shm_out_MBps"], v["shm_in_MBps"] = v["shm_out_MBps"], v["shm_in_MBps"], 0, 0
+			})
+		},
+		want: []string{"network 41.4 MB/s out, 41.4 MB/s in; shared memory 0.0 MB/s out, 0.0 MB/s in", "no gradient crossed a network; the loopback interface (shared memory was off) carried them"},
+		not:  []string{"of capacity"},
+	}, {
+		// 4 ranks on hosts a and b (1 Gbit/s, probed), compute 0.5 s, step
+		// 1.9 + 0.1 sin(k) s; eval loss 1 + 2 exp(-(s-250)/300) at s =
+		// 250..2000, train loss below it by 0.05 + 0.35 (s-250)/1750.
+		name: "network-bound across hosts, eight evaluations levelling off, gap growing", fixture: "network-bound",
+		want: []string{
+			"4 rank(s) on a, b, cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)",
+			"Slope over the last 3 evaluations (steps 1,500-2,000): **-0.0503 nats per 1000 steps** (-2.0 % of the raw eval loss 2.506",
+			// -0.0503 against (1.0059 - 3) / 1750 x 1000
+			"- **Nearly**: the eval loss still falls, but at 4 % of its average rate since step 250 (-1.1395 per 1000 steps): it is levelling off",
+			"This rests on 8 evaluations.",
+			"): +0.050 at step 250, +0.400 at step 2,000.",
+			"- **Not yet**: the eval loss is above the train loss and the gap grew by 0.350, but the eval loss is not rising",
+			"Trained on GPUs: rank 0's is cuda:0 (NVIDIA H100 80GB HBM3",
+			"**25 %** on average (rank 0 26 %, rank 1 25 %, rank 2 24 %, rank 3 25 %)",
+			// 174 MB a step out over the network: mean of 174 / step time against 125 MB/s
+			"network 91.2 MB/s out, 89.1 MB/s in against a link of 1 Gbit/s = 125 MB/s (probe): **73.0 %** of capacity; shared memory 31.5 MB/s out",
+			"4 ranks, 1 Gbit/s link (probed at start between rank 0 and a rank on another host)",
+			fmt.Sprintf("%.3f s with fp16", fp16(60880896, 4, 1)),
+			"verdict: network-bound (communication needs at least 292 % of the compute time with fp16",
+			fmt.Sprintf("- **Yes**: on the 1 Gbit/s link the fp16 gradients alone take at least %.3f s, longer than the 0.500 s a step computes, so no overlap can hide them; the ranks waited for communication 73.8 %% of the step.", fp16(60880896, 4, 1)),
+			// exposed = step time - 0.5 s: r = +1 over 16 intervals; tanh(1.96/sqrt(13))
+			"Step time and exposed communication (ms per step) over 16 intervals: Pearson r = **+1.00** (unrelated numbers give |r| up to 0.50, 19 times in 20). Steps are slower when more communication is exposed",
+			"`data/wmt16`: **1891.2 MB** on disk",
+		},
+		not: []string{"No GPU", "All ranks ran on one host", "Two evaluations", "still falling; more steps would help", "**Yes**: the eval"},
+	}, {
+		// 2 ranks on hosts a and b, 10 Gbit/s (--link-gbps), compute 1.9
+		// s, 12 ms exposed; five evaluations, the eval loss lowest at step
+		// 600 and rising, the train loss falling 0.0015 a step from 3.6
+		name: "compute-bound across hosts, the eval loss rising", fixture: "compute-bound", lr: func(int) float64 { return 0.001 },
+		want: []string{
+			"In this run the rate went from 1.000e-03 (step 1) to 1.000e-03 (step 1000).",
+			"**+0.7500 nats per 1000 steps**", // (1.3, 1.4, 1.6) at steps 600, 800, 1000
+			"- **Past its best**: the eval loss is rising; its lowest was 1.3000 at step 600 (see overfitting). This rests on 5 evaluations.",
+			"): -0.100 at step 200, +0.700 at step 1,000.",
+			"- **Yes**: the eval loss rises while the gap to the train loss grows (by 0.800). This rests on 5 evaluations.",
+			"Trained on the CPU of rank 0's host (a: Intel Xeon Gold 6230, 40 logical CPUs); 1 rank there, 20 compute threads each. No GPU was used.",
+			"network 97.0 MB/s out, 97.0 MB/s in against a link of 10 Gbit/s = 1250 MB/s (flag): **7.8 %** of capacity",
+			"2 ranks, 10 Gbit/s link (given with --link-gbps)",
+			fmt.Sprintf("%.3f s with fp16", fp16(60880896, 2, 10)),
+			"- **No** (compute-bound): the 10 Gbit/s link can carry the fp16 gradients in 5 % of the compute time, and the ranks waited for communication only 0.6 % of the step.",
+			"Step time and outgoing MB/s (network and shared memory): **not enough data**: 5 logged interval(s); a correlation needs at least 8",
+		},
+		not: []string{"Pearson", "**No**: the eval", "Nearly", "assumed"},
+	}, {
+		// the same with 200 ms exposed and 1.7 s of compute: the link is
+		// fast enough, yet the ranks wait
+		name: "compute-bound, but waiting", fixture: "compute-bound",
+		edit: func(_ *RunInfo, recs []Record) {
+			setValues(recs, func(v map[string]float64) { v["comm_exposed_ms"], v["compute_s"] = 200, 1.7 })
+		},
+		want: []string{"- **Not the link's bandwidth** (compute-bound), yet the ranks waited for communication 10.1 % of the step: the 10 Gbit/s link can carry the fp16 gradients in 6 % of the compute time"},
+		not:  []string{"**No** (compute-bound)"},
+	}, {
+		// stopped at step 500 (after 89 s), resumed at unix 5000 and run
+		// to 520 in 9 s; eval loss 0.2501, 0.2500, 0.2499 at steps 400,
+		// 500, 520; fp32 on the wire (compression none)
+		name: "resumed: two segments, the eval loss flat", fixture: "resumed", lr: transformerLR,
+		want: []string{
+			"Training time: **1m38s** for **520 steps**, the sum of 2 segments: steps 1-500 in 1m29s (started fresh); steps 501-520 in 9s (resumed from the checkpoint of step 500).",
+			"From the first start to the last record: 1h6m49s, of which 1h5m11s passed between the segments", // 5009 - 1000 s; less 98 s
+			"over 11 logged intervals, from every segment",
+			"Stopped by interrupt after step 500 (checkpoint ckpt-500 written).",
+			"to 1.096e-02 (step 520)",
+			"**-0.0015 nats per 1000 steps** (-0.1 % of the raw eval loss 1.750; flat is within ±1 %)",
+			"- **Yes, as far as this learning rate takes it**: the eval loss has stopped falling. This rests on 6 evaluations.",
+			"- **No**: the eval loss is close to (within 5 % of) the train loss and not rising.",
+			"this run sent fp32",
+			"the assumed 1 Gbit/s link can carry the fp32 gradients in 5 % of the compute time", // 4 B x 258,496 / 125 MB/s against 0.169 s
+			"Step time and outgoing MB/s (network and shared memory): **not enough data**: the step time hardly varied",
+		},
+		not: []string{"for **20 steps**", "9s for", "Pearson"},
+	}, {
+		// one rank, two log lines and one evaluation; no start record (run
+		// started at unix 100 by run.json, last record at 126) and no
+		// shared-memory counts
+		name: "one rank, one evaluation, an old run directory", fixture: "one-rank",
+		want: []string{
+			"Training time: **26s** for **20 steps**",
+			"- One evaluation (eval loss 2.5000 at step 20): a single point shows no trend; not enough data to say.",
+			"- BLEU: **1.50** at step 20 (one evaluation).",
+			"- The eval loss is above the train loss, but one evaluation shows no trend: not enough data to say.",
+			"Trained on the CPU of one host (localhost: CPU model unknown); 1 rank there, 2 compute threads each. No GPU was used.",
+			"- One rank: no gradients were exchanged",
+			"Step time and outgoing network MB/s: **not enough data**: 2 logged interval(s)",
+			"`data/small`: **0.5 MB** on disk",
+		},
+		not: []string{"Slope", "bottleneck analysis", "**No**", "**Yes"},
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			rep := reportFixture(t, c.fixture, c.lr, c.edit)
+			for _, w := range c.want {
+				if !strings.Contains(rep, w) {
+					t.Errorf("report lacks %q", w)
+				}
+			}
+			for _, n := range c.not {
+				if strings.Contains(rep, n) {
+					t.Errorf("report says %q", n)
+				}
+			}
+			if strings.Contains(rep, "n/a") {
+				t.Errorf("report has an n/a")
+			}
+			if t.Failed() {
+				t.Logf("report.md:\n%s", rep)
+			}
+		})
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,13 +13,12 @@ import (
 )
 
 // Run records a training run's numbers to metrics.jsonl and TensorBoard
-// event files in one directory, and keeps the series for plotting.
+// event files in one directory.
 type Run struct {
 	mu     sync.Mutex
 	dir    string
 	jsonl  *os.File
 	events *EventWriter
-	Series map[string][]Point
 }
 
 // Point is one sample of a series.
@@ -46,14 +44,14 @@ func OpenRun(dir string) (*Run, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Run{dir: dir, jsonl: f, events: ew, Series: map[string][]Point{}}, nil
+	return &Run{dir: dir, jsonl: f, events: ew}, nil
 }
 
 // Log writes one record: a JSON line, a TensorBoard event with every value
-// as a scalar named kind/name (and every text as a text summary named
-// kind/name), and a point on each series. A value that is
-// not finite (a diverged loss) is recorded, not an error: as a string in
-// the JSON line (see Record), as a float in TensorBoard, and on no series.
+// as a scalar named kind/name (when it has values) and every text as a
+// text summary named kind/name. A value that is not finite (a diverged
+// loss) is recorded, not an error: as a string in the JSON line (see
+// Record), as a float in TensorBoard.
 func (r *Run) Log(kind string, step int64, values map[string]float64, text map[string]string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -66,15 +64,14 @@ func (r *Run) Log(kind string, step int64, values map[string]float64, text map[s
 	if _, err := r.jsonl.Write(append(b, '\n')); err != nil {
 		return err
 	}
-	tb := make(map[string]float64, len(values))
-	for k, v := range values {
-		tb[kind+"/"+k] = v
-		if !math.IsNaN(v) && !math.IsInf(v, 0) { // a series holds only what can be plotted
-			r.Series[kind+"/"+k] = append(r.Series[kind+"/"+k], Point{Step: step, Time: rec.Time, V: v})
+	if len(values) > 0 {
+		tb := make(map[string]float64, len(values))
+		for k, v := range values {
+			tb[kind+"/"+k] = v
 		}
-	}
-	if err := r.events.Scalars(step, now, tb); err != nil {
-		return err
+		if err := r.events.Scalars(step, now, tb); err != nil {
+			return err
+		}
 	}
 	if len(text) > 0 {
 		tt := make(map[string]string, len(text))

@@ -108,7 +108,7 @@ func TestRewindRun(t *testing.T) {
 	if err := WriteRunInfo(dir, ri); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := WriteReport(dir)
+	rep, err := WriteReport(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

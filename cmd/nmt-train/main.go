@@ -18,7 +18,6 @@ import (
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/kernels/cuda"
-	"github.com/gorun/gorun/metrics"
 )
 
 func main() {
@@ -123,7 +122,7 @@ func reportCommand() *cli.Command {
 			if c.NArg() != 1 {
 				return fmt.Errorf("report: want one run directory")
 			}
-			p, err := metrics.WriteReport(c.Args().First())
+			p, err := train.WriteReport(c.Args().First())
 			if err != nil {
 				return err
 			}

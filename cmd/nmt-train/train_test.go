@@ -509,22 +509,43 @@ func TestRunOutputs(t *testing.T) {
 	reported(`over the last (\d+) evaluations`, 2)
 	reported(`\*\*([+-][\d.]+) nats per 1000 steps\*\*`, (el[1]-el[0])/6*1000)
 	bleu := col(eval, "bleu")
-	reported(`BLEU: ([\d.]+) at step 6`, bleu[0])
+	reported(`BLEU \(2 evaluations\): ([\d.]+) at step 6`, bleu[0])
 	reported(`\*\*([\d.]+)\*\* at step 12`, bleu[1])
 	trainRaw := col(train, "loss_raw")
-	reported(`cross entropy\): ([+-][\d.]+) at step 6`, eraw[0]-trainRaw[5])
-	reported(`, ([+-][\d.]+) at step 12:`, eraw[1]-trainRaw[11])
+	reported(`eval: without\): ([+-][\d.]+) at step 6`, eraw[0]-trainRaw[5])
+	reported(`, ([+-][\d.]+) at step 12\.`, eraw[1]-trainRaw[11])
 	reported(`CPU use: \*\*(\d+) %\*\*`, meanOf(col(train, "cpu_util_pct")))
+	// each rank's, and the mean of the two
+	cpu0, cpu1 := col(train, "cpu_util_pct_rank0"), col(train, "cpu_util_pct_rank1")
+	reported(`\(rank 0 (\d+) %, rank 1 \d+ %\)`, meanOf(cpu0))
+	reported(`\(rank 0 \d+ %, rank 1 (\d+) %\)`, meanOf(cpu1))
+	for i, r := range train {
+		if m := (cpu0[i] + cpu1[i]) / 2; math.Abs(val(r, "cpu_util_pct")-m) > 1e-3*m {
+			t.Errorf("metrics.jsonl step %d: cpu_util_pct %v, not the mean of the ranks' %v and %v", r.Step, val(r, "cpu_util_pct"), cpu0[i], cpu1[i])
+		}
+	}
+	if !strings.Contains(rep, "No GPU was used.") {
+		t.Errorf("report.md does not say that no GPU was used")
+	}
 	compute := meanOf(col(train, "compute_s"))
 	reported(`Compute \(forward, backward, optimizer\) is \*\*(\d+) %\*\*`, 100*compute/meanOf(stepTime))
 	exposed := meanOf(col(train, "comm_exposed_ms"))
 	reported(`Exposed communication \(after backward finished\): \*\*([\d.]+) ms\*\*`, exposed)
 	reported(`\*\*(\d+) %\*\* of the allreduce time was hidden`, meanOf(col(train, "comm_hidden_pct")))
 	reported(`Exposed communication is \*\*([\d.]+) %\*\* of the step time`, 100*exposed/1000/meanOf(stepTime))
-	netOut := meanOf(col(train, "net_out_MBps"))
-	reported(`Network per rank: ([\d.]+) MB/s out`, netOut)
-	reported(`, ([\d.]+) MB/s in on average`, meanOf(col(train, "net_in_MBps")))
-	reported(`\(flag\): \*\*([\d.]+) %\*\* of capacity`, 100*netOut/125) // --link-gbps 1 = 125 MB/s
+	// one host: the gradients go through shared memory, and the report
+	// counts them (none over the network)
+	reported(`network ([\d.]+) MB/s out`, meanOf(col(train, "net_out_MBps")))
+	reported(`network [\d.]+ MB/s out, ([\d.]+) MB/s in`, meanOf(col(train, "net_in_MBps")))
+	shmOut := meanOf(col(train, "shm_out_MBps"))
+	if !(shmOut > 0) {
+		t.Errorf("metrics.jsonl: shm_out_MBps %v on one host, where shared memory carries the gradients", shmOut)
+	}
+	reported(`shared memory ([\d.]+) MB/s out`, shmOut)
+	reported(`shared memory [\d.]+ MB/s out, ([\d.]+) MB/s in`, meanOf(col(train, "shm_in_MBps")))
+	if !strings.Contains(rep, "no gradient crossed a network; shared memory carried them") {
+		t.Errorf("report.md does not say that shared memory carried the gradients")
+	}
 	// the least allreduce time on 1 Gbit/s for 2 ranks: 2(n-1)/n = 1 x the gradient bytes
 	fp32, fp16 := 4*float64(params)/125e6, 2*float64(params)/125e6
 	reported(`bottleneck analysis: ([\d.]+) M parameters, 2 ranks, 1 Gbit/s link`, float64(params)/1e6)
@@ -541,6 +562,9 @@ func TestRunOutputs(t *testing.T) {
 	reported(`needs at least (\d+) % of the compute time with fp16`, 100*fp16/compute)
 	reported(`with fp16, (\d+) % with fp32`, 100*fp32/compute)
 	reported(`\*\*([\d,]+) lines\*\* \(sentence pairs\)`, 2000)
+	if !strings.Contains(rep, "made in memory at start (no file;") {
+		t.Errorf("report.md does not say the built-in corpus was made in memory")
+	}
 	// checkpoints: the newest is the one described, file by file
 	reported(`- (\d+) checkpoint\(s\) kept; `+"`latest` points to `ckpt-12`", 2)
 	entries, err := os.ReadDir(filepath.Join(dir, "ckpt-12"))
@@ -1061,6 +1085,13 @@ func TestKillResumeMetrics(t *testing.T) {
 	}
 	checkLatest(t, dir, last)
 	checkMetricsSteps(t, dir, int64(last))
+	// the report's time adds up the two segments: the first start's up to
+	// the checkpoint, the resumed one's
+	rep, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	if want := fmt.Sprintf("the sum of 2 segments: steps 1-%s in ", metrics.Commas(st.Step)); !strings.Contains(string(rep), want) ||
+		!strings.Contains(string(rep), fmt.Sprintf("steps %s-%s in ", metrics.Commas(last), metrics.Commas(last))) {
+		t.Errorf("report.md does not list the segments (%q, then step %d):\n%s", want, last, rep)
+	}
 	// the killed attempt's records are kept aside, where TensorBoard does
 	// not read them
 	aside, err := metrics.ReadJSONL(filepath.Join(dir, fmt.Sprintf("metrics.jsonl.before-resume-%d", st.Step)))

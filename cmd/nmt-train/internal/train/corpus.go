@@ -43,7 +43,7 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 			st += int64(len(p.Src[i]))
 			tt += int64(len(p.Tgt[i]))
 		}
-		c.Stats = metrics.Dataset{Name: c.Name, MB: float64(bytes) / 1e6, Lines: int64(len(src)), SrcTokens: st, TgtTokens: tt}
+		c.Stats = metrics.Dataset{Name: c.Name, MB: float64(bytes) / 1e6, InMemory: true, Lines: int64(len(src)), SrcTokens: st, TgtTokens: tt}
 		validRefsF = func(i int) string { return vt[i] }
 	} else {
 		if fi, err := os.Stat(o.Data); err != nil || !fi.IsDir() {

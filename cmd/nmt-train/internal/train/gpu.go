@@ -1,15 +1,12 @@
 package train
 
 import (
-	"context"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cuda"
-	"github.com/gorun/gorun/metrics"
 )
 
 // precision resolves --precision for the backend: the type of the
@@ -112,50 +109,4 @@ func (g *gpuSampler) close() {
 		close(g.stop)
 		<-g.done
 	}
-}
-
-// gpuStats adds every rank's GPU figures of the log interval to vals
-// (gpu_util_pct and gpu_mem_used_MiB: the mean over the ranks that have a
-// GPU; _rankR: each rank's; gpu_mem_peak_MiB: the largest of gorun's own
-// peaks) and returns the log line's part. Every rank calls it at the same
-// step: the figures travel in one small allreduce, each rank filling its
-// own slots (-1: no GPU).
-func (t *Trainer) gpuStats(ctx context.Context, vals map[string]float64) (string, error) {
-	n := t.id.Size
-	v := make([]float64, 3*n)
-	util, used, peak, ok := t.gpu.take()
-	if ok {
-		v[3*t.id.Rank], v[3*t.id.Rank+1], v[3*t.id.Rank+2] = util+1, used+1, peak+1
-	}
-	if n > 1 {
-		var err error
-		if v, err = t.allreduceSums(ctx, v); err != nil {
-			return "", err
-		}
-	}
-	var su, sm, pk float64
-	lo, hi := math.Inf(1), math.Inf(-1)
-	k := 0
-	for r := 0; r < n; r++ {
-		if v[3*r] <= 0 {
-			continue // no GPU figures from this rank
-		}
-		u, m, p := v[3*r]-1, v[3*r+1]-1, v[3*r+2]-1
-		if n > 1 {
-			vals[fmt.Sprintf("gpu_util_pct_rank%d", r)] = u
-			vals[fmt.Sprintf("gpu_mem_used_MiB_rank%d", r)] = m
-		}
-		su, sm, pk = su+u, sm+m, max(pk, p)
-		lo, hi = min(lo, u), max(hi, u)
-		k++
-	}
-	if k == 0 {
-		return "", nil
-	}
-	vals["gpu_util_pct"], vals["gpu_mem_used_MiB"], vals["gpu_mem_peak_MiB"] = su/float64(k), sm/float64(k), pk
-	note := fmt.Sprintf(" | GPU %.0f %% busy, %s MiB", su/float64(k), metrics.Commas(int64(sm/float64(k))))
-	if k > 1 {
-		note = fmt.Sprintf(" | GPUs %.0f %% busy (ranks %.0f-%.0f %%), %s MiB each", su/float64(k), lo, hi, metrics.Commas(int64(sm/float64(k))))
-	}
-	return note, nil
 }

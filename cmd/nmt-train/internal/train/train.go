@@ -427,6 +427,10 @@ func (t *Trainer) openRunFiles(cfg transformer.Config, threads int) error {
 	if err != nil {
 		return err
 	}
+	// a segment of the run starts: the report adds up their times
+	if err := t.run.Log("start", int64(max(0, t.resumedFrom)), nil, nil); err != nil {
+		return err
+	}
 	if t.id.Restart > 0 {
 		// the report lists the restarts: the step resumed from and the
 		// logged steps the failed start made after it
@@ -722,7 +726,7 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	_, batchTokens := t.data.Train.GlobalBatch() // a resumed run's own, whatever --batch-tokens says
 	ri := metrics.RunInfo{
 		Preset: t.o.Preset, Params: int64(t.m.NumParams()), DModel: cfg.DModel, WorldSize: t.id.Size,
-		Hosts: t.mesh.HostNames(), Device: dev, Threads: threads, BatchTokens: batchTokens,
+		Hosts: t.mesh.HostNames(), Device: dev, CPUModel: cpuModel(), CPUs: runtime.NumCPU(), Threads: threads, BatchTokens: batchTokens,
 		LRPolicy: t.o.LRPolicy, LearningRate: t.o.LearningRate, Warmup: t.o.Warmup, MaxSteps: t.o.MaxSteps,
 		LinkGbps: t.o.LinkGbps, Compression: t.o.Compression, Dataset: t.data.Stats,
 		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
@@ -897,7 +901,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 	o := t.o
 	var (
 		win        window
-		lastStats  = sumStats(t.mesh.Stats())
+		lastBytes  = meshTraffic(t.mesh)
 		lastLog    = time.Now()
 		cpuLast    = cpuSeconds()
 		smoothRaw  = math.NaN()
@@ -928,26 +932,24 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.bar.update(t.step, r.lossLab, r.tokens, r.dur)
 		if t.step%o.LogEvery == 0 || t.step == o.MaxSteps {
 			now := time.Now()
-			st := sumStats(t.mesh.Stats())
+			moved := meshTraffic(t.mesh)
 			secs := now.Sub(lastLog).Seconds()
-			outMB := float64(st.BytesSent-lastStats.BytesSent) / secs / 1e6
-			inMB := float64(st.BytesRecv-lastStats.BytesRecv) / secs / 1e6
 			cpuNow := cpuSeconds()
-			cpuPct := 100 * (cpuNow - cpuLast) / secs / float64(max(1, runtime.NumCPU()/max(1, t.id.LocalSize)))
-			lastStats, lastLog, cpuLast = st, now, cpuNow
+			own := figuresOf(moved, lastBytes, secs, 100*(cpuNow-cpuLast)/secs/float64(max(1, runtime.NumCPU()/max(1, t.id.LocalSize))))
+			lastBytes, lastLog, cpuLast = moved, now, cpuNow
 			a := win.avg()
 			win = window{}
 			vals := map[string]float64{
 				"loss": a.lossLab, "loss_raw": a.lossRaw, "loss_raw_smoothed": smoothRaw, "lr": lr,
-				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec,
-				"net_out_MBps": outMB, "net_in_MBps": inMB, "comm_exposed_ms": a.exposed * 1e3,
+				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec, "comm_exposed_ms": a.exposed * 1e3,
 				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
-				"cpu_util_pct": cpuPct, "skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
+				"skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
 			}
-			gpuNote, err := t.gpuStats(ctx, vals)
+			gpuNote, err := t.gatherFigures(ctx, own, vals)
 			if err != nil {
-				return fmt.Errorf("step %d: gathering GPU figures: %w", t.step, err)
+				return fmt.Errorf("step %d: gathering the ranks' figures: %w", t.step, err)
 			}
+			outMB, inMB := vals["net_out_MBps"], vals["net_in_MBps"] // the ranks' mean, as logged
 			if t.lossScaling {
 				vals["loss_scale"] = float64(t.scaler.Scale)
 			}
@@ -1001,14 +1003,9 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.run.Close()
 		t.run = nil
 		if t.computeSteps > 0 && t.id.Size > 1 {
-			link := t.o.LinkGbps
-			note := ""
-			if link == 0 {
-				link, note = 1, " (link unknown: the lab's 1 Gbit/s assumed; set --link-gbps)"
-			}
-			t.logf("%s%s", metrics.AnalyzeBottleneck(int64(t.m.NumParams()), t.id.Size, link, t.computeTotal/float64(t.computeSteps)), note)
+			t.logf("%s", metrics.AnalyzeBottleneck(int64(t.m.NumParams()), t.id.Size, t.o.LinkGbps, t.linkSource, t.o.Compression, t.computeTotal/float64(t.computeSteps)))
 		}
-		rep, err := metrics.WriteReport(o.RunDir)
+		rep, err := WriteReport(o.RunDir)
 		if err != nil {
 			return fmt.Errorf("report: %v", err)
 		}
@@ -1043,7 +1040,7 @@ func (t *Trainer) stop(ctx context.Context) error {
 		}
 		t.run.Close()
 		t.run = nil
-		if _, err := metrics.WriteReport(t.o.RunDir); err != nil {
+		if _, err := WriteReport(t.o.RunDir); err != nil {
 			t.logf("nmt-train: report: %v", err)
 		}
 	}
@@ -1144,15 +1141,6 @@ func (w *window) avg() windowAvg {
 		a.hiddenPct = 100
 	}
 	return a
-}
-
-func sumStats(s []rank.PeerStats) rank.PeerStats {
-	var t rank.PeerStats
-	for _, p := range s {
-		t.BytesSent += p.BytesSent
-		t.BytesRecv += p.BytesRecv
-	}
-	return t
 }
 
 // cpuSeconds is this process's user+system CPU time.
