@@ -410,7 +410,7 @@ func (r *report) timeSection() {
 		}
 		r.w("- Training time: **%s** for **%s steps**, the sum of %d segments: %s.\n", fmtDur(total), Commas(r.lastStep), len(segs), strings.Join(parts, "; "))
 		span := segs[len(segs)-1].end - segs[0].start
-		r.w("- From the first start to the last record: %s, of which %s passed between the segments (stopped or killed, then resumed).\n", fmtDur(span), fmtDur(span-total))
+		r.w("- From the first start to the last record: %s, of which %s passed between the segments, while nothing trained.\n", fmtDur(span), fmtDur(span-total))
 	}
 	every := ""
 	if len(segs) > 1 {
@@ -508,7 +508,7 @@ func (r *report) trainedSection() {
 		t := r.trend()
 		first, last := ev[0], ev[len(ev)-1]
 		r.w("- Eval loss (%d evaluations): %.4f at step %s, %.4f at step %s.\n", len(ev), first.V, Commas(first.Step), last.V, Commas(last.Step))
-		r.w("- Slope over the last %d evaluations (steps %s-%s): **%s nats per 1000 steps** (%s %% of the raw eval loss %.3f; flat is within ±%.0f %%).\n",
+		r.w("- Slope over the last %d evaluations (steps %s-%s): **%s nats per 1000 steps**, %s %% of the raw eval loss (%.3f) per 1000 steps; within ±%.0f %% would count as flat.\n",
 			len(t.tail), Commas(t.tail[0].Step), Commas(last.Step), fmtNum(t.per1000, "%+.4f"), fmtNum(100*t.rel, "%+.1f"), r.evalRaw[len(r.evalRaw)-1].V, 100*flatPer1000)
 		overall := (last.V - first.V) / float64(last.Step-first.Step) * 1000
 		share := t.per1000 / overall

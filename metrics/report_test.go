@@ -203,7 +203,7 @@ func TestReportFixtures(t *testing.T) {
 			"In this run the rate went from 8.839e-05 (step 1) to 1.118e-02 (step 500).",              // 2/8 x 200^-1.5; 2/8 x 500^-0.5
 			"peak **1.768e-02** at step 200, then decays as 1/sqrt(s): half the peak at step 800, a quarter at step 3,200",
 			// (0.184 - 0.385) / 250 x 1000; the raw eval loss 1.684
-			"Slope over the last 2 evaluations (steps 250-500): **-0.8040 nats per 1000 steps** (-47.7 % of the raw eval loss 1.684",
+			"Slope over the last 2 evaluations (steps 250-500): **-0.8040 nats per 1000 steps**, -47.7 % of the raw eval loss (1.684) per 1000 steps; within ±1 % would count as flat.",
 			"- **No**: the eval loss is still falling; more steps would help. Two evaluations are one interval",
 			"BLEU (2 evaluations): 86.44 at step 250, **99.20** at step 500.",
 			"): -0.310 at step 250, -0.200 at step 500.",
@@ -251,7 +251,7 @@ func TestReportFixtures(t *testing.T) {
 		name: "network-bound across hosts, eight evaluations levelling off, gap growing", fixture: "network-bound",
 		want: []string{
 			"4 rank(s) on a, b, cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)",
-			"Slope over the last 3 evaluations (steps 1,500-2,000): **-0.0503 nats per 1000 steps** (-2.0 % of the raw eval loss 2.506",
+			"Slope over the last 3 evaluations (steps 1,500-2,000): **-0.0503 nats per 1000 steps**, -2.0 % of the raw eval loss (2.506) per 1000 steps",
 			// -0.0503 against (1.0059 - 3) / 1750 x 1000
 			"- **Nearly**: the eval loss still falls, but at 4 % of its average rate since step 250 (-1.1395 per 1000 steps): it is levelling off",
 			"This rests on 8 evaluations.",
@@ -309,7 +309,7 @@ func TestReportFixtures(t *testing.T) {
 			"over 11 logged intervals, from every segment",
 			"Stopped by interrupt after step 500 (checkpoint ckpt-500 written).",
 			"to 1.096e-02 (step 520)",
-			"**-0.0015 nats per 1000 steps** (-0.1 % of the raw eval loss 1.750; flat is within ±1 %)",
+			"**-0.0015 nats per 1000 steps**, -0.1 % of the raw eval loss (1.750) per 1000 steps; within ±1 % would count as flat.",
 			"- **Yes, as far as this learning rate takes it**: the eval loss has stopped falling. This rests on 6 evaluations.",
 			"- **No**: the eval loss is close to (within 5 % of) the train loss and not rising.",
 			"this run sent fp32",
