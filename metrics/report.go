@@ -706,35 +706,41 @@ func (r *report) networkSection() {
 	} else {
 		an := AnalyzeBottleneck(ri.Params, ri.WorldSize, ri.LinkGbps, ri.LinkSource, ri.Compression, mean(r.compute))
 		r.w("- %s\n", strings.ReplaceAll(an.String(), "\n", "\n  "))
-		r.w("- %s\n", measuredVerdict(an, exposedShare, oneHost))
+		r.w("- %s\n", measuredVerdict(an, mean(r.exposed)/1000, mean(r.stepTime), oneHost))
 	}
 	r.w("\n%s\n\n", r.plot("network.png", "traffic per rank", "MB/s",
 		Line{"network out", r.netOut}, Line{"network in", r.netIn}, Line{"shared memory out", r.shmOut}, Line{"shared memory in", r.shmIn}))
 }
 
 // measuredVerdict puts the bottleneck analysis (a bound from the link's
-// rate) beside what the run measured (the share of the step spent
-// waiting for communication).
-func measuredVerdict(an Bottleneck, exposedShare float64, oneHost bool) string {
+// rate) beside what the run measured: the communication the ranks waited
+// for after backward, exposedSec of a step of stepSec.
+func measuredVerdict(an Bottleneck, exposedSec, stepSec float64, oneHost bool) string {
 	link := fmt.Sprintf("%.3g Gbit/s link", an.LinkGbps)
 	if an.LinkSource == "" {
 		link = fmt.Sprintf("assumed %.3g Gbit/s link", an.LinkGbps)
 	}
 	need := 100 * an.MinComm() / an.ComputeSec
-	waited := fmtNum(100*exposedShare, "%.1f")
+	waited := fmt.Sprintf("%s %% of the step (%s ms)", fmtNum(100*exposedSec/stepSec, "%.1f"), fmtNum(1000*exposedSec, "%.1f"))
 	switch {
-	case an.Verdict == "network-bound" && oneHost:
-		return fmt.Sprintf("**Not here, but it would be across hosts**: on one host the ranks waited for communication %s %% of the step; on the %s the %s gradients alone would take %.3f s, longer than the %.3f s a step computes, which no overlap can hide.",
+	case oneHost && an.Verdict == "network-bound":
+		return fmt.Sprintf("**Not here, but it would be across hosts**: on one host the ranks waited for communication %s; on the %s the %s gradients alone would take %.3f s, longer than the %.3f s a step computes, which no overlap can hide.",
 			waited, link, an.wireName(), an.MinComm(), an.ComputeSec)
-	case an.Verdict == "network-bound":
-		return fmt.Sprintf("**Yes**: on the %s the %s gradients alone take at least %.3f s, longer than the %.3f s a step computes, so no overlap can hide them; the ranks waited for communication %s %% of the step.",
-			link, an.wireName(), an.MinComm(), an.ComputeSec, waited)
-	case exposedShare < 0.1:
-		return fmt.Sprintf("**No** (compute-bound): the %s can carry the %s gradients in %.0f %% of the compute time, and the ranks waited for communication only %s %% of the step.",
-			link, an.wireName(), need, waited)
-	default:
-		return fmt.Sprintf("**Not the link's bandwidth** (compute-bound), yet the ranks waited for communication %s %% of the step: the %s can carry the %s gradients in %.0f %% of the compute time, so the wait comes from latency, synchronization or the slowest rank.",
+	case oneHost:
+		return fmt.Sprintf("**No**: no network was used, and the ranks waited for communication %s; on the %s the %s gradients would need %.0f %% of the compute time: compute-bound across hosts too.",
 			waited, link, an.wireName(), need)
+	case an.Verdict == "network-bound":
+		return fmt.Sprintf("**Yes**: on the %s the %s gradients alone take at least %.3f s, longer than the %.3f s a step computes, so no overlap can hide them; the ranks waited for communication %s.",
+			link, an.wireName(), an.MinComm(), an.ComputeSec, waited)
+	case exposedSec < 0.1*stepSec:
+		return fmt.Sprintf("**No** (compute-bound): the %s can carry the %s gradients in %.0f %% of the compute time, and the ranks waited for communication only %s.",
+			link, an.wireName(), need, waited)
+	case exposedSec > 1.5*an.MinComm():
+		return fmt.Sprintf("**Not the link's bandwidth** (compute-bound), yet the ranks waited for communication %s, more than the %.1f ms the %s needs for the %s gradients (%.0f %% of the compute time): the rest is latency, synchronization or waiting for the slowest rank.",
+			waited, 1000*an.MinComm(), link, an.wireName(), need)
+	default:
+		return fmt.Sprintf("**Not the link's bandwidth** (compute-bound), but little of the transfer was hidden: the ranks waited for communication %s, about the %.1f ms the %s needs for the %s gradients; overlapping it with backward would hide it.",
+			waited, 1000*an.MinComm(), link, an.wireName())
 	}
 }
 

@@ -217,7 +217,7 @@ func TestReportFixtures(t *testing.T) {
 			fmt.Sprintf("%.3f s with fp16", fp16(258496, 2, 1)),
 			"measured compute per step:     0.103 s",
 			"verdict: compute-bound (communication needs at least 4 % of the compute time with fp16, 8 % with fp32; this run sent fp16)",
-			"- **No** (compute-bound): the assumed 1 Gbit/s link can carry the fp16 gradients in 4 % of the compute time, and the ranks waited for communication only 5.5 % of the step.",
+			"- **No**: no network was used, and the ranks waited for communication 5.5 % of the step (6.0 ms); on the assumed 1 Gbit/s link the fp16 gradients would need 4 % of the compute time: compute-bound across hosts too.",
 			// MB/s = bytes a step / step time: r = -1 over 10 intervals; tanh(1.96/sqrt(7))
 			"Step time and outgoing MB/s (network and shared memory) over 10 intervals: Pearson r = **-1.00** (unrelated numbers give |r| up to 0.63, 19 times in 20). Slower steps move fewer MB/s",
 			"Step time and exposed communication (ms per step): **not enough data**: exposed communication (ms per step) hardly varied (coefficient of variation 0.0 %)",
@@ -231,7 +231,7 @@ func TestReportFixtures(t *testing.T) {
 		edit: func(ri *RunInfo, _ []Record) { ri.Params = 60880896 },
 		want: []string{
 			"verdict: network-bound",
-			fmt.Sprintf("- **Not here, but it would be across hosts**: on one host the ranks waited for communication 5.5 %% of the step; on the assumed 1 Gbit/s link the fp16 gradients alone would take %.3f s, longer than the 0.103 s a step computes", fp16(60880896, 2, 1)),
+			fmt.Sprintf("- **Not here, but it would be across hosts**: on one host the ranks waited for communication 5.5 %% of the step (6.0 ms); on the assumed 1 Gbit/s link the fp16 gradients alone would take %.3f s, longer than the 0.103 s a step computes", fp16(60880896, 2, 1)),
 		},
 		not: []string{"**Yes**", "compute-bound"},
 	}, {
@@ -264,7 +264,7 @@ func TestReportFixtures(t *testing.T) {
 			"4 ranks, 1 Gbit/s link (probed at start between rank 0 and a rank on another host)",
 			fmt.Sprintf("%.3f s with fp16", fp16(60880896, 4, 1)),
 			"verdict: network-bound (communication needs at least 292 % of the compute time with fp16",
-			fmt.Sprintf("- **Yes**: on the 1 Gbit/s link the fp16 gradients alone take at least %.3f s, longer than the 0.500 s a step computes, so no overlap can hide them; the ranks waited for communication 73.8 %% of the step.", fp16(60880896, 4, 1)),
+			fmt.Sprintf("- **Yes**: on the 1 Gbit/s link the fp16 gradients alone take at least %.3f s, longer than the 0.500 s a step computes, so no overlap can hide them; the ranks waited for communication 73.8 %% of the step (1410.3 ms).", fp16(60880896, 4, 1)),
 			// exposed = step time - 0.5 s: r = +1 over 16 intervals; tanh(1.96/sqrt(13))
 			"Step time and exposed communication (ms per step) over 16 intervals: Pearson r = **+1.00** (unrelated numbers give |r| up to 0.50, 19 times in 20). Steps are slower when more communication is exposed",
 			"`data/wmt16`: **1891.2 MB** on disk",
@@ -285,7 +285,7 @@ func TestReportFixtures(t *testing.T) {
 			"network 97.0 MB/s out, 97.0 MB/s in against a link of 10 Gbit/s = 1250 MB/s (flag): **7.8 %** of capacity",
 			"2 ranks, 10 Gbit/s link (given with --link-gbps)",
 			fmt.Sprintf("%.3f s with fp16", fp16(60880896, 2, 10)),
-			"- **No** (compute-bound): the 10 Gbit/s link can carry the fp16 gradients in 5 % of the compute time, and the ranks waited for communication only 0.6 % of the step.",
+			"- **No** (compute-bound): the 10 Gbit/s link can carry the fp16 gradients in 5 % of the compute time, and the ranks waited for communication only 0.6 % of the step (12.0 ms).",
 			"Step time and outgoing MB/s (network and shared memory): **not enough data**: 5 logged interval(s); a correlation needs at least 8",
 		},
 		not: []string{"Pearson", "**No**: the eval", "Nearly", "assumed"},
@@ -296,8 +296,19 @@ func TestReportFixtures(t *testing.T) {
 		edit: func(_ *RunInfo, recs []Record) {
 			setValues(recs, func(v map[string]float64) { v["comm_exposed_ms"], v["compute_s"] = 200, 1.7 })
 		},
-		want: []string{"- **Not the link's bandwidth** (compute-bound), yet the ranks waited for communication 10.1 % of the step: the 10 Gbit/s link can carry the fp16 gradients in 6 % of the compute time"},
-		not:  []string{"**No** (compute-bound)"},
+		want: []string{"- **Not the link's bandwidth** (compute-bound), yet the ranks waited for communication 10.1 % of the step (200.0 ms), more than the 97.4 ms the 10 Gbit/s link needs for the fp16 gradients (6 % of the compute time): the rest is latency, synchronization"},
+		not:  []string{"**No** (compute-bound)", "little of the transfer was hidden"},
+	}, {
+		// on 1 Gbit/s the fp16 gradients need 974 ms, still less than
+		// 1.7 s of compute; the ranks wait 1000 ms: the transfer itself,
+		// not hidden
+		name: "compute-bound, the transfer not hidden", fixture: "compute-bound",
+		edit: func(ri *RunInfo, recs []Record) {
+			ri.LinkGbps = 1
+			setValues(recs, func(v map[string]float64) { v["comm_exposed_ms"], v["compute_s"] = 1000, 1.7 })
+		},
+		want: []string{"verdict: compute-bound", fmt.Sprintf("- **Not the link's bandwidth** (compute-bound), but little of the transfer was hidden: the ranks waited for communication 50.5 %% of the step (1000.0 ms), about the %.1f ms the 1 Gbit/s link needs for the fp16 gradients", 1000*fp16(60880896, 2, 1))},
+		not:  []string{"**No** (compute-bound)", "latency"},
 	}, {
 		// stopped at step 500 (after 89 s), resumed at unix 5000 and run
 		// to 520 in 9 s; eval loss 0.2501, 0.2500, 0.2499 at steps 400,
@@ -313,7 +324,7 @@ func TestReportFixtures(t *testing.T) {
 			"- **Yes, as far as this learning rate takes it**: the eval loss has stopped falling. This rests on 6 evaluations.",
 			"- **No**: the eval loss is close to (within 5 % of) the train loss and not rising.",
 			"this run sent fp32",
-			"the assumed 1 Gbit/s link can carry the fp32 gradients in 5 % of the compute time", // 4 B x 258,496 / 125 MB/s against 0.169 s
+			"- **No**: no network was used, and the ranks waited for communication 5.1 % of the step (9.0 ms); on the assumed 1 Gbit/s link the fp32 gradients would need 5 % of the compute time", // 4 B x 258,496 / 125 MB/s against 0.169 s
 			"Step time and outgoing MB/s (network and shared memory): **not enough data**: the step time hardly varied",
 		},
 		not: []string{"for **20 steps**", "9s for", "Pearson"},
