@@ -12,11 +12,12 @@ import (
 )
 
 // EnvProgressLine is set to 1 in every rank's environment when gorun's
-// stdout is a terminal: text a rank ends with '\r' instead of '\n' (the
-// redraw of a progress bar) is then drawn on gorun's progress line, the
+// stdout is a terminal: text a rank writes after a '\r' (a progress bar's
+// redraw, "\rstep 3/10 ...") is then drawn on gorun's progress line, the
 // bottom line of the terminal, and kept below the other output until the
-// rank writes a line. A program that finds its stdout is a pipe can draw
-// its progress that way instead of writing nothing between log lines.
+// rank writes a line, a blank redraw ("\r \r") or ends. A program that
+// finds its stdout is a pipe can draw its progress that way instead of
+// writing nothing between log lines.
 const EnvProgressLine = "GORUN_PROGRESS_LINE"
 
 // progressLine is the bottom line of gorun's terminal. It shows the
