@@ -955,7 +955,15 @@ func (t *Trainer) loop(ctx context.Context) error {
 			}
 			comm := "" // one rank communicates nothing
 			if t.id.Size > 1 {
-				comm = fmt.Sprintf(" | net %.0f MB/s out %.0f MB/s in | comm exposed %.0f ms (%.0f %% hidden)", outMB, inMB, a.exposed*1e3, a.hiddenPct)
+				traffic := fmt.Sprintf("net %.0f MB/s out %.0f MB/s in", outMB, inMB)
+				if shmOut, shmIn := vals["shm_out_MBps"], vals["shm_in_MBps"]; shmOut+shmIn > 0 {
+					if outMB+inMB == 0 { // one host: shared memory carried everything
+						traffic = fmt.Sprintf("shm %.0f MB/s out %.0f MB/s in", shmOut, shmIn)
+					} else {
+						traffic += fmt.Sprintf(", shm %.0f/%.0f", shmOut, shmIn)
+					}
+				}
+				comm = fmt.Sprintf(" | %s | comm exposed %.0f ms (%.0f %% hidden)", traffic, a.exposed*1e3, a.hiddenPct)
 			}
 			t.logf("step %s/%s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s%s%s | ETA %s",
 				metrics.Commas(int64(t.step)), metrics.Commas(int64(o.MaxSteps)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), comm, gpuNote, t.bar.eta(t.step))
@@ -1009,8 +1017,12 @@ func (t *Trainer) loop(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("report: %v", err)
 		}
-		t.logf("nmt-train: done, %d steps in %s. Report: %s; plots: %s/*.png; TensorBoard: tensorboard --logdir %s; checkpoints: %s/ckpt-*",
-			t.step, time.Since(trainStart).Round(time.Second), rep, o.RunDir, o.RunDir, o.RunDir)
+		done := fmt.Sprintf("%d steps in %s", t.step, time.Since(trainStart).Round(time.Second))
+		if t.resumedFrom > 0 { // this process made only the steps after the checkpoint; the report sums every segment
+			done = fmt.Sprintf("steps %d-%d in %s (the whole run: report.md)", t.resumedFrom+1, t.step, time.Since(trainStart).Round(time.Second))
+		}
+		t.logf("nmt-train: done, %s. Report: %s; plots: %s/*.png; TensorBoard: tensorboard --logdir %s; checkpoints: %s/ckpt-*",
+			done, rep, o.RunDir, o.RunDir, o.RunDir)
 	}
 	return nil
 }
