@@ -417,7 +417,11 @@ func (r *report) timeSection() {
 		every = ", from every segment"
 	}
 	r.w("- Average step time: **%s s** (median %s s) over %d logged intervals%s.\n", fmtNum(mean(r.stepTime), "%.3f"), fmtNum(median(r.stepTime), "%.3f"), len(r.stepTime), every)
-	r.w("- Throughput: **%s target tokens/s** on average across the job.\n", fmtNum(mean(r.toks), "%.0f"))
+	toks := "n/a"
+	if m := mean(r.toks); !math.IsNaN(m) && !math.IsInf(m, 0) {
+		toks = Commas(int64(math.Round(m)))
+	}
+	r.w("- Throughput: **%s target tokens/s** on average across the job.\n", toks)
 	r.w("%s\n", describeInterruptions(r.recs))
 	r.w("%s\n\n", r.plot("step_time.png", "step time", "seconds", Line{"step time", r.stepTime}))
 }

@@ -501,7 +501,7 @@ func TestRunOutputs(t *testing.T) {
 	reported(`Average step time: \*\*([\d.]+) s\*\*`, meanOf(stepTime))
 	reported(`\(median ([\d.]+) s\)`, upperMedian(stepTime))
 	reported(`over (\d+) logged intervals`, float64(len(stepTime)))
-	reported(`Throughput: \*\*(\d+) target tokens/s\*\*`, meanOf(toks))
+	reported(`Throughput: \*\*([\d,]+) target tokens/s\*\*`, meanOf(toks))
 	reported(`peak \*\*([\d.e+-]+)\*\*`, slices.Max(lr)) // warmup 10: step 10 is the peak, logged
 	reported(`went from ([\d.e+-]+) \(step 1\)`, lr[0])
 	reported(`to ([\d.e+-]+) \(step 12\)`, lr[steps-1])
