@@ -435,7 +435,8 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 				return
 			}
 			go func() {
-				tc := tls.Server(c, cfg)
+				bc := &batchConn{Conn: c}
+				tc := tls.Server(bc, cfg)
 				tc.SetDeadline(time.Now().Add(10 * time.Second))
 				if err := tc.Handshake(); err != nil {
 					c.Close()
@@ -458,7 +459,7 @@ func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 				m.mu.Lock()
 				m.tcpConns = append(m.tcpConns, tc)
 				m.mu.Unlock()
-				if err := m.addLane(r, ch, tc); err != nil {
+				if err := m.addLane(r, ch, tlsLane{tc, bc}); err != nil {
 					select {
 					case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
 					default:
@@ -522,7 +523,8 @@ func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
 				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, err)
 			}
 			setTCPBuffers(c)
-			tc := tls.Client(c, auth.clientTLS())
+			bc := &batchConn{Conn: c}
+			tc := tls.Client(bc, auth.clientTLS())
 			if err := tc.HandshakeContext(ctx); err != nil {
 				c.Close()
 				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, explainHandshake(err))
@@ -537,7 +539,7 @@ func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
 			}
 			m.mu.Lock()
 			m.tcpConns = append(m.tcpConns, tc)
-			m.lanes[p][ch] = &lane{c: tc}
+			m.lanes[p][ch] = &lane{c: tlsLane{tc, bc}}
 			m.mu.Unlock()
 		}
 	}
@@ -698,6 +700,22 @@ func (w *laneWait) readFull(b []byte) error {
 	return nil
 }
 
+// flush is writeAll for what a batching lane gathered.
+func (w *laneWait) flush(bt batcher) error {
+	for {
+		moved, err := bt.Flush()
+		if moved {
+			w.last = time.Now()
+		}
+		if err == nil {
+			return nil
+		}
+		if err = w.expired(err); err != nil {
+			return err
+		}
+	}
+}
+
 func (w *laneWait) writeAll(b []byte) error {
 	for len(b) > 0 {
 		n, err := w.l.c.Write(b)
@@ -780,11 +798,18 @@ func (m *Mesh) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) 
 	putHeader(l.wh[:], tag, len(payload))
 	w := m.startWait(ctx, l, peer, true)
 	defer w.stop()
+	bt, batching := l.c.(batcher)
+	if batching && len(payload) > coalesceBytes {
+		bt.Begin()
+	}
 	if len(payload) <= coalesceBytes {
 		l.wbuf = append(append(l.wbuf[:0], l.wh[:]...), payload...)
 		err = w.writeAll(l.wbuf)
 	} else if err = w.writeAll(l.wh[:]); err == nil {
 		err = w.writeAll(payload)
+	}
+	if batching && err == nil {
+		err = w.flush(bt)
 	}
 	if err != nil {
 		return m.ioError(ctx, "send", peer, ch, tag, err, w)
