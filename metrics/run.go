@@ -65,24 +65,25 @@ func (r *Run) Log(kind string, step int64, values map[string]float64, text map[s
 		return err
 	}
 	if len(values) > 0 {
-		tb := make(map[string]float64, len(values))
-		for k, v := range values {
-			tb[kind+"/"+k] = v
-		}
-		if err := r.events.Scalars(step, now, tb); err != nil {
+		if err := r.events.Scalars(step, now, tagged(kind, values)); err != nil {
 			return err
 		}
 	}
 	if len(text) > 0 {
-		tt := make(map[string]string, len(text))
-		for k, v := range text {
-			tt[kind+"/"+k] = v
-		}
-		if err := r.events.Text(step, now, tt); err != nil {
+		if err := r.events.Text(step, now, tagged(kind, text)); err != nil {
 			return err
 		}
 	}
 	return r.events.Flush()
+}
+
+// tagged names each entry kind/name, as TensorBoard's tags.
+func tagged[V any](kind string, m map[string]V) map[string]V {
+	out := make(map[string]V, len(m))
+	for k, v := range m {
+		out[kind+"/"+k] = v
+	}
+	return out
 }
 
 // Dir is the run directory.

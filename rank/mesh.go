@@ -684,9 +684,14 @@ func (w *laneWait) expired(err error) error {
 	return nil
 }
 
-func (w *laneWait) readFull(b []byte) error {
+func (w *laneWait) readFull(b []byte) error { return w.whole(b, w.l.c.Read) }
+
+func (w *laneWait) writeAll(b []byte) error { return w.whole(b, w.l.c.Write) }
+
+// whole reads or writes all of b, each byte moved extending the wait.
+func (w *laneWait) whole(b []byte, move func([]byte) (int, error)) error {
 	for len(b) > 0 {
-		n, err := w.l.c.Read(b)
+		n, err := move(b)
 		if n > 0 {
 			b = b[n:]
 			w.last = time.Now()
@@ -714,22 +719,6 @@ func (w *laneWait) flush(bt batcher) error {
 			return err
 		}
 	}
-}
-
-func (w *laneWait) writeAll(b []byte) error {
-	for len(b) > 0 {
-		n, err := w.l.c.Write(b)
-		if n > 0 {
-			b = b[n:]
-			w.last = time.Now()
-		}
-		if err != nil && len(b) > 0 {
-			if err = w.expired(err); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 // discard reads and drops n bytes.
