@@ -147,7 +147,7 @@ func TestAllreduceProperty(t *testing.T) {
 			for _, l := range lengths(n) {
 				for _, op := range ops {
 					for _, v := range variants {
-						for _, a := range []Algorithm{Ring, Tree, Direct} {
+						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling} {
 							i++
 							if l > 1000 && (op == Min || v.dt == Float16) {
 								continue // the long length for a subset (test time under -race)
@@ -174,6 +174,9 @@ func TestAllreduceLarge(t *testing.T) {
 		{count: 150_001, op: Average, v: variant{Float32, BFloat16}, algo: Tree},
 		{count: 100_003, op: Max, v: variant{BFloat16, BFloat16}, algo: Tree},
 		{count: 100_003, op: Min, v: variant{Float16, Float16}, algo: Ring},
+		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: HalvingDoubling},
+		{count: 150_001, op: Average, v: variant{Float32, Float16}, algo: HalvingDoubling, inPlace: true},
+		{count: 100_003, op: Max, v: variant{BFloat16, BFloat16}, algo: HalvingDoubling},
 		// Direct asked for on more than DirectLimit bytes runs the ring or tree
 		{count: 100_003, op: Sum, v: variant{Float32, Float32}, algo: Direct},
 		// the largest direct call, and one just above the limit
@@ -209,7 +212,7 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 			var cases []tc
 			for _, op := range ops {
 				for _, v := range variants {
-					for _, a := range []Algorithm{Ring, Tree, Direct} {
+					for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling} {
 						cases = append(cases, tc{op, v, a})
 					}
 				}
@@ -286,7 +289,7 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 	if os.Getenv("GORUN_FP16_TINY_CHILD") == "1" {
 		for np := 2; np <= 4; np++ {
-			for _, algo := range []Algorithm{Ring, Tree} {
+			for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling} {
 				for count := 1; count <= 4; count++ {
 					ts := rank.NewLocalGroup(np, 2)
 					errs := group(ts, Config{Timeout: 20 * time.Second}, func(c *Communicator) error {
@@ -313,6 +316,6 @@ func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 		if len(msg) > 1500 {
 			msg = msg[:1500]
 		}
-		t.Fatalf("float16-wire allreduces of 1..4 elements (np 2..4, ring and tree) failed: %v\n%s", err, msg)
+		t.Fatalf("float16-wire allreduces of 1..4 elements (np 2..4, ring, tree and halving-doubling) failed: %v\n%s", err, msg)
 	}
 }

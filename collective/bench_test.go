@@ -14,7 +14,7 @@ import (
 func BenchmarkLocalAllreduce(b *testing.B) {
 	for _, np := range []int{2, 4} {
 		for _, size := range []int{4 << 10, 1 << 20, 16 << 20} {
-			for _, a := range []Algorithm{Ring, Tree} {
+			for _, a := range []Algorithm{Ring, Tree, HalvingDoubling} {
 				b.Run(fmt.Sprintf("np%d/%s/%dKiB", np, a, size>>10), func(b *testing.B) {
 					ts := rank.NewLocalGroup(np, 2)
 					comms := make([]*Communicator, np)

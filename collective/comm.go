@@ -1,5 +1,6 @@
 // Package collective implements the collective operations of data-parallel
-// training over a rank.Transport: Allreduce (ring and double binary tree),
+// training over a rank.Transport: Allreduce (ring, double binary tree,
+// halving-doubling, direct, shared memory, hierarchical),
 // Broadcast, Allgather, ReduceScatter and Barrier, for float32, float16 and
 // bfloat16 buffers.
 //
@@ -33,7 +34,7 @@ import (
 
 // Environment variables read by New.
 const (
-	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | direct | shm | auto
+	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | direct | shm | hd | auto
 	EnvSliceBytes = "GORUN_SLICE_BYTES" // pipeline slice size in bytes
 	EnvRings      = "GORUN_RINGS"       // channels (rings, trees) used in parallel
 )
@@ -313,7 +314,8 @@ type callOpts struct {
 	wire DType
 }
 
-// WithAlgorithm forces ring, tree, direct or shm for this call.
+// WithAlgorithm forces ring, tree, direct, shm or halving-doubling for
+// this call.
 func WithAlgorithm(a Algorithm) CallOption { return func(o *callOpts) { o.algo = a } }
 
 // WithWire sends float32 data as float16 or bfloat16: the sender rounds to

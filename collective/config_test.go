@@ -41,6 +41,17 @@ func TestEnvOverrides(t *testing.T) {
 			c.AlgorithmFor(Auto, DirectLimit), DirectLimit, c.AlgorithmFor(Auto, DirectLimit+1))
 	}
 	c.Close()
+	for _, name := range []string{"hd", "halving-doubling"} {
+		t.Setenv(EnvAlgorithm, name)
+		c, err = New(rank.NewLocalGroup(1, 1)[0], Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.cfg.Algorithm != HalvingDoubling || c.AlgorithmFor(Auto, 4) != HalvingDoubling || c.AlgorithmFor(Auto, 64<<20) != HalvingDoubling {
+			t.Errorf("GORUN_ALLREDUCE=%s gave %v", name, c.cfg.Algorithm)
+		}
+		c.Close()
+	}
 	t.Setenv(EnvAlgorithm, "")
 	if _, err := New(rank.NewLocalGroup(1, 1)[0], Config{Model: CostModel{RingGBs: 1, TreeGBs: 1, DirectMaxBytes: DirectLimit + 1}}); err == nil ||
 		!strings.Contains(err.Error(), "DirectMaxBytes") {
@@ -49,7 +60,8 @@ func TestEnvOverrides(t *testing.T) {
 	// a rank with another GORUN_ALLREDUCE than the others: a mismatch naming the algorithm
 	ts := rank.NewLocalGroup(3, 2)
 	for _, cfgs := range [][]Config{{{Algorithm: Ring}, {Algorithm: Tree}, {Algorithm: Ring}},
-		{{Algorithm: Tree}, {Algorithm: Direct}, {Algorithm: Tree}}} {
+		{{Algorithm: Tree}, {Algorithm: Direct}, {Algorithm: Tree}},
+		{{Algorithm: HalvingDoubling}, {Algorithm: HalvingDoubling}, {Algorithm: Ring}}} {
 		errs := timedCfgs(t, ts, cfgs, 10*time.Second, func(c *Communicator) error {
 			return c.Allreduce(testCtx(t), nil, make([]byte, 400), Float32, Sum)
 		})

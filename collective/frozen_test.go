@@ -108,6 +108,8 @@ func TestFrozenRankNamed(t *testing.T) {
 		{"quic/ring", "0", "ring", 4 << 10, false},
 		{"quic/tree", "0", "tree", 4 << 10, false},
 		{"quic/direct", "0", "direct", 4 << 10, true},
+		{"quic/hd", "0", "hd", 64 << 10, false},
+		{"shm/hd", "1", "hd", 4 << 10, true},
 		{"shm/ring-token-counts", "1", "ring", 12, true},
 		{"shm/tree", "1", "tree", 64 << 10, false},
 		{"shm/direct", "1", "direct", 4 << 10, false},

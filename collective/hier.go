@@ -164,11 +164,16 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 		}
 		return
 	}
+	es := cl.dtype.Size()
+	if cl.algo == HalvingDoubling {
+		r.halvingDoubling(hdSpec{acc: acc, lo: lo, hi: hi, nch: c.channelsFor(count * es),
+			sliceBytes: c.sliceFor(count*cl.wire.Size(), n), dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+		return
+	}
 	chunks := split(count, n)
 	for i := range chunks {
 		chunks[i] += lo
 	}
-	es := cl.dtype.Size()
 	r.ring(ringSpec{acc: acc, chunks: chunks, rs: true, ag: true,
 		nch: c.channelsFor(count * es), sliceBytes: c.sliceFor(count*cl.wire.Size(), n),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op, roundOwn: cl.wire != cl.dtype, div: div})

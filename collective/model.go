@@ -4,6 +4,8 @@ package collective
 //
 //	ring: 2(N-1) * RingStepUs  +  2(N-1)/N * B / RingGBs
 //	tree: 2*ceil(log2(N+1))-ish depth * TreeHopUs + B / TreeGBs
+//	hd:   2*log2(p) * RingStepUs  +  2(p-1)/p * B / RingGBs  on p = 2^k ranks;
+//	      N > p: 2 more steps and 2B more bytes (the fold)
 //
 // (times in microseconds, bandwidths in GB/s = 1e3 bytes per microsecond),
 // and Choose picks the cheaper. The constants come from allreduce-perf runs
@@ -54,9 +56,29 @@ func (m CostModel) Predict(a Algorithm, bytes, n int) float64 {
 	switch a {
 	case Tree:
 		return 2*float64(treeDepth(n)-1)*m.TreeHopUs + b/(m.TreeGBs*1e3)
+	case HalvingDoubling:
+		steps, moved := hdCost(n)
+		return float64(steps)*m.RingStepUs + moved*b/(m.RingGBs*1e3)
 	default:
 		return 2*float64(n-1)*m.RingStepUs + 2*float64(n-1)/float64(n)*b/(m.RingGBs*1e3)
 	}
+}
+
+// hdCost is the halving-doubling allreduce's critical path on n ranks:
+// its steps, each one exchange with one peer like a ring step, and the
+// bytes through the busiest rank's link as a multiple of the buffer:
+// 2(p-1)/p on p = 2^k ranks; with extra ranks, 2 more steps and 2 more
+// buffers (the fold into a partner and the result sent back).
+func hdCost(n int) (steps int, moved float64) {
+	p, k := 1, 0
+	for p*2 <= n {
+		p, k = p*2, k+1
+	}
+	steps, moved = 2*k, 2*float64(p-1)/float64(p)
+	if n > p {
+		steps, moved = steps+2, moved+2
+	}
+	return steps, moved
 }
 
 // Choose returns Direct, Ring or Tree for an allreduce of bytes (on the

@@ -45,10 +45,13 @@ func randomInputs(n, count int, seed uint64) [][]float64 {
 //   - 16-bit data: the ring, tree, shm and hierarchical allreduces round
 //     after each of the n-1 combinations (the ring's hops; a tree's
 //     children; the shm owner's n-1 slots; m-1 hops on a host plus h-1
-//     across hosts); direct accumulates in float32 and rounds once;
+//     across hosts) or fewer (halving-doubling: log2(p) exchanges, one
+//     more on a folded pair); direct accumulates in float32 and rounds once;
 //   - float32 data on a 16-bit wire: the ring and tree send n-1 rounded
 //     partial sums (the first sender's own value included) and the owner
-//     rounds the result: n; hierarchical at most m-1 on a host plus h
+//     rounds the result: n; halving-doubling sends log2(p) rounded
+//     partial sums, one more on a folded pair, and rounds the result:
+//     at most n; hierarchical at most m-1 on a host plus h
 //     across hosts, so n too; direct and shm round every contribution once
 //     (together at most u*abs) and the result once: 2;
 //   - float32 throughout: none.
@@ -205,8 +208,8 @@ func randomCases(count int, algos ...Algorithm) []randomCase {
 
 // TestRandomFloats: random values of varied magnitudes (where the order
 // of summation changes the bits), over real QUIC and TLS/TCP meshes on
-// 127.0.0.1 and over shared memory, for the ring, tree, direct, shm and
-// hierarchical allreduces and every op and data type: every rank ends
+// 127.0.0.1 and over shared memory, for the ring, tree, direct, shm,
+// halving-doubling and hierarchical allreduces and every op and data type: every rank ends
 // with the same bits, within randomBound of a float64 reference.
 func TestRandomFloats(t *testing.T) {
 	// 1031 elements in 256-byte slices: several slices per chunk, and
@@ -214,17 +217,17 @@ func TestRandomFloats(t *testing.T) {
 	const count = 1031
 	cfg := Config{SliceBytes: 256}
 	t.Run("quic-N3", func(t *testing.T) {
-		checkRandom(t, loopback(t, 3, "quic"), cfg, randomCases(count, Ring, Tree, Direct), [2]int{})
+		checkRandom(t, loopback(t, 3, "quic"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling), [2]int{})
 	})
 	t.Run("tcp-N3", func(t *testing.T) {
-		checkRandom(t, loopback(t, 3, "tcp"), cfg, randomCases(count, Ring, Tree, Direct), [2]int{})
+		checkRandom(t, loopback(t, 3, "tcp"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling), [2]int{})
 	})
 	t.Run("shm-N3", func(t *testing.T) {
 		// the shm allreduce over the group segment, and the message-passing
 		// ones over the pair segments; the last cases take two rounds of the
 		// shm allreduce (float32) and several in the wire format
 		ts := loopback(t, 3, "shm")
-		cases := randomCases(count, Shared, Ring, Tree, Direct)
+		cases := randomCases(count, Shared, Ring, Tree, Direct, HalvingDoubling)
 		for _, op := range ops {
 			cases = append(cases, randomCase{SharedRoundBytes/4 + 4099, op, variant{Float32, Float32}, Shared},
 				randomCase{SharedRoundBytes/4 + 4099, op, variant{Float32, BFloat16}, Shared})
@@ -236,12 +239,12 @@ func TestRandomFloats(t *testing.T) {
 	// hosts (ring or tree), an allgather on each host
 	t.Run("hier-quic-2x2", func(t *testing.T) {
 		ts := withHosts(loopback(t, 4, "quic"), "a", "a", "b", "b")
-		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree), [2]int{2, 2})
+		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling), [2]int{2, 2})
 	})
 	t.Run("hier-shm-2x2", func(t *testing.T) {
 		// every pair through shared memory (the group segment hidden, so
 		// the hierarchical allreduce runs on the pair segments)
 		ts := withHosts(loopback(t, 4, "shm"), "a", "b", "a", "b")
-		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree), [2]int{2, 2})
+		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling), [2]int{2, 2})
 	})
 }

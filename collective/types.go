@@ -116,6 +116,12 @@ const (
 	// whose ranks all run on one host and share its group segment. Auto
 	// picks it there for every size; asked for elsewhere, Auto's choice runs.
 	Shared Algorithm = 4
+	// HalvingDoubling: reduce-scatter by recursive halving, allgather by
+	// recursive doubling (Rabenseifner; halving.go): 2*log2(N) steps
+	// where the ring takes 2(N-1), the same bytes per rank; world sizes
+	// that are not a power of two fold the extra ranks into partners
+	// first.
+	HalvingDoubling Algorithm = 5
 )
 
 func (a Algorithm) String() string {
@@ -130,11 +136,14 @@ func (a Algorithm) String() string {
 		return "direct"
 	case Shared:
 		return "shm"
+	case HalvingDoubling:
+		return "hd"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm accepts auto, ring, tree, direct, shm.
+// ParseAlgorithm accepts auto, ring, tree, direct, shm, hd (or
+// halving-doubling).
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
 	case "auto", "":
@@ -147,8 +156,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return Direct, nil
 	case "shm":
 		return Shared, nil
+	case "hd", "halving-doubling":
+		return HalvingDoubling, nil
 	}
-	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree, direct or shm)", s)
+	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree, direct, shm or hd)", s)
 }
 
 // kind is the collective, carried in every message's Tag.Kind.
