@@ -20,8 +20,13 @@ import (
 
 // Options configures a Mesh. The zero value picks the defaults.
 type Options struct {
-	// Transport is "quic" (default) or "tcp" (TLS over TCP, for comparison).
-	// Every rank of a job must use the same one. Env: GORUN_TRANSPORT.
+	// Transport is what carries messages between ranks that shared memory
+	// does not connect: "auto" (default), "quic" or "tcp" (TLS over TCP).
+	// Both are encrypted and authenticated with the job secret. "auto"
+	// connects both; when the job spans hosts, a start-up probe between
+	// rank 0 and the first rank on another host measures each, and the
+	// faster carries the data (choose.go); on one host it is QUIC. Every
+	// rank of a job must use the same setting. Env: GORUN_TRANSPORT.
 	Transport string
 	// Iface is the address (or interface name) to listen on and advertise.
 	// Default: the local address that routes to the rendezvous. Env: GORUN_IFACE.
@@ -52,10 +57,10 @@ func (o Options) withDefaults() (Options, error) {
 		o.Transport = os.Getenv(EnvTransport)
 	}
 	if o.Transport == "" {
-		o.Transport = "quic"
+		o.Transport = "auto"
 	}
-	if o.Transport != "quic" && o.Transport != "tcp" {
-		return o, fmt.Errorf("unknown transport %q (want quic or tcp; from %s or options)", o.Transport, EnvTransport)
+	if o.Transport != "auto" && o.Transport != "quic" && o.Transport != "tcp" {
+		return o, fmt.Errorf("unknown transport %q (want auto, quic or tcp; from %s or options)", o.Transport, EnvTransport)
 	}
 	if o.Iface == "" {
 		o.Iface = os.Getenv(EnvIface)
@@ -145,7 +150,10 @@ type peerCounters struct {
 type Mesh struct {
 	id      Identity
 	opt     Options
-	lanes   [][]*lane // [peer][channel]
+	lanes   [][]*lane       // [peer][channel]: the lanes that carry data (one of sets)
+	sets    [2][][]*lane    // [viaQUIC or viaTCP][peer][channel]; nil for a transport not connected
+	tr      string          // "quic" or "tcp": what lanes are (Transport)
+	choice  TransportChoice // why (auto's probe)
 	ready   chan struct{}
 	pending int
 	mu      sync.Mutex
@@ -184,11 +192,20 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	m := &Mesh{
 		id: id, opt: opt, ready: make(chan struct{}), closed: make(chan struct{}),
 		count: make([]peerCounters, id.Size),
-		lanes: make([][]*lane, id.Size),
 	}
-	for p := range m.lanes {
-		m.lanes[p] = make([]*lane, opt.Channels)
+	for v, name := range viaNames {
+		if opt.Transport == "auto" || opt.Transport == name {
+			m.sets[v] = make([][]*lane, id.Size)
+			for p := range m.sets[v] {
+				m.sets[v][p] = make([]*lane, opt.Channels)
+			}
+		}
 	}
+	m.tr = opt.Transport
+	if m.tr == "auto" {
+		m.tr = "quic" // until the probe says otherwise (choose.go)
+	}
+	m.lanes = m.sets[viaOf(m.tr)]
 	m.pconns = make([][]*quic.Conn, id.Size)
 	m.hosts = make([]string, id.Size)
 	m.names = make([]string, id.Size)
@@ -207,7 +224,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if id.InsecureSecret && id.Rank == 0 {
 		fmt.Fprintf(os.Stderr, "gorun: warning: %s is not set; the %s job's peers authenticate with a secret derived from public job information (export %s to every rank for real protection)\n", EnvSecret, id.Launcher, EnvSecret)
 	}
-	if opt.Transport == "quic" {
+	if opt.Transport != "tcp" {
 		// quic-go's own buffer warning comes from every process;
 		// warnUDPBuffers says it once, where QUIC carries data
 		os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
@@ -238,9 +255,8 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if err != nil {
 		return fail(fmt.Errorf("rank %d: %v", id.Rank, err))
 	}
-	var addr string
-	switch opt.Transport {
-	case "quic":
+	var addrs []string
+	if m.sets[viaQUIC] != nil {
 		m.udp, err = net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
 		if err != nil {
 			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
@@ -250,21 +266,24 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		if err != nil {
 			return fail(err)
 		}
-		addr = "quic://" + m.udp.LocalAddr().String()
-	case "tcp":
+		addrs = append(addrs, m.udp.LocalAddr().String())
+	}
+	if m.sets[viaTCP] != nil {
 		m.tln, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
 		if err != nil {
 			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
 		}
-		addr = "tcp://" + m.tln.Addr().String()
+		addrs = append(addrs, m.tln.Addr().String())
 	}
+	// quic://udp, tcp://tcp or auto://udp,tcp
+	addr := opt.Transport + "://" + strings.Join(addrs, ",")
 	// Lanes this rank accepts: from every lower rank.
 	m.pending = id.Rank
 	if m.pending == 0 {
 		close(m.ready)
 	}
 	acceptErr := make(chan error, 1)
-	go m.acceptLoop(auth, acceptErr)
+	m.acceptLoop(auth, acceptErr)
 
 	tbl, err := register(ctx, id.Rendezvous, auth, registration{
 		Rank: id.Rank, Size: id.Size, Addr: addr, Host: m.hosts[id.Rank], Name: m.names[id.Rank], Job: id.JobID,
@@ -311,6 +330,13 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if m.qtr != nil {
 		m.startLiveness()
 	}
+	if opt.Transport == "auto" {
+		if err := m.choose(ctx); err != nil {
+			return fail(err)
+		}
+	} else {
+		m.choice = TransportChoice{Transport: m.tr, Why: "set with " + EnvTransport}
+	}
 	m.warnUDPBuffers()
 	return m, nil
 }
@@ -337,22 +363,32 @@ func (m *Mesh) describeMissing() string {
 	return s
 }
 
-// addLane records an incoming lane; it reports whether the mesh is complete.
-func (m *Mesh) addLane(peer, ch int, c laneConn) error {
+// addLane records an incoming lane of transport v; when it completes the
+// lanes from a lower rank (every channel of every transport connected), it
+// counts that peer as connected.
+func (m *Mesh) addLane(v, peer, ch int, c laneConn) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if peer < 0 || peer >= m.id.Size || ch < 0 || ch >= m.opt.Channels {
 		return fmt.Errorf("peer %d channel %d out of range", peer, ch)
 	}
-	if m.lanes[peer][ch] != nil {
-		return fmt.Errorf("rank %d opened channel %d twice", peer, ch)
+	if m.sets[v] == nil {
+		return fmt.Errorf("rank %d opened a %s lane after the transport was chosen", peer, viaNames[v])
 	}
-	m.lanes[peer][ch] = &lane{c: c}
+	if m.sets[v][peer][ch] != nil {
+		return fmt.Errorf("rank %d opened %s channel %d twice", peer, viaNames[v], ch)
+	}
+	m.sets[v][peer][ch] = &lane{c: c}
 	if peer < m.id.Rank {
 		full := true
-		for _, l := range m.lanes[peer] {
-			if l == nil {
-				full = false
+		for _, set := range m.sets {
+			if set == nil {
+				continue
+			}
+			for _, l := range set[peer] {
+				if l == nil {
+					full = false
+				}
 			}
 		}
 		if full {
@@ -387,86 +423,95 @@ func readHello(r laneConn) (rank, ch int, err error) {
 	return int(binary.LittleEndian.Uint16(b[4:])), int(binary.LittleEndian.Uint16(b[6:])), nil
 }
 
+// acceptLoop accepts the lanes of lower ranks on every listener.
 func (m *Mesh) acceptLoop(auth *jobAuth, errc chan<- error) {
 	if m.qln != nil {
-		for {
-			conn, err := m.qln.Accept(context.Background())
-			if err != nil {
-				return
-			}
-			label := peerLabel(conn.ConnectionState().TLS)
-			peer := labelRank(label)
-			if peer < 0 || peer >= m.id.Rank {
-				m.refuseWrongPeer(conn.RemoteAddr().String(), label)
-				conn.CloseWithError(1, "unexpected peer")
-				continue
-			}
-			m.mu.Lock()
-			m.conns = append(m.conns, conn)
-			m.pconns[peer] = append(m.pconns[peer], conn)
-			m.mu.Unlock()
-			go func() {
-				for {
-					st, err := conn.AcceptStream(context.Background())
-					if err != nil {
-						return
-					}
-					r, ch, err := readHello(st)
-					if err != nil || r != peer {
-						conn.CloseWithError(2, "bad hello")
-						return
-					}
-					if err := m.addLane(r, ch, st); err != nil {
-						select {
-						case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
-						default:
-						}
-						return
-					}
-				}
-			}()
-		}
+		go m.acceptQUIC(errc)
 	}
 	if m.tln != nil {
-		cfg := auth.serverTLS(&m.refused)
-		for {
-			c, err := m.tln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				bc := &batchConn{Conn: c}
-				tc := tls.Server(bc, cfg)
-				tc.SetDeadline(time.Now().Add(10 * time.Second))
-				if err := tc.Handshake(); err != nil {
-					c.Close()
+		go m.acceptTCP(auth, errc)
+	}
+}
+
+func (m *Mesh) acceptQUIC(errc chan<- error) {
+	for {
+		conn, err := m.qln.Accept(context.Background())
+		if err != nil {
+			return
+		}
+		label := peerLabel(conn.ConnectionState().TLS)
+		peer := labelRank(label)
+		if peer < 0 || peer >= m.id.Rank {
+			m.refuseWrongPeer(conn.RemoteAddr().String(), label)
+			conn.CloseWithError(1, "unexpected peer")
+			continue
+		}
+		m.mu.Lock()
+		m.conns = append(m.conns, conn)
+		m.pconns[peer] = append(m.pconns[peer], conn)
+		m.mu.Unlock()
+		go func() {
+			for {
+				st, err := conn.AcceptStream(context.Background())
+				if err != nil {
 					return
 				}
-				tc.SetDeadline(time.Time{})
-				label := peerLabel(tc.ConnectionState())
-				peer := labelRank(label)
-				if peer < 0 || peer >= m.id.Rank {
-					m.refuseWrongPeer(c.RemoteAddr().String(), label)
-					c.Close()
-					return
-				}
-				r, ch, err := readHello(tc)
+				r, ch, err := readHello(st)
 				if err != nil || r != peer {
-					c.Close()
+					conn.CloseWithError(2, "bad hello")
 					return
 				}
-				setTCPBuffers(c)
-				m.mu.Lock()
-				m.tcpConns = append(m.tcpConns, tc)
-				m.mu.Unlock()
-				if err := m.addLane(r, ch, tlsLane{tc, bc}); err != nil {
+				if err := m.addLane(viaQUIC, r, ch, st); err != nil {
 					select {
 					case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
 					default:
 					}
+					return
 				}
-			}()
+			}
+		}()
+	}
+}
+
+func (m *Mesh) acceptTCP(auth *jobAuth, errc chan<- error) {
+	cfg := auth.serverTLS(&m.refused)
+	for {
+		c, err := m.tln.Accept()
+		if err != nil {
+			return
 		}
+		go func() {
+			bc := &batchConn{Conn: c}
+			tc := tls.Server(bc, cfg)
+			tc.SetDeadline(time.Now().Add(10 * time.Second))
+			if err := tc.Handshake(); err != nil {
+				c.Close()
+				return
+			}
+			tc.SetDeadline(time.Time{})
+			label := peerLabel(tc.ConnectionState())
+			peer := labelRank(label)
+			if peer < 0 || peer >= m.id.Rank {
+				m.refuseWrongPeer(c.RemoteAddr().String(), label)
+				c.Close()
+				return
+			}
+			r, ch, err := readHello(tc)
+			if err != nil || r != peer {
+				c.Close()
+				return
+			}
+			setTCPBuffers(c)
+			m.mu.Lock()
+			m.tcpConns = append(m.tcpConns, tc)
+			m.mu.Unlock()
+			if err := m.addLane(viaTCP, r, ch, tlsLane{tc, bc}); err != nil {
+				select {
+				case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
+				default:
+				}
+			}
+		}()
 	}
 }
 
@@ -477,71 +522,98 @@ func (m *Mesh) refuseWrongPeer(from, label string) {
 		msg: fmt.Sprintf("it holds this job's secret but its certificate names %q, not one of the ranks that connect to rank %d (those below it)", label, m.id.Rank)})
 }
 
+// dialPeer opens every lane of every transport to the higher rank p.
 func (m *Mesh) dialPeer(ctx context.Context, auth *jobAuth, p int) error {
-	addr := m.addrs[p]
+	addrs := strings.Split(m.addrs[p][strings.Index(m.addrs[p], "://")+3:], ",")
+	if len(addrs) != m.transports() {
+		return fmt.Errorf("rank %d: rank %d registered %q: want %d addresses", m.id.Rank, p, m.addrs[p], m.transports())
+	}
 	who := fmt.Sprintf("rank %d (%s)", p, m.names[p])
-	switch m.opt.Transport {
-	case "quic":
-		ua, err := net.ResolveUDPAddr("udp", strings.TrimPrefix(addr, "quic://"))
+	if m.sets[viaQUIC] != nil {
+		if err := m.dialQUIC(ctx, auth, p, who, addrs[0]); err != nil {
+			return err
+		}
+		addrs = addrs[1:]
+	}
+	if m.sets[viaTCP] != nil {
+		return m.dialTCP(ctx, auth, p, who, addrs[0])
+	}
+	return nil
+}
+
+// transports is how many transports this mesh connects (auto: two).
+func (m *Mesh) transports() int {
+	n := 0
+	for _, set := range m.sets {
+		if set != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *Mesh) dialQUIC(ctx context.Context, auth *jobAuth, p int, who, addr string) error {
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return fmt.Errorf("rank %d: address of %s: %v", m.id.Rank, who, err)
+	}
+	conns := make([]*quic.Conn, m.opt.ConnsPerPeer)
+	for k := range conns {
+		c, err := m.qtr.Dial(ctx, ua, auth.clientTLS(), quicConfig(m.opt.Timeout))
 		if err != nil {
-			return fmt.Errorf("rank %d: address of %s: %v", m.id.Rank, who, err)
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ua, explainHandshake(err))
 		}
-		conns := make([]*quic.Conn, m.opt.ConnsPerPeer)
-		for k := range conns {
-			c, err := m.qtr.Dial(ctx, ua, auth.clientTLS(), quicConfig(m.opt.Timeout))
-			if err != nil {
-				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ua, explainHandshake(err))
-			}
-			if got := labelRank(peerLabel(c.ConnectionState().TLS)); got != p {
-				c.CloseWithError(1, "wrong peer")
-				return fmt.Errorf("rank %d: cannot connect to %s at %s: it holds this job's secret but its certificate names %q", m.id.Rank, who, ua, peerLabel(c.ConnectionState().TLS))
-			}
-			conns[k] = c
-			m.mu.Lock()
-			m.conns = append(m.conns, c)
-			m.pconns[p] = append(m.pconns[p], c)
-			m.mu.Unlock()
+		if got := labelRank(peerLabel(c.ConnectionState().TLS)); got != p {
+			c.CloseWithError(1, "wrong peer")
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: it holds this job's secret but its certificate names %q", m.id.Rank, who, ua, peerLabel(c.ConnectionState().TLS))
 		}
-		for ch := 0; ch < m.opt.Channels; ch++ {
-			st, err := conns[ch%len(conns)].OpenStreamSync(ctx)
-			if err != nil {
-				return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
-			}
-			if err := writeHello(st, m.id.Rank, ch); err != nil {
-				return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
-			}
-			m.mu.Lock()
-			m.lanes[p][ch] = &lane{c: st}
-			m.mu.Unlock()
+		conns[k] = c
+		m.mu.Lock()
+		m.conns = append(m.conns, c)
+		m.pconns[p] = append(m.pconns[p], c)
+		m.mu.Unlock()
+	}
+	for ch := 0; ch < m.opt.Channels; ch++ {
+		st, err := conns[ch%len(conns)].OpenStreamSync(ctx)
+		if err != nil {
+			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
 		}
-	case "tcp":
-		ta := strings.TrimPrefix(addr, "tcp://")
-		for ch := 0; ch < m.opt.Channels; ch++ {
-			d := net.Dialer{}
-			c, err := d.DialContext(ctx, "tcp", ta)
-			if err != nil {
-				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, err)
-			}
-			setTCPBuffers(c)
-			bc := &batchConn{Conn: c}
-			tc := tls.Client(bc, auth.clientTLS())
-			if err := tc.HandshakeContext(ctx); err != nil {
-				c.Close()
-				return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, explainHandshake(err))
-			}
-			if got := labelRank(peerLabel(tc.ConnectionState())); got != p {
-				tc.Close()
-				return fmt.Errorf("rank %d: cannot connect to %s at %s: it holds this job's secret but its certificate names %q", m.id.Rank, who, ta, peerLabel(tc.ConnectionState()))
-			}
-			if err := writeHello(tc, m.id.Rank, ch); err != nil {
-				tc.Close()
-				return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
-			}
-			m.mu.Lock()
-			m.tcpConns = append(m.tcpConns, tc)
-			m.lanes[p][ch] = &lane{c: tlsLane{tc, bc}}
-			m.mu.Unlock()
+		if err := writeHello(st, m.id.Rank, ch); err != nil {
+			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
 		}
+		m.mu.Lock()
+		m.sets[viaQUIC][p][ch] = &lane{c: st}
+		m.mu.Unlock()
+	}
+	return nil
+}
+
+func (m *Mesh) dialTCP(ctx context.Context, auth *jobAuth, p int, who, ta string) error {
+	for ch := 0; ch < m.opt.Channels; ch++ {
+		d := net.Dialer{}
+		c, err := d.DialContext(ctx, "tcp", ta)
+		if err != nil {
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, err)
+		}
+		setTCPBuffers(c)
+		bc := &batchConn{Conn: c}
+		tc := tls.Client(bc, auth.clientTLS())
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, explainHandshake(err))
+		}
+		if got := labelRank(peerLabel(tc.ConnectionState())); got != p {
+			tc.Close()
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: it holds this job's secret but its certificate names %q", m.id.Rank, who, ta, peerLabel(tc.ConnectionState()))
+		}
+		if err := writeHello(tc, m.id.Rank, ch); err != nil {
+			tc.Close()
+			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+		}
+		m.mu.Lock()
+		m.tcpConns = append(m.tcpConns, tc)
+		m.sets[viaTCP][p][ch] = &lane{c: tlsLane{tc, bc}}
+		m.mu.Unlock()
 	}
 	return nil
 }
@@ -670,7 +742,7 @@ func (w *laneWait) expired(err error) error {
 		return err
 	}
 	idle := time.Since(w.last)
-	if w.write && w.m.opt.Transport == "tcp" {
+	if _, tls := w.l.c.(tlsLane); w.write && tls {
 		// A TLS connection is unusable after a write deadline.
 		return unknownStall(idle, w.timeout)
 	}
@@ -782,6 +854,11 @@ func (m *Mesh) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) 
 	if sp := m.shmPeer(peer); sp != nil {
 		return sp.send(ctx, ch, tag, payload)
 	}
+	return m.sendOn(ctx, l, peer, ch, tag, payload)
+}
+
+// sendOn writes one framed message on the socket lane l to peer.
+func (m *Mesh) sendOn(ctx context.Context, l *lane, peer, ch int, tag Tag, payload []byte) (err error) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	putHeader(l.wh[:], tag, len(payload))
@@ -816,6 +893,11 @@ func (m *Mesh) Recv(ctx context.Context, peer, ch int, want Tag, dst []byte) err
 	if sp := m.shmPeer(peer); sp != nil {
 		return sp.recvMsg(ctx, ch, want, dst)
 	}
+	return m.recvOn(ctx, l, peer, ch, want, dst)
+}
+
+// recvOn reads one framed message from the socket lane l of peer.
+func (m *Mesh) recvOn(ctx context.Context, l *lane, peer, ch int, want Tag, dst []byte) error {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	w := m.startWait(ctx, l, peer, false)

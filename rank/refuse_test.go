@@ -547,12 +547,12 @@ func TestMissingRankCitesRefusal(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	tbl, err := register(ctx, rdv.Addr(), zero, registration{Rank: 0, Size: 2, Addr: "quic://127.0.0.1:1"}, 10*time.Second)
+	tbl, err := register(ctx, rdv.Addr(), zero, registration{Rank: 0, Size: 2, Addr: "auto://127.0.0.1:1,127.0.0.1:2"}, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := jobCert(t, secretBytes(t), rankLabel(0))
-	local, _, _ := knockQUIC(t, strings.TrimPrefix(tbl.Addrs[1], "quic://"), trustingClient(t, secret, &other), helloAndFrame(0))
+	local, _, _ := knockQUIC(t, strings.Split(strings.TrimPrefix(tbl.Addrs[1], "auto://"), ",")[0], trustingClient(t, secret, &other), helloAndFrame(0))
 	err = <-errc
 	want := "rank 1: rank 0 did not connect within 3s; it refused a connection: rank 1 refused a connection from " + local +
 		`: its certificate ("rank 0") is from another gorun job: it holds a different job secret`

@@ -563,7 +563,7 @@ func (m *Mesh) PeerTransport(peer int) string {
 	if m.shmPeer(peer) != nil {
 		return "shm"
 	}
-	return m.opt.Transport
+	return m.tr
 }
 
 func (m *Mesh) shmPeer(peer int) *shmPeer {

@@ -24,8 +24,11 @@ import (
 //     most likely waiting itself, for the rank that really froze, and will
 //     say so in an abort that reaches this wait as a message: the wait goes
 //     on, up to twice the timeout, and only then names the live peer;
-//   - a peer whose liveness is unknown (TLS/TCP to another host, the
-//     in-process transports) is named at the timeout.
+//   - a peer whose liveness is unknown (another host with
+//     GORUN_TRANSPORT=tcp, which connects no QUIC; the in-process
+//     transports) is named at the timeout. With the default (auto) the
+//     QUIC connections stay open whichever transport carries the data, so
+//     their keep-alives tell.
 //
 // So whichever rank's wait ends first, and whatever algorithm made the
 // ranks wait for each other, the rank named is the frozen or dead one. The

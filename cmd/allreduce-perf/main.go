@@ -251,10 +251,13 @@ func bench(o options, out io.Writer) error {
 	}
 	if o.sendrecv {
 		p("# gorun allreduce-perf -C sendrecv: %d ranks, transport %s, %d channels; each rank sends to rank+1 and receives from rank-1\n",
-			n, transportName(), mesh.Channels())
+			n, mesh.TransportChoice().Transport, mesh.Channels())
 	} else {
 		p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
-			n, transportName(), mesh.Channels(), o.dtype, o.wire, o.op, algo)
+			n, mesh.TransportChoice().Transport, mesh.Channels(), o.dtype, o.wire, o.op, algo)
+	}
+	if n > 1 {
+		p("# %v\n", mesh.TransportChoice())
 	}
 	p("# GOMAXPROCS %d per rank (%s)\n", procs, procsFrom)
 	if h, m := comm.Hierarchical(); h > 0 {
@@ -375,13 +378,6 @@ func okText(w int) string {
 		return "OK"
 	}
 	return "FAILED"
-}
-
-func transportName() string {
-	if t := os.Getenv(rank.EnvTransport); t != "" {
-		return t
-	}
-	return "quic"
 }
 
 func typeName(d collective.DType) string {

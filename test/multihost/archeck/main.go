@@ -159,8 +159,9 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 			slices.Sort(times)
 			med = times[len(times)/2]
 		}
-		fmt.Printf("archeck: np %d bytes %d algo %s iters %d wrong 0 best_s %.6f avg_s %.6f median_s %.6f busbw_best_GBps %.4f busbw_avg_GBps %.4f busbw_median_GBps %.4f more %d hosts %s\n",
-			size, bytes, algoName(), iters, best.Seconds(), avg.Seconds(), med.Seconds(), bus(best), bus(avg), bus(med), more, strings.Join(m.HostNames(), ","))
+		fmt.Printf("archeck: %v\n", m.TransportChoice())
+		fmt.Printf("archeck: np %d bytes %d algo %s iters %d wrong 0 best_s %.6f avg_s %.6f median_s %.6f busbw_best_GBps %.4f busbw_avg_GBps %.4f busbw_median_GBps %.4f more %d transport %s hosts %s\n",
+			size, bytes, algoName(), iters, best.Seconds(), avg.Seconds(), med.Seconds(), bus(best), bus(avg), bus(med), more, m.TransportChoice().Transport, strings.Join(m.HostNames(), ","))
 	}
 	if err := c.Barrier(ctx); err != nil {
 		return err

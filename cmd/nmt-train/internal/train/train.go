@@ -308,6 +308,9 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if err := t.checkSettings(ctx, t.settings()); err != nil {
 		return err
 	}
+	if t.id.Size > 1 {
+		t.logf("nmt-train: %v", t.mesh.TransportChoice())
+	}
 	t.linkSource = "flag"
 	if o.LinkGbps == 0 && t.id.Size > 1 {
 		gbps, peer, err := probeLink(ctx, t.mesh)

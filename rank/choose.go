@@ -1,0 +1,227 @@
+package rank
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// How "auto" (the default transport) chooses between QUIC and TLS/TCP.
+//
+// Both are connected to every peer, with the same job-secret
+// authentication. When all ranks share one host, QUIC carries what shared
+// memory does not. When the job spans hosts, rank 0 and the lowest rank on
+// another host measure each transport over all channels, both directions
+// at once (up to probeBytes each way or probeTime, whichever comes first),
+// and rank 0 tells every rank the faster one. The other transport's TCP
+// connections close; its QUIC connections stay open in any case, because
+// their keep-alives tell a live peer from a frozen one (stall.go) whichever
+// transport carries the data.
+//
+// On the test hosts of docs/multihost.md QUIC moved 0.2-0.3 GB/s per peer
+// pair on 2 cores where TLS/TCP moved 0.5-0.8 (docs/performance.md): above
+// about 1 Gbit/s the probe picks TLS/TCP; at 1 Gbit/s both fill the link.
+
+// TransportChoice says which transport carries the messages between ranks
+// that shared memory does not connect, and why.
+type TransportChoice struct {
+	Transport string // "quic" or "tcp"
+	Why       string
+	// auto's start-up probe: the rank that rank 0 measured with (-1: no
+	// probe), and GB/s each way with both directions busy.
+	Peer            int
+	QUICGBs, TCPGBs float64
+}
+
+func (c TransportChoice) String() string {
+	return fmt.Sprintf("transport %s (%s)", transportLabel(c.Transport), c.Why)
+}
+
+// TransportChoice is which transport this mesh's socket lanes use, and why.
+func (m *Mesh) TransportChoice() TransportChoice { return m.choice }
+
+func transportLabel(t string) string {
+	if t == "tcp" {
+		return "TLS/TCP"
+	}
+	return "QUIC"
+}
+
+// The transports a mesh can connect, as indexes of Mesh.sets.
+const (
+	viaQUIC = 0
+	viaTCP  = 1
+)
+
+var viaNames = [2]string{"quic", "tcp"}
+
+func viaOf(name string) int {
+	if name == "tcp" {
+		return viaTCP
+	}
+	return viaQUIC
+}
+
+const (
+	chooseKind = 0xFFF1 // tags the probe's and the decision's messages (no collective uses it)
+	probeBytes = 64 << 20
+	probeMsg   = 1 << 20
+	probeTime  = 250 * time.Millisecond
+)
+
+// probePeer is the lowest rank on another host than rank 0's, or -1.
+func probePeer(hosts []string) int {
+	for p := 1; p < len(hosts); p++ {
+		if hosts[p] != hosts[0] {
+			return p
+		}
+	}
+	return -1
+}
+
+// decide is rank 0's choice from the probe's rates: the faster transport.
+func decide(peer int, peerName string, quicGBs, tcpGBs float64) TransportChoice {
+	c := TransportChoice{Transport: "quic", Peer: peer, QUICGBs: quicGBs, TCPGBs: tcpGBs}
+	if tcpGBs >= quicGBs {
+		c.Transport = "tcp"
+	}
+	c.Why = fmt.Sprintf("auto: start-up probe rank 0 <-> rank %d (%s): TLS/TCP %.3f GB/s, QUIC %.3f GB/s each way; %s is faster",
+		peer, peerName, tcpGBs, quicGBs, transportLabel(c.Transport))
+	return c
+}
+
+// choose runs auto's choice on every rank (after the lanes of both
+// transports and shared memory are up) and makes the chosen lanes the ones
+// Send and Recv use.
+func (m *Mesh) choose(ctx context.Context) error {
+	p := probePeer(m.hosts)
+	if p < 0 {
+		m.use(TransportChoice{Transport: "quic", Peer: -1, Why: "auto: all ranks on one host"})
+		return nil
+	}
+	var rates [2]float64
+	if me := m.id.Rank; me == 0 || me == p {
+		other := p
+		if me == p {
+			other = 0
+		}
+		for v := range m.sets {
+			r, err := m.probe(ctx, v, other)
+			if err != nil {
+				return fmt.Errorf("rank %d: transport probe with rank %d over %s: %w", me, other, transportLabel(viaNames[v]), err)
+			}
+			rates[v] = r
+		}
+	}
+	tag := Tag{Kind: chooseKind, Chunk: 1}
+	var msg [17]byte
+	if m.id.Rank == 0 {
+		c := decide(p, m.names[p], rates[viaQUIC], rates[viaTCP])
+		msg[0] = byte(viaOf(c.Transport))
+		binary.LittleEndian.PutUint64(msg[1:], math.Float64bits(c.QUICGBs))
+		binary.LittleEndian.PutUint64(msg[9:], math.Float64bits(c.TCPGBs))
+		for r := 1; r < m.id.Size; r++ {
+			if err := m.Send(ctx, r, 0, tag, msg[:]); err != nil {
+				return fmt.Errorf("rank 0: telling rank %d the transport: %w", r, err)
+			}
+		}
+		m.use(c)
+		return nil
+	}
+	if err := m.Recv(ctx, 0, 0, tag, msg[:]); err != nil {
+		return fmt.Errorf("rank %d: waiting for rank 0's choice of transport: %w", m.id.Rank, err)
+	}
+	if msg[0] > viaTCP {
+		return fmt.Errorf("rank %d: rank 0 chose transport %d, which is not one of quic (0) and tcp (1)", m.id.Rank, msg[0])
+	}
+	c := decide(p, m.names[p], math.Float64frombits(binary.LittleEndian.Uint64(msg[1:])), math.Float64frombits(binary.LittleEndian.Uint64(msg[9:])))
+	c.Transport = viaNames[msg[0]]
+	m.use(c)
+	return nil
+}
+
+// use makes c's lanes carry the data and closes the TCP lanes if they lost.
+func (m *Mesh) use(c TransportChoice) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.choice, m.tr = c, c.Transport
+	m.lanes = m.sets[viaOf(c.Transport)]
+	if c.Transport == "tcp" || m.sets[viaTCP] == nil {
+		return
+	}
+	for _, ls := range m.sets[viaTCP] {
+		for _, l := range ls {
+			if l != nil {
+				l.c.Close()
+			}
+		}
+	}
+	m.sets[viaTCP] = nil
+}
+
+// probe measures transport v with peer: every channel sends probeMsg
+// messages and receives the peer's at the same time, until probeBytes
+// went each way or probeTime passed; it returns the GB/s received. A
+// message's first byte is 1 on the last one.
+func (m *Mesh) probe(ctx context.Context, v, peer int) (float64, error) {
+	nch := m.opt.Channels
+	perCh := max(1, probeBytes/probeMsg/nch)
+	start := time.Now()
+	var mu sync.Mutex
+	var firstErr error
+	var received int
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for ch := 0; ch < nch; ch++ {
+		l := m.sets[v][peer][ch]
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, probeMsg)
+			for i := 0; i < perCh; i++ {
+				last := i == perCh-1 || time.Since(start) > probeTime
+				buf[0] = 0
+				if last {
+					buf[0] = 1
+				}
+				if err := m.sendOn(ctx, l, peer, ch, Tag{Kind: chooseKind, Aux: uint16(v), Chunk: uint32(i)}, buf); err != nil {
+					fail(err)
+					return
+				}
+				if last {
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, probeMsg)
+			for i := 0; ; i++ {
+				if err := m.recvOn(ctx, l, peer, ch, Tag{Kind: chooseKind, Aux: uint16(v), Chunk: uint32(i)}, buf); err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
+				received += len(buf)
+				mu.Unlock()
+				if buf[0] == 1 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return float64(received) / time.Since(start).Seconds() / 1e9, nil
+}
