@@ -184,6 +184,14 @@ func TestHalvingDoublingModel(t *testing.T) {
 	if m.Predict(HalvingDoubling, 1<<20, 1) != 0 {
 		t.Error("one rank costs nothing")
 	}
+	// Auto does not pick it (docs/collective.md has the measurements)
+	for n := 1; n <= 16; n++ {
+		for b := 0; b <= 256<<20; b = b*4 + 1024 {
+			if a := DefaultModel.Choose(b, n); a == HalvingDoubling {
+				t.Fatalf("Choose(%d bytes, %d ranks) = %v", b, n, a)
+			}
+		}
+	}
 }
 
 // TestHalvingDoublingBytes: the executor moves what the plan says, to

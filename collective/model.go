@@ -82,7 +82,10 @@ func hdCost(n int) (steps int, moved float64) {
 }
 
 // Choose returns Direct, Ring or Tree for an allreduce of bytes (on the
-// wire) over n ranks.
+// wire) over n ranks. It never returns HalvingDoubling: measured on the
+// development box it lost to the tree at 16-256 KiB, where its Predict
+// (the ring's step cost) says it wins, and won from 1 MiB, where Predict
+// gives it to the tree (docs/collective.md).
 func (m CostModel) Choose(bytes, n int) Algorithm {
 	if n > 1 && bytes <= m.DirectMaxBytes && (m.DirectMaxSent == 0 || (n-1)*bytes <= m.DirectMaxSent) {
 		return Direct
