@@ -236,18 +236,7 @@ type Bucketer struct {
 // bucket holding the last parameters. c is the communicator the buckets
 // are reduced on; it may carry other calls between steps.
 func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfig) (*Bucketer, error) {
-	if cfg.CapBytes == 0 {
-		cfg.CapBytes = DefaultBucketCap
-	}
-	if cfg.FirstCapBytes == 0 {
-		cfg.FirstCapBytes = DefaultFirstBucketCap
-	}
-	if cfg.BackwardPassesPerStep == 0 {
-		cfg.BackwardPassesPerStep = 1
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultReadyTimeout
-	}
+	cfg = cfg.withDefaults()
 	switch {
 	case cfg.CapBytes < 0 || cfg.FirstCapBytes < 0:
 		return nil, fmt.Errorf("bucketer: negative bucket cap (%d, first %d)", cfg.CapBytes, cfg.FirstCapBytes)
@@ -274,6 +263,37 @@ func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfi
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	return b, nil
+}
+
+// withDefaults fills in the zero fields of cfg.
+func (cfg BucketConfig) withDefaults() BucketConfig {
+	if cfg.CapBytes == 0 {
+		cfg.CapBytes = DefaultBucketCap
+	}
+	if cfg.FirstCapBytes == 0 {
+		cfg.FirstCapBytes = DefaultFirstBucketCap
+	}
+	if cfg.BackwardPassesPerStep == 0 {
+		cfg.BackwardPassesPerStep = 1
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultReadyTimeout
+	}
+	return cfg
+}
+
+// Layout is the buckets NewBucketer cuts from params with cfg's caps
+// (before any CycleTime rebuild): the same pure function, without a
+// communicator, for a run's record and for planning.
+func Layout(params []ParamInfo, cfg BucketConfig) []Bucket {
+	cfg = cfg.withDefaults()
+	offsets := make([]int, len(params))
+	off := 0
+	for i, p := range params {
+		offsets[i] = off
+		off += p.Len
+	}
+	return layout(params, offsets, cfg.CapBytes, cfg.FirstCapBytes, nil, nil, 0)
 }
 
 // layout forms buckets in readiness order (last parameter first). As in

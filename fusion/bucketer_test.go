@@ -211,6 +211,13 @@ func TestBucketLayout(t *testing.T) {
 	if len(b3.Buckets()) != 1 {
 		t.Fatalf("default caps give %d buckets for %d bytes", len(b3.Buckets()), 4*bkTotalLen(ps))
 	}
+	// Layout, without a communicator, is the Bucketer's layout.
+	if got := Layout(bkOddParams(), BucketConfig{CapBytes: 4096, FirstCapBytes: 512}); fmt.Sprint(got) != fmt.Sprint(bs) {
+		t.Fatalf("Layout %v, the Bucketer's %v", got, bs)
+	}
+	if got := Layout(bkOddParams(), BucketConfig{}); fmt.Sprint(got) != fmt.Sprint(b3.Buckets()) {
+		t.Fatalf("Layout with the defaults %v, the Bucketer's %v", got, b3.Buckets())
+	}
 	if _, err := NewBucketer(nil, []ParamInfo{{"x", -1}}, BucketConfig{}); err == nil || !strings.Contains(err.Error(), `"x"`) {
 		t.Fatalf("negative length: %v", err)
 	}
