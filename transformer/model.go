@@ -198,6 +198,43 @@ func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{Cfg: cfg, be: be, Seed: seed}
+	off := m.register()
+	m.Weights = be.Alloc(kernels.F32, off)
+	m.Grads = be.Alloc(kernels.F32, off)
+	for _, p := range m.Params {
+		m.w = append(m.w, m.Weights.Slice(p.Offset, p.Shape...))
+		m.g = append(m.g, m.Grads.Slice(p.Offset, p.Shape...))
+	}
+	for l := 0; l < cfg.EncLayers; l++ {
+		m.encNames = append(m.encNames, fmt.Sprintf("encoder/layer_%d", l))
+	}
+	for l := 0; l < cfg.DecLayers; l++ {
+		m.decNames = append(m.decNames, fmt.Sprintf("decoder/layer_%d", l))
+	}
+	m.embMul = float32(math.Sqrt(float64(cfg.DModel)))
+	m.ea = make([]encActs, cfg.EncLayers)
+	m.da = make([]decActs, cfg.DecLayers)
+	m.initWeights(seed)
+	return m, nil
+}
+
+// ParamList is the parameters New registers for cfg, in registration
+// (forward) order with their offsets in the flat buffers, without
+// allocating or initialising anything (for planning: fusion.Layout cuts
+// the buckets from it).
+func ParamList(cfg Config) ([]Param, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Model{Cfg: cfg}
+	m.register()
+	return m.Params, nil
+}
+
+// register lays out the parameters of m.Cfg (m.Params and the layers'
+// indices into it) and returns their total length.
+func (m *Model) register() int {
+	cfg := m.Cfg
 	d, f := cfg.DModel, cfg.FFN
 	off := 0
 	add := func(name string, shape ...int) int {
@@ -239,23 +276,7 @@ func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
 		m.dec = append(m.dec, e)
 	}
 	m.decLN = addLN("decoder/layer_norm")
-	m.Weights = be.Alloc(kernels.F32, off)
-	m.Grads = be.Alloc(kernels.F32, off)
-	for _, p := range m.Params {
-		m.w = append(m.w, m.Weights.Slice(p.Offset, p.Shape...))
-		m.g = append(m.g, m.Grads.Slice(p.Offset, p.Shape...))
-	}
-	for l := 0; l < cfg.EncLayers; l++ {
-		m.encNames = append(m.encNames, fmt.Sprintf("encoder/layer_%d", l))
-	}
-	for l := 0; l < cfg.DecLayers; l++ {
-		m.decNames = append(m.decNames, fmt.Sprintf("decoder/layer_%d", l))
-	}
-	m.embMul = float32(math.Sqrt(float64(d)))
-	m.ea = make([]encActs, cfg.EncLayers)
-	m.da = make([]decActs, cfg.DecLayers)
-	m.initWeights(seed)
-	return m, nil
+	return off
 }
 
 // Backend is the backend the model runs on.

@@ -1,6 +1,7 @@
 package transformer
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -29,6 +30,17 @@ func TestBaseParamCount(t *testing.T) {
 			t.Fatalf("param %d %s at offset %d, want %d", i, p.Name, p.Offset, sum)
 		}
 		sum += p.Len
+	}
+	// ParamList is the same list without a model.
+	ps, err := ParamList(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ps) != fmt.Sprint(m.Params) {
+		t.Fatalf("ParamList differs from New's parameters:\n%v\n%v", ps, m.Params)
+	}
+	if _, err := ParamList(Config{}); err == nil {
+		t.Fatal("ParamList of an empty config: no error")
 	}
 }
 
