@@ -1,0 +1,111 @@
+package plan
+
+import (
+	"fmt"
+
+	"github.com/gorun/gorun/collective"
+)
+
+// call is one allreduce as gorun runs it on the cluster: the algorithm the
+// communicator picks, how long it takes, and how much transport CPU each
+// rank spends on it.
+type call struct {
+	algo collective.Algorithm // Auto's choice (of the phase across hosts, when hierarchical)
+	hier bool                 // shm rings within each host + algo across hosts
+	sec  float64              // predicted time
+	cpu  float64              // CPU seconds of the network transport per rank
+	// linkBound: the link, not the transport's cap, sets the rate
+	linkBound bool
+}
+
+// name is the algorithm as the plan prints it.
+func (c call) name(hosts int) string {
+	if c.hier {
+		return fmt.Sprintf("hierarchical (shm rings, %v across %d hosts)", c.algo, hosts)
+	}
+	return c.algo.String()
+}
+
+// route is what collective.Communicator.AlgorithmFor and exec do with an
+// allreduce of bytes on the wire asking for ask (Auto, or the Ring the
+// trainer forces for its token count) on this cluster, timed with the
+// cost models of the links it crosses:
+//
+//   - one rank: nothing;
+//   - every rank on one host: Auto takes the shm algorithm (the host's
+//     group segment); a forced algorithm runs over the shared-memory pair
+//     rings;
+//   - several hosts with two or more ranks each (hierarchical, unless
+//     GORUN_HIERARCHICAL=0): Auto's choice with Direct off, for the world
+//     size; a reduce-scatter and an allgather on the host's pair rings
+//     (together one ring allreduce's cost) around an allreduce of
+//     bytes/G among the H ranks of each local index, the G of a host
+//     sharing its link and cores;
+//   - otherwise flat: Auto's choice for the world size, every step across
+//     a link.
+func (p *planner) route(bytes int, ask collective.Algorithm) call {
+	c := p.c
+	n := c.Hosts * c.PerHost
+	if n <= 1 {
+		return call{algo: collective.Ring}
+	}
+	auto := p.auto
+	if c.Hosts == 1 {
+		if ask == collective.Auto {
+			return call{algo: collective.Shared, sec: model(ShmGroup, 0, 0, n).Predict(collective.Shared, bytes, n) / 1e6}
+		}
+		return call{algo: ask, sec: model(ShmRings, 0, 0, n).Predict(ask, bytes, n) / 1e6}
+	}
+	if c.PerHost >= 2 && !c.Flat {
+		a := ask
+		if a == collective.Auto {
+			auto.DirectMaxBytes = 0
+			a = auto.Choose(bytes, n)
+		}
+		local := model(ShmRings, 0, 0, c.PerHost).Predict(collective.Ring, bytes, c.PerHost)
+		part := (bytes + c.PerHost - 1) / c.PerHost
+		share := p.link(c.PerHost)
+		cross := collective.LinkModel(share, c.Hosts)
+		return call{algo: a, hier: true, sec: (local + cross.Predict(a, part, c.Hosts)) / 1e6,
+			cpu: p.moved(a, part, c.Hosts) / (share.CapGBs * 1e9), linkBound: share.Gbps/8 <= share.CapGBs}
+	}
+	a := ask
+	if a == collective.Auto {
+		a = auto.Choose(bytes, n)
+	}
+	l := p.link(1)
+	return call{algo: a, sec: collective.LinkModel(l, n).Predict(a, bytes, n) / 1e6,
+		cpu: p.moved(a, bytes, n) / (l.CapGBs * 1e9), linkBound: l.Gbps/8 <= l.CapGBs}
+}
+
+// link is what each of the ranks that cross the host's link at once has:
+// its share of the link's rate, the latency and the transport's cost per
+// step, and its transport's cap, cut when those ranks outnumber the cores.
+func (p *planner) link(sharing int) collective.Link {
+	c := p.c
+	capGBs := p.tr.CapGBs
+	if c.CoresPerHost > 0 && c.CoresPerHost < sharing {
+		capGBs *= float64(c.CoresPerHost) / float64(sharing)
+	}
+	return collective.Link{Gbps: c.LinkGbps / float64(sharing), StepUs: c.LatencyUs + p.tr.StepUs, CapGBs: capGBs}
+}
+
+// moved is the bytes an allreduce of bytes on n ranks sends from its
+// busiest rank (and receives there): 2(n-1)/n buffers around a ring,
+// TreeLoad(n) in gorun's double tree, (n-1) for Direct.
+func (p *planner) moved(a collective.Algorithm, bytes, n int) float64 {
+	b := float64(bytes)
+	switch a {
+	case collective.Tree:
+		return collective.TreeLoad(n) * b
+	case collective.Direct:
+		return float64(n-1) * b
+	}
+	return 2 * float64(n-1) / float64(n) * b
+}
+
+// model is a transport's cost model on a link of gbps (0: the transport
+// alone) with latencyUs more per step, for calls among n ranks.
+func model(t Transport, gbps, latencyUs float64, n int) collective.CostModel {
+	return collective.LinkModel(collective.Link{Gbps: gbps, StepUs: t.StepUs + latencyUs, CapGBs: t.CapGBs}, n)
+}

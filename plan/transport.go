@@ -1,0 +1,87 @@
+package plan
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Transport is what carries an allreduce's messages, as the planner sees
+// it: the cost of one ring step or tree hop apart from the bytes, and the
+// rate one connection reaches when the CPU, not the link, is the limit.
+type Transport struct {
+	Name string
+	// StepUs: one ring step or tree hop on an idle link of no latency (µs),
+	// both sides' software.
+	StepUs float64
+	// CapGBs: GB/s each way one connection carries with both directions
+	// busy (every ring step sends and receives) and a core for each side.
+	CapGBs float64
+}
+
+// The transports gorun runs, measured on this project's 2-core AMD EPYC
+// VM on 2026-11-24 (two sittings, 21:00 and 21:02 UTC, load 1.1-2.2,
+// commit e90775a): bench/peers/plan_validate.sh's first stage,
+// allreduce-perf -W half -a ring between the two namespace test hosts
+// (test/hosts, one rank each, GOMAXPROCS=2 as nmt-train runs) on a
+// 10 Gbit/s tbf link, which neither transport fills on 2 cores, 4 KiB to
+// 64 MiB, twice per sitting. The cap is fitted to the sizes of 512 KiB
+// and more on the wire, the step to those up to 32 KiB; the constants are
+// the means of the two sittings (TLS/TCP 125 and 89 µs, 0.426 and
+// 0.455 GB/s; QUIC 174 and 131 µs, 0.198 GB/s both times). docs/plan.md
+// has the tables. On other machines these are other numbers: they are
+// the transports' CPU cost per message and per byte on these cores.
+var (
+	// QUIC between hosts (quic-go).
+	QUIC = Transport{Name: "quic", StepUs: 152, CapGBs: 0.198}
+	// TLSTCP is TLS 1.3 over TCP (rank/tlsbatch.go).
+	TLSTCP = Transport{Name: "tcp", StepUs: 107, CapGBs: 0.44}
+	// ShmRings is the pair rings in /dev/shm that the hierarchical
+	// allreduce's phases within a host and the message-passing algorithms
+	// on one host use: ring 4 KiB 123 µs (6 steps), 1-16 MiB 0.70-0.94 GB/s.
+	ShmRings = Transport{Name: "shm rings", StepUs: 20, CapGBs: 0.9}
+	// ShmGroup is the shm algorithm (every rank of the job on one host,
+	// reducing in the host's group segment): np 4, 4 KiB 17 µs,
+	// 16-64 MiB 3.0-3.2 GB/s bus bandwidth.
+	ShmGroup = Transport{Name: "shm", StepUs: 3, CapGBs: 3.0}
+)
+
+// ParseTransport accepts auto (the faster on the link, as gorun's start-up
+// probe decides), quic and tcp.
+func ParseTransport(s string) (string, error) {
+	switch strings.ToLower(s) {
+	case "", "auto":
+		return "auto", nil
+	case "quic":
+		return "quic", nil
+	case "tcp", "tls", "tls/tcp":
+		return "tcp", nil
+	}
+	return "", fmt.Errorf("unknown transport %q (want auto, quic or tcp)", s)
+}
+
+// TransportLabel is a transport's name as gorun prints it.
+func TransportLabel(name string) string {
+	switch name {
+	case "tcp":
+		return "TLS/TCP"
+	case "quic":
+		return "QUIC"
+	}
+	return name
+}
+
+// between picks the transport between hosts: the one named, or for auto
+// the one that moves more on this link each way (min of the link and its
+// cap), TLS/TCP on a tie, as rank/choose.go decides from its probe.
+func between(name string, linkGBs float64) Transport {
+	switch name {
+	case "quic":
+		return QUIC
+	case "tcp":
+		return TLSTCP
+	}
+	if min(linkGBs, QUIC.CapGBs) > min(linkGBs, TLSTCP.CapGBs) {
+		return QUIC
+	}
+	return TLSTCP
+}
