@@ -1,11 +1,15 @@
 package metrics
 
 import (
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/plan"
 )
 
 func TestEventsRoundTrip(t *testing.T) {
@@ -65,35 +69,114 @@ func TestMaskedCRC(t *testing.T) {
 }
 
 // The lab: Transformer-base (60,880,896 parameters) on 4 ranks over 1 Gbit/s.
-// fp32: 2*3/4 * 4 B * 60.88e6 / 125e6 B/s = 2.922 s; fp16 half of that.
+// The least time: 2*3/4 * 4 B * 60.88e6 / 125e6 B/s = 2.922 s with fp32,
+// half of that with fp16. The planner, for a run from before run.json
+// recorded its buckets (one allreduce of every gradient): 4 hosts of one
+// rank run the tree (DefaultModel picks it from 3 ranks on), whose
+// busiest rank sends TreeLoad(4) = 2 buffers: 2 * 121.76 MB / 125 MB/s =
+// 1.948 s with fp16, plus 2 x 2 hops of TLS/TCP's step (the link limits:
+// 0.125 GB/s is under its cap, so auto picks it on the tie). 2 hosts of 2
+// ranks run the hierarchical allreduce: the pair rings' ring within each
+// host (2 x 20 µs + 121.76 MB / 0.9 GB/s) and, across the hosts, a tree
+// of 2 on each local rank's half (60.88 MB at half the link, TreeLoad(2) =
+// 1: 0.974 s, plus 2 hops).
 func TestBottleneckLab(t *testing.T) {
-	b := AnalyzeBottleneck(60880896, 4, 1, "flag", "fp16", 1.9)
-	if d := b.MinCommFP32 - 2.92228; d > 1e-4 || d < -1e-4 {
-		t.Errorf("fp32 bound %v", b.MinCommFP32)
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-4 {
+			t.Errorf("%s = %.5f, want %.5f", what, got, want)
+		}
 	}
-	if d := b.MinCommFP16 - 1.46114; d > 1e-4 || d < -1e-4 {
-		t.Errorf("fp16 bound %v", b.MinCommFP16)
+	ri := RunInfo{Params: 60880896, WorldSize: 4, LinkGbps: 1, LinkSource: "flag", Compression: "fp16"}
+	b := AnalyzeBottleneck(ri, StepTimes{Compute: 1.9})
+	near("fp32 bound", b.MinCommFP32, 2.92228)
+	near("fp16 bound", b.MinCommFP16, 1.46114)
+	hop := plan.TLSTCP.StepUs / 1e6
+	near("fp16 prediction, 4 hosts", b.CommFP16, 2*2*hop+2*121.761792e6/125e6)
+	near("fp32 prediction, 4 hosts", b.CommFP32, 2*2*hop+2*243.523584e6/125e6)
+	if b.Verdict != "network-bound" || len(b.Pred.Buckets) != 1 || b.Pred.Buckets[0].Algorithm != "tree" {
+		t.Errorf("4 hosts, 1.949 s of fp16 tree against 1.9 s of compute: verdict %q, buckets %+v", b.Verdict, b.Pred.Buckets)
 	}
-	if b.Verdict != "compute-bound" {
-		t.Errorf("verdict %q", b.Verdict)
+	if v := AnalyzeBottleneck(ri, StepTimes{Compute: 2}).Verdict; v != "compute-bound" {
+		t.Errorf("4 hosts, 2 s of compute: verdict %q", v)
 	}
-	if v := AnalyzeBottleneck(60880896, 4, 1, "flag", "fp16", 0.5).Verdict; v != "network-bound" {
-		t.Errorf("verdict %q", v)
+	s := b.String()
+	for _, want := range []string{"2.922 s with fp32", "1 Gbit/s link (given with --link-gbps)", "predicted allreduce time per step: 3.897 s with fp32, 1.949 s with fp16",
+		"the largest by tree over TLS/TCP at 0.125 GB/s each way, the link limits", "verdict: network-bound (communication needs at least 77 % of the compute time with fp16", "predicted to take 103 % of the compute time)"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the analysis lacks %q:\n%s", want, s)
+		}
 	}
-	if !strings.Contains(b.String(), "2.922 s with fp32") || !strings.Contains(b.String(), "1 Gbit/s link (given with --link-gbps)") {
-		t.Errorf("%s", b)
+	// Two hosts of two: hierarchical, half the bytes across the link.
+	ri.Hosts = []string{"a", "a", "b", "b"}
+	h := AnalyzeBottleneck(ri, StepTimes{Compute: 1.9})
+	local := (2*plan.ShmRings.StepUs)/1e6 + 121.761792e6/(plan.ShmRings.CapGBs*1e9)
+	near("fp16 prediction, 2 x 2", h.CommFP16, local+2*hop+60.880896e6/62.5e6)
+	if h.Verdict != "compute-bound" || !h.Pred.Buckets[0].Hierarchical {
+		t.Errorf("2 x 2: verdict %q, buckets %+v", h.Verdict, h.Pred.Buckets)
 	}
 	// An unknown link (0) is the lab's, said to be assumed.
-	u := AnalyzeBottleneck(60880896, 4, 0, "", "fp16", 1.9)
-	if u.LinkGbps != LabLinkGbps || u.MinCommFP16 != b.MinCommFP16 || !strings.Contains(u.String(), "1 Gbit/s link (unknown: the lab's link assumed") {
+	ri.Hosts, ri.LinkGbps, ri.LinkSource = nil, 0, ""
+	u := AnalyzeBottleneck(ri, StepTimes{Compute: 1.9})
+	if u.LinkGbps != LabLinkGbps || u.MinCommFP16 != b.MinCommFP16 || u.CommFP16 != b.CommFP16 || !strings.Contains(u.String(), "1 Gbit/s link (unknown: the lab's link assumed") {
 		t.Errorf("unknown link: %+v\n%s", u, u)
 	}
 	// The verdict is for the run's wire type: fp32 gradients (compression
-	// none) need 2.922 s, more than a 2 s step computes; fp16 ones do not.
-	if v := AnalyzeBottleneck(60880896, 4, 1, "flag", "none", 2).Verdict; v != "network-bound" {
-		t.Errorf("fp32 on the wire, 2 s of compute: verdict %q", v)
+	// none) take 3.897 s, more than 3 s of compute; fp16 ones do not.
+	ri.LinkGbps, ri.Compression = 1, "none"
+	if v := AnalyzeBottleneck(ri, StepTimes{Compute: 3}).Verdict; v != "network-bound" {
+		t.Errorf("fp32 on the wire, 3 s of compute: verdict %q", v)
 	}
-	if v := AnalyzeBottleneck(60880896, 4, 1, "flag", "fp16", 2).Verdict; v != "compute-bound" {
-		t.Errorf("fp16 on the wire, 2 s of compute: verdict %q", v)
+	ri.Compression = "fp16"
+	if v := AnalyzeBottleneck(ri, StepTimes{Compute: 3}).Verdict; v != "compute-bound" {
+		t.Errorf("fp16 on the wire, 3 s of compute: verdict %q", v)
+	}
+	// One rank: nothing to exchange.
+	if v := AnalyzeBottleneck(RunInfo{Params: 1000, WorldSize: 1}, StepTimes{Compute: 1}).Verdict; !strings.Contains(v, "one rank") {
+		t.Errorf("one rank: verdict %q", v)
+	}
+}
+
+// MeasureSteps: the intervals after the warm-up, compute less the
+// token-count wait, and the spread from step to step: the intervals' own
+// (compute_sd_s) pooled with that of their means.
+func TestMeasureStepsAndWhatIf(t *testing.T) {
+	var recs []Record
+	for i, c := range []float64{0.5, 0.6, 0.7} {
+		recs = append(recs, Record{Kind: "train", Step: int64(10 * (i + 1)), Values: map[string]float64{
+			"step_time_s": 0.8, "compute_s": c, "sync_s": 0.1, "backward_s": 0.3, "compute_sd_s": 0.03 + 0.01*float64(i), "tokens_per_s": 1000}})
+	}
+	recs = append(recs, Record{Kind: "eval", Step: 30, Values: map[string]float64{"loss": 1}})
+	st := MeasureSteps(recs, 2, 1)
+	if st.Intervals != 2 || math.Abs(st.Own()-0.55) > 1e-12 || math.Abs(st.Step-0.8) > 1e-12 || math.Abs(st.Tokens-400) > 1e-9 {
+		t.Errorf("%+v: want 2 intervals, own compute 0.55 s, step 0.8 s, 400 tokens a rank", st)
+	}
+	// sqrt((0.04² + 0.05²)/2 + (0.05² + 0.05²)/2)
+	if want := math.Sqrt(0.00205 + 0.0025); math.Abs(st.OwnSD-want) > 1e-12 {
+		t.Errorf("OwnSD %v, want %v", st.OwnSD, want)
+	}
+	ri := RunInfo{Params: 1e6, WorldSize: 2, Hosts: []string{"a", "b"}, LinkGbps: 1, Compression: "fp16", Threads: 1, CPUs: 1,
+		Buckets: []int{1 << 20, 3 << 20}, Vocab: 1000, DModel: 64}
+	lines := WhatIf(ri, st)
+	own, err := plan.Predict(RunCluster(ri), RunWorkload(ri, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 3 || !strings.Contains(lines[0], fmt.Sprintf("own configuration (2 hosts x 1 rank): **%.3f s** per step; it measured 0.800 s.", own.StepS)) ||
+		!strings.Contains(lines[1], "twice the hosts (4 hosts x 1 rank, the same 1 Gbit/s link)") || !strings.Contains(lines[2], "ten times faster (2 hosts x 1 rank, 10 Gbit/s)") {
+		t.Errorf("what if:\n%s", strings.Join(lines, "\n"))
+	}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "*Prediction*") {
+			t.Errorf("a line not marked as a prediction: %s", l)
+		}
+	}
+	// one host: the link line asks about twice the hosts on a faster link
+	ri.Hosts = []string{"a", "a"}
+	if l := WhatIf(ri, st); !strings.Contains(l[2], "ten times faster (2 hosts x 2 ranks, 10 Gbit/s)") {
+		t.Errorf("one host: %s", l[2])
+	}
+	if l := WhatIf(ri, StepTimes{}); len(l) != 1 || strings.Contains(l[0], "*Prediction*") {
+		t.Errorf("no compute logged: %v", l)
 	}
 }

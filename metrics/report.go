@@ -38,6 +38,14 @@ type RunInfo struct {
 	// each segment logs a "start" record.
 	Started       float64 `json:"started"`
 	CheckpointDir string  `json:"checkpoint_dir"`
+	// Vocab is the vocabulary's size (the embedding's rows).
+	Vocab int `json:"vocab,omitempty"`
+	// Overlap: the buckets were all-reduced while backward ran (nil: a
+	// run from before it was recorded).
+	Overlap *bool `json:"overlap,omitempty"`
+	// Buckets: the fusion buckets' float32 bytes in the order they leave
+	// (the layout the Bucketer cuts with the run's caps).
+	Buckets []int `json:"buckets,omitempty"`
 }
 
 // Dataset describes the training set.
@@ -330,6 +338,11 @@ func WriteReport(dir string, lr Schedule) (string, error) {
 		ckdir = dir
 	}
 	r.w("%s\n", describeCheckpoints(ckdir))
+	r.w("## What if? (predictions, not measurements)\n\n")
+	r.w("From this run's measured compute by `nmt-train plan --from-run %s` (docs/plan.md: the model and how well it matched real runs).\n\n", dir)
+	for _, l := range WhatIf(ri, MeasureSteps(recs, ri.WorldSize, 0)) {
+		r.w("- %s\n", l)
+	}
 
 	out := filepath.Join(dir, "report.md")
 	return out, os.WriteFile(out, []byte(r.b.String()), 0o644)
@@ -708,7 +721,7 @@ func (r *report) networkSection() {
 	if len(r.compute) == 0 {
 		r.w("- No compute time was logged: no bottleneck analysis.\n")
 	} else {
-		an := AnalyzeBottleneck(ri.Params, ri.WorldSize, ri.LinkGbps, ri.LinkSource, ri.Compression, mean(r.compute))
+		an := AnalyzeBottleneck(ri, MeasureSteps(r.recs, ri.WorldSize, 0))
 		r.w("- %s\n", strings.ReplaceAll(an.String(), "\n", "\n  "))
 		r.w("- %s\n", measuredVerdict(an, mean(r.exposed)/1000, mean(r.stepTime), oneHost))
 	}
@@ -724,27 +737,28 @@ func measuredVerdict(an Bottleneck, exposedSec, stepSec float64, oneHost bool) s
 	if an.LinkSource == "" {
 		link = fmt.Sprintf("assumed %.3g Gbit/s link", an.LinkGbps)
 	}
-	need := 100 * an.MinComm() / an.ComputeSec
+	need := 100 * an.Comm() / an.ComputeSec
+	model := fmt.Sprintf("%.3f s by gorun's cost model (at least %.3f s at the link's rate)", an.Comm(), an.MinComm())
 	waited := fmt.Sprintf("%s %% of the step (%s ms)", fmtNum(100*exposedSec/stepSec, "%.1f"), fmtNum(1000*exposedSec, "%.1f"))
 	switch {
 	case oneHost && an.Verdict == "network-bound":
-		return fmt.Sprintf("**Not here, but it would be across hosts**: on one host the ranks waited for communication %s; on the %s the %s gradients alone would take %.3f s, longer than the %.3f s a step computes, which no overlap can hide.",
-			waited, link, an.wireName(), an.MinComm(), an.ComputeSec)
+		return fmt.Sprintf("**Not here, but it would be across hosts**: on one host the ranks waited for communication %s; on the %s the %s gradients would take %s, longer than the %.3f s a step computes, which no overlap can hide.",
+			waited, link, an.wireName(), model, an.ComputeSec)
 	case oneHost:
-		return fmt.Sprintf("**No**: no network was used, and the ranks waited for communication %s; on the %s the %s gradients would need %.0f %% of the compute time: compute-bound across hosts too.",
+		return fmt.Sprintf("**No**: no network was used, and the ranks waited for communication %s; on the %s the %s gradients would take %.0f %% of the compute time by gorun's cost model: compute-bound across hosts too.",
 			waited, link, an.wireName(), need)
 	case an.Verdict == "network-bound":
-		return fmt.Sprintf("**Yes**: on the %s the %s gradients alone take at least %.3f s, longer than the %.3f s a step computes, so no overlap can hide them; the ranks waited for communication %s.",
-			link, an.wireName(), an.MinComm(), an.ComputeSec, waited)
+		return fmt.Sprintf("**Yes**: on the %s the %s gradients take %s, longer than the %.3f s a step computes, so no overlap can hide them; the ranks waited for communication %s.",
+			link, an.wireName(), model, an.ComputeSec, waited)
 	case exposedSec < 0.1*stepSec:
-		return fmt.Sprintf("**No** (compute-bound): the %s can carry the %s gradients in %.0f %% of the compute time, and the ranks waited for communication only %s.",
+		return fmt.Sprintf("**No** (compute-bound): the %s carries the %s gradients in %.0f %% of the compute time by gorun's cost model, and the ranks waited for communication only %s.",
 			link, an.wireName(), need, waited)
-	case exposedSec > 1.5*an.MinComm():
-		return fmt.Sprintf("**Not the link's bandwidth** (compute-bound), yet the ranks waited for communication %s, more than the %.1f ms the %s needs for the %s gradients (%.0f %% of the compute time): the rest is latency, synchronization or waiting for the slowest rank.",
-			waited, 1000*an.MinComm(), link, an.wireName(), need)
+	case exposedSec > 1.5*an.Comm():
+		return fmt.Sprintf("**Not the network's speed** (compute-bound), yet the ranks waited for communication %s, more than the %.1f ms gorun's cost model gives the %s gradients on the %s (%.0f %% of the compute time): the rest is latency, synchronization or waiting for the slowest rank.",
+			waited, 1000*an.Comm(), an.wireName(), link, need)
 	default:
-		return fmt.Sprintf("**Not the link's bandwidth** (compute-bound), but little of the transfer was hidden: the ranks waited for communication %s, about the %.1f ms the %s needs for the %s gradients; overlapping it with backward would hide it.",
-			waited, 1000*an.MinComm(), link, an.wireName())
+		return fmt.Sprintf("**Not the network's speed** (compute-bound), but little of the transfer was hidden: the ranks waited for communication %s, about the %.1f ms gorun's cost model gives the %s gradients on the %s; overlapping it with backward would hide it.",
+			waited, 1000*an.Comm(), an.wireName(), link)
 	}
 }
 

@@ -114,14 +114,9 @@ type bucketReducer struct {
 }
 
 func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, wire collective.DType, tl *metrics.Timeline) (reducer, error) {
-	params := make([]fusion.ParamInfo, len(m.Params))
-	off := 0
-	for i, p := range m.Params {
-		if p.Offset != off {
-			return nil, fmt.Errorf("internal: parameter %s at offset %d, want %d (gradients not contiguous)", p.Name, p.Offset, off)
-		}
-		params[i] = fusion.ParamInfo{Name: p.Name, Len: p.Len}
-		off += p.Len
+	params, err := paramInfos(m)
+	if err != nil {
+		return nil, err
 	}
 	comp := map[collective.DType]fusion.Compression{collective.Float32: fusion.CompressNone,
 		collective.Float16: fusion.CompressFP16, collective.BFloat16: fusion.CompressBF16}[wire]
@@ -144,6 +139,35 @@ func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *tra
 		return nil, err
 	}
 	return &bucketReducer{b: b}, nil
+}
+
+// paramInfos is the model's gradients as the Bucketer takes them.
+func paramInfos(m *transformer.Model) ([]fusion.ParamInfo, error) {
+	params := make([]fusion.ParamInfo, len(m.Params))
+	off := 0
+	for i, p := range m.Params {
+		if p.Offset != off {
+			return nil, fmt.Errorf("internal: parameter %s at offset %d, want %d (gradients not contiguous)", p.Name, p.Offset, off)
+		}
+		params[i] = fusion.ParamInfo{Name: p.Name, Len: p.Len}
+		off += p.Len
+	}
+	return params, nil
+}
+
+// bucketBytes is the fusion buckets' float32 bytes in the order they
+// leave, as the Bucketer cuts them with o's caps (fusion.Layout, before a
+// --cycle-time rebuild), for run.json: the planner's layout.
+func bucketBytes(m *transformer.Model, o Options) ([]int, error) {
+	params, err := paramInfos(m)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, b := range fusion.Layout(params, fusion.BucketConfig{CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20))}) {
+		out = append(out, b.Bytes())
+	}
+	return out, nil
 }
 
 func (r *bucketReducer) Ready(p int)        { r.b.MarkReady(p) }

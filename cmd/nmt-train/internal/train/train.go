@@ -94,6 +94,11 @@ type Trainer struct {
 	linkSource   string
 	computeTotal float64
 	computeSteps int
+	// syncTotal, backTotal: the parts of computeTotal in the token-count
+	// allreduce and the backward passes
+	syncTotal, backTotal float64
+	// info is run.json as rank 0 wrote it (the final analysis reads it)
+	info metrics.RunInfo
 
 	// runID names this run's checkpoints (transformer.State.Run): new for
 	// a fresh run, the checkpoint's on --resume. Rank 0 only.
@@ -727,12 +732,17 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 		dev += " (" + d.Describe() + ")"
 	}
 	_, batchTokens := t.data.Train.GlobalBatch() // a resumed run's own, whatever --batch-tokens says
+	buckets, err := bucketBytes(t.m, t.o)
+	if err != nil {
+		return err
+	}
 	ri := metrics.RunInfo{
 		Preset: t.o.Preset, Params: int64(t.m.NumParams()), DModel: cfg.DModel, WorldSize: t.id.Size,
 		Hosts: t.mesh.HostNames(), Device: dev, CPUModel: cpuModel(), CPUs: runtime.NumCPU(), Threads: threads, BatchTokens: batchTokens,
 		LRPolicy: t.o.LRPolicy, LearningRate: t.o.LearningRate, Warmup: t.o.Warmup, MaxSteps: t.o.MaxSteps,
 		LinkGbps: t.o.LinkGbps, Compression: t.o.Compression, Dataset: t.data.Stats,
 		Started: float64(time.Now().UnixNano()) / 1e9, CheckpointDir: t.o.RunDir,
+		Vocab: cfg.Vocab, Overlap: &t.o.Overlap, Buckets: buckets,
 	}
 	if t.o.LinkGbps > 0 {
 		ri.LinkSource = t.linkSource
@@ -746,6 +756,7 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	if err := t.run.HParams(ri); err != nil {
 		return err
 	}
+	t.info = ri
 	return metrics.WriteRunInfo(t.o.RunDir, ri)
 }
 
@@ -754,6 +765,7 @@ type stepResult struct {
 	lossRaw, lossLab float64 // global, token-weighted
 	tokens           int     // global target tokens
 	dur, compute     time.Duration
+	backward, sync   time.Duration // of compute: backward passes, the token-count allreduce
 	comm             commStats
 	skipped          bool
 	stop             bool // a rank asked to stop after this step
@@ -808,7 +820,9 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 			if t.stopRequested() != nil {
 				vote = 1
 			}
+			ts := time.Now()
 			glob, err := t.allreduceSums(ctx, []float64{total, raw, lab, vote})
+			r.sync = time.Since(ts)
 			if err != nil {
 				return r, err
 			}
@@ -852,9 +866,11 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 			be.Scale(m.Grads, float32(cur/n))
 		}
 		cur = n
+		tb := time.Now()
 		if err := m.Backward(hook); err != nil {
 			return r, err
 		}
+		r.backward += time.Since(tb)
 		if last {
 			t.red.BackwardDone()
 		}
@@ -926,6 +942,8 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.step++
 		win.add(r)
 		t.computeTotal += r.compute.Seconds()
+		t.syncTotal += r.sync.Seconds()
+		t.backTotal += r.backward.Seconds()
 		t.computeSteps++
 		if math.IsNaN(smoothRaw) {
 			smoothRaw = r.lossRaw
@@ -946,6 +964,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 				"loss": a.lossLab, "loss_raw": a.lossRaw, "loss_raw_smoothed": smoothRaw, "lr": lr,
 				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec, "comm_exposed_ms": a.exposed * 1e3,
 				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
+				"backward_s": a.backward, "sync_s": a.sync, "compute_sd_s": a.ownSD,
 				"skipped_steps": float64(a.skipped), "epoch": float64(t.data.Train.Epoch()),
 			}
 			gpuNote, err := t.gatherFigures(ctx, own, vals)
@@ -1014,7 +1033,8 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.run.Close()
 		t.run = nil
 		if t.computeSteps > 0 && t.id.Size > 1 {
-			t.logf("%s", metrics.AnalyzeBottleneck(int64(t.m.NumParams()), t.id.Size, t.o.LinkGbps, t.linkSource, t.o.Compression, t.computeTotal/float64(t.computeSteps)))
+			n := float64(t.computeSteps)
+			t.logf("%s", metrics.AnalyzeBottleneck(t.info, metrics.StepTimes{Compute: t.computeTotal / n, Sync: t.syncTotal / n, Backward: t.backTotal / n}))
 		}
 		rep, err := WriteReport(o.RunDir)
 		if err != nil {
@@ -1118,12 +1138,17 @@ type window struct {
 	n                         int
 	raw, lab, dur, comm, expo float64
 	compute, tokens           float64 // tokens: target tokens of all ranks
+	backward, sync            float64
+	own, own2                 float64 // compute less sync (this rank's own work), and its squares
 	skipped                   int
 }
 
 type windowAvg struct {
 	lossRaw, lossLab, dur, comm, exposed, compute, tokensPerSec, hiddenPct float64
-	skipped                                                                int
+	// backward and sync: parts of compute; ownSD: the standard deviation
+	// from step to step of compute less sync (the planner's spread)
+	backward, sync, ownSD float64
+	skipped               int
 }
 
 func (w *window) add(r stepResult) {
@@ -1134,6 +1159,11 @@ func (w *window) add(r stepResult) {
 	w.comm += r.comm.Comm.Seconds()
 	w.expo += r.comm.Exposed.Seconds()
 	w.compute += r.compute.Seconds()
+	w.backward += r.backward.Seconds()
+	w.sync += r.sync.Seconds()
+	own := (r.compute - r.sync).Seconds()
+	w.own += own
+	w.own2 += own * own
 	w.tokens += float64(r.tokens)
 	if r.skipped {
 		w.skipped++
@@ -1143,7 +1173,11 @@ func (w *window) add(r stepResult) {
 func (w *window) avg() windowAvg {
 	n := float64(max(w.n, 1))
 	a := windowAvg{lossRaw: w.raw / n, lossLab: w.lab / n, dur: w.dur / n, comm: w.comm / n, exposed: w.expo / n,
-		compute: w.compute / n, skipped: w.skipped}
+		compute: w.compute / n, backward: w.backward / n, sync: w.sync / n, skipped: w.skipped}
+	if w.n > 1 {
+		m := w.own / n
+		a.ownSD = math.Sqrt(math.Max(0, (w.own2-n*m*m)/(n-1)))
+	}
 	if w.dur > 0 {
 		a.tokensPerSec = w.tokens / w.dur
 	}
