@@ -50,6 +50,7 @@ func main() {
 			translateCommand(),
 			bleuCommand(),
 			reportCommand(),
+			planCommand(),
 		},
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version, CPU features and GPUs found"}},
 		Action: func(c *cli.Context) error {

@@ -1,0 +1,394 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
+	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/plan"
+	"github.com/gorun/gorun/transformer"
+)
+
+func planCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "plan",
+		Usage:     "predict the step time of H hosts x G devices on a link, before renting them (package plan, docs/plan.md)",
+		ArgsUsage: " ",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
+			&cli.IntFlag{Name: "vocab", Value: 32768, Usage: "vocabulary size (the embedding's rows) without --from-run"},
+			&cli.IntFlag{Name: "hosts", Value: 2, Usage: "`H` hosts"},
+			&cli.IntFlag{Name: "per-host", Value: 1, Usage: "`G` ranks (devices) per host"},
+			&cli.StringFlag{Name: "link", Value: "1gbit", Usage: "each host's link, in bits per second: 1gbit, 10gbit, 25gbit, 100gbit, or a number with kbit, mbit, gbit or tbit (also Mbit/s, Gbit/s, mbps, gbps)"},
+			&cli.Float64Flag{Name: "latency-us", Usage: "the link's one-way latency in µs, added to every ring step and tree hop (0: the namespace test hosts)"},
+			&cli.StringFlag{Name: "transport", Value: "auto", Usage: "between hosts: auto (the faster on this link, as gorun's start-up probe picks) | quic | tcp"},
+			&cli.Float64Flag{Name: "transport-cap-gbs", Usage: "GB/s one connection carries each way when the CPU limits (0: as measured on this project's 2-core machine, plan/transport.go)"},
+			&cli.Float64Flag{Name: "transport-step-us", Usage: "µs of one ring step or tree hop in the transport's software (0: as measured here)"},
+			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu (compute measured on this machine, from --from-run, or --compute-s) | a GPU name (h100, a100, ...: needs --compute-s)"},
+			&cli.Float64Flag{Name: "compute-s", Usage: "`S`: forward+backward+optimizer seconds of one rank's step, measured (on a GPU: required)"},
+			&cli.Float64Flag{Name: "compute-sd-s", Usage: "its standard deviation from step to step (the ranks' batches differ; the step waits for the slowest)"},
+			&cli.IntFlag{Name: "cores-per-host", Usage: "CPU cores of a host (0: the run's, or this machine's for --device cpu); ranks whose threads outnumber them share them"},
+			&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (0: the run's, or cores per host / ranks per host)"},
+			&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
+			&cli.BoolFlag{Name: "overlap", Value: true, Usage: "buckets all-reduced while backward runs (false: one allreduce after backward)"},
+			&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank (compute scales with it from the measurement's)"},
+			&cli.Float64Flag{Name: "bucket-cap-mb", Value: 25, Usage: "fusion bucket cap in MiB without --from-run"},
+			&cli.Float64Flag{Name: "first-bucket-mb", Value: 1, Usage: "first bucket's cap in MiB without --from-run"},
+			&cli.BoolFlag{Name: "flat", Usage: "no hierarchical allreduce (GORUN_HIERARCHICAL=0)"},
+			&cli.StringFlag{Name: "from-run", Usage: "`DIR`: a finished run directory: its compute per step, ranks, hosts, link, compression, buckets (flags given override them)"},
+			&cli.IntFlag{Name: "measure-steps", Value: 12, Usage: "steps timed when measuring the preset's compute on this machine (after 3 untimed)"},
+			&cli.BoolFlag{Name: "sweep", Usage: "a table over H = 1, 2, 4, ..., 512 hosts"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return fmt.Errorf("plan: unexpected argument %q (options start with --)", c.Args().First())
+			}
+			in, err := planInputs(c)
+			if err != nil {
+				return err
+			}
+			if c.Bool("sweep") {
+				return printSweep(os.Stdout, in)
+			}
+			p, err := plan.Predict(in.c, in.w)
+			if err != nil {
+				return err
+			}
+			printPlan(os.Stdout, in, p)
+			return nil
+		},
+	}
+}
+
+// planIn is what plan predicts from, and where each part came from.
+type planIn struct {
+	c       plan.Cluster
+	w       plan.Workload
+	preset  string
+	source  string // where the compute comes from
+	tokens  string // what TokensPerRank counts
+	measure string // "" or how the run measured (its step time, for comparison)
+	runStep float64
+}
+
+// parseLink reads a rate in bits per second: 1gbit, 2.5Gbit/s, 400mbps.
+func parseLink(s string) (float64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "/s"), "ps")
+	for _, u := range []struct {
+		suffix string
+		gbps   float64
+	}{{"tbit", 1e3}, {"gbit", 1}, {"mbit", 1e-3}, {"kbit", 1e-6}, {"tb", 1e3}, {"gb", 1}, {"mb", 1e-3}, {"kb", 1e-6}} {
+		if num, ok := strings.CutSuffix(t, u.suffix); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+			if err != nil || !(v > 0) || math.IsInf(v, 0) {
+				break
+			}
+			return v * u.gbps, nil
+		}
+	}
+	return 0, fmt.Errorf("--link %q: want a positive rate in bits per second: 1gbit, 10gbit, 25gbit, 100gbit, or a number with kbit, mbit, gbit or tbit", s)
+}
+
+// planInputs gathers the cluster and the workload from the flags, a run
+// directory, or a measurement on this machine.
+func planInputs(c *cli.Context) (planIn, error) {
+	var in planIn
+	gpu := strings.ToLower(c.String("device"))
+	if gpu == "cpu" {
+		gpu = ""
+	}
+	if c.Int("hosts") < 1 || c.Int("per-host") < 1 {
+		return in, fmt.Errorf("plan: --hosts %d --per-host %d: want at least 1 each", c.Int("hosts"), c.Int("per-host"))
+	}
+	for _, f := range []string{"compute-s", "compute-sd-s", "latency-us", "transport-cap-gbs", "transport-step-us"} {
+		if c.Float64(f) < 0 {
+			return in, fmt.Errorf("plan: --%s %g: must not be negative", f, c.Float64(f))
+		}
+	}
+	if c.Int("threads") < 0 || c.Int("cores-per-host") < 0 {
+		return in, fmt.Errorf("plan: --threads %d --cores-per-host %d: must not be negative", c.Int("threads"), c.Int("cores-per-host"))
+	}
+	switch c.String("compression") {
+	case "fp16", "bf16", "none":
+	default:
+		return in, fmt.Errorf("plan: --compression %q: want fp16, bf16 or none", c.String("compression"))
+	}
+	tr, err := plan.ParseTransport(c.String("transport"))
+	if err != nil {
+		return in, fmt.Errorf("plan: --transport: %v", err)
+	}
+	if d := c.String("from-run"); d != "" {
+		if in, err = fromRun(c, d); err != nil {
+			return in, err
+		}
+	} else if in, err = fromPreset(c, gpu); err != nil {
+		return in, err
+	}
+	in.c.Transport, in.c.GPU, in.c.Flat = tr, gpu != "", c.Bool("flat")
+	in.c.CapGBs, in.c.StepUs = c.Float64("transport-cap-gbs"), c.Float64("transport-step-us")
+	overrideCluster(c, &in)
+	return in, nil
+}
+
+// overrideCluster applies the flags given (over a run's values).
+func overrideCluster(c *cli.Context, in *planIn) {
+	if c.IsSet("hosts") || in.c.Hosts == 0 {
+		in.c.Hosts = c.Int("hosts")
+	}
+	if c.IsSet("per-host") || in.c.PerHost == 0 {
+		in.c.PerHost = c.Int("per-host")
+	}
+	if c.IsSet("latency-us") {
+		in.c.LatencyUs = c.Float64("latency-us")
+	}
+	if c.IsSet("cores-per-host") {
+		in.c.CoresPerHost = c.Int("cores-per-host")
+	}
+	if c.IsSet("threads") {
+		in.c.ThreadsPerRank = c.Int("threads")
+	}
+	if in.c.GPU {
+		in.c.CoresPerHost, in.c.ThreadsPerRank = 0, 0
+	}
+	if c.IsSet("compression") {
+		in.w.Wire = metrics.WireType(c.String("compression"))
+	}
+	if c.IsSet("overlap") {
+		in.w.Overlap = c.Bool("overlap")
+	}
+}
+
+// fromPreset: the preset's parameters and buckets as nmt-train cuts them,
+// and its compute: --compute-s, or measured on this machine's CPU.
+func fromPreset(c *cli.Context, gpu string) (planIn, error) {
+	in := planIn{preset: c.String("preset")}
+	link, err := parseLink(c.String("link"))
+	if err != nil {
+		return in, fmt.Errorf("plan: %v", err)
+	}
+	cfg, err := transformer.Preset(in.preset, c.Int("vocab"))
+	if err != nil {
+		return in, fmt.Errorf("plan: --preset: %v", err)
+	}
+	ps, err := transformer.ParamList(cfg)
+	if err != nil {
+		return in, fmt.Errorf("plan: --preset %s --vocab %d: %v", in.preset, c.Int("vocab"), err)
+	}
+	var infos []fusion.ParamInfo
+	var params int64
+	for _, p := range ps {
+		infos = append(infos, fusion.ParamInfo{Name: p.Name, Len: p.Len})
+		params += int64(p.Len)
+	}
+	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: metrics.WireType(c.String("compression")), Overlap: c.Bool("overlap")}
+	for _, b := range fusion.Layout(infos, fusion.BucketConfig{CapBytes: int(c.Float64("bucket-cap-mb") * (1 << 20)), FirstCapBytes: int(c.Float64("first-bucket-mb") * (1 << 20))}) {
+		in.w.Buckets = append(in.w.Buckets, b.Bytes())
+	}
+	in.c = plan.Cluster{Hosts: c.Int("hosts"), PerHost: c.Int("per-host"), LinkGbps: link, CoresPerHost: c.Int("cores-per-host")}
+	batch := c.Int("batch-tokens")
+	if s := c.Float64("compute-s"); s > 0 {
+		in.w.ComputeS, in.w.ComputeSD, in.w.Threads = s, c.Float64("compute-sd-s"), c.Int("threads")
+		in.w.TokensPerRank, in.tokens = float64(batch), "padded batch tokens"
+		in.source = fmt.Sprintf("--compute-s %g", s)
+		return in, nil
+	}
+	if gpu != "" {
+		return in, fmt.Errorf("plan: --device %s: no compute time measured on a GPU in this project (nothing has run on one yet): give --compute-s, the seconds of one step measured on that GPU", gpu)
+	}
+	if in.c.CoresPerHost == 0 {
+		in.c.CoresPerHost = runtime.NumCPU()
+	}
+	threads := c.Int("threads")
+	if threads == 0 {
+		threads = max(1, in.c.CoresPerHost/in.c.PerHost)
+	}
+	fmt.Fprintf(os.Stderr, "nmt-train plan: measuring preset %s on this machine's CPU (%s, %d steps after 3 untimed)...\n", in.preset, plural(threads, "thread"), c.Int("measure-steps"))
+	m, err := train.MeasureCompute(in.preset, cfg.Vocab, threads, batch, 3, c.Int("measure-steps"))
+	if err != nil {
+		return in, fmt.Errorf("plan: %v", err)
+	}
+	in.w.ComputeS, in.w.ComputeSD, in.w.BackwardS, in.w.Threads = m.ComputeS, m.ComputeSD, m.Backward, threads
+	in.w.TokensPerRank, in.tokens = m.TargetTokens, "target tokens"
+	in.source = fmt.Sprintf("measured now on this machine's CPU: %d steps of the synthetic corpus with %d ids, %s, %d batch tokens", m.Steps, m.Vocab, plural(threads, "thread"), batch)
+	return in, nil
+}
+
+// fromRun: a run directory's measured compute and its layout.
+func fromRun(c *cli.Context, dir string) (planIn, error) {
+	var in planIn
+	ri, err := metrics.ReadRunInfo(dir)
+	if err != nil {
+		return in, fmt.Errorf("plan: --from-run %s is not a run directory: %v", dir, err)
+	}
+	recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
+	}
+	trains := 0
+	for _, r := range recs {
+		if r.Kind == "train" {
+			trains++
+		}
+	}
+	from := 0
+	if trains >= 3 {
+		from = 1 // the first interval warms up
+	}
+	st := metrics.MeasureSteps(recs, ri.WorldSize, from)
+	if st.Intervals == 0 || !(st.Own() > 0) {
+		return in, fmt.Errorf("plan: --from-run %s: no compute time in metrics.jsonl (a run that logged no step)", dir)
+	}
+	in.preset, in.c, in.w = ri.Preset, metrics.RunCluster(ri), metrics.RunWorkload(ri, st)
+	if len(ri.Buckets) == 0 {
+		if err := presetBuckets(c, ri, &in.w); err != nil {
+			return in, err
+		}
+	}
+	if s := c.Float64("compute-s"); s > 0 {
+		in.w.ComputeS, in.w.ComputeSD, in.w.BackwardS = s, c.Float64("compute-sd-s"), 0
+	}
+	if c.IsSet("batch-tokens") && ri.BatchTokens > 0 && c.Int("batch-tokens") != ri.BatchTokens {
+		f := float64(c.Int("batch-tokens")) / float64(ri.BatchTokens)
+		in.w.ComputeS, in.w.ComputeSD, in.w.BackwardS, in.w.TokensPerRank = f*in.w.ComputeS, f*in.w.ComputeSD, f*in.w.BackwardS, f*in.w.TokensPerRank
+	}
+	if c.IsSet("link") {
+		if in.c.LinkGbps, err = parseLink(c.String("link")); err != nil {
+			return in, fmt.Errorf("plan: %v", err)
+		}
+	}
+	in.tokens = "target tokens"
+	in.source = fmt.Sprintf("measured by the run in %s: %s, %s%s, compute less the token-count wait", dir, plural(ri.WorldSize, "rank"), plural(st.Intervals, "logged interval"), map[bool]string{true: " after the first"}[from == 1])
+	in.runStep = st.Step
+	in.measure = fmt.Sprintf("%s on %s", plural(ri.WorldSize, "rank"), plural(len(metrics.UniqueHosts(ri.Hosts)), "host"))
+	return in, nil
+}
+
+// presetBuckets cuts the buckets of a run from before run.json recorded
+// them: the preset's parameters with the vocabulary that gives the run's
+// count, and the default caps.
+func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
+	probe, err := transformer.Preset(ri.Preset, 1000)
+	if err != nil {
+		return fmt.Errorf("plan: --from-run: run.json's preset: %v", err)
+	}
+	ps, err := transformer.ParamList(probe)
+	if err != nil {
+		return fmt.Errorf("plan: --from-run: %v", err)
+	}
+	rest := int64(0)
+	for _, p := range ps {
+		rest += int64(p.Len)
+	}
+	rest -= int64(1000 * probe.DModel)
+	vocab := int((ri.Params - rest) / int64(probe.DModel))
+	cfg, err := transformer.Preset(ri.Preset, vocab)
+	if err != nil {
+		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %v", ri.Params, ri.Preset, err)
+	}
+	if ps, err = transformer.ParamList(cfg); err != nil {
+		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %v", ri.Params, ri.Preset, err)
+	}
+	var infos []fusion.ParamInfo
+	for _, p := range ps {
+		infos = append(infos, fusion.ParamInfo{Name: p.Name, Len: p.Len})
+	}
+	w.Buckets = nil
+	for _, b := range fusion.Layout(infos, fusion.BucketConfig{CapBytes: int(c.Float64("bucket-cap-mb") * (1 << 20)), FirstCapBytes: int(c.Float64("first-bucket-mb") * (1 << 20))}) {
+		w.Buckets = append(w.Buckets, b.Bytes())
+	}
+	w.HeadBytes = 4 * vocab * cfg.DModel
+	return nil
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", what)
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// printPlan writes one prediction with its parts and the numbers behind
+// the verdict.
+func printPlan(out io.Writer, in planIn, p plan.Prediction) {
+	c, w := in.c, in.w
+	fmt.Fprintf(out, "plan: preset %s (%s parameters), %s x %s = %s", in.preset, metrics.Commas(w.Params), plural(c.Hosts, "host"), plural(c.PerHost, "rank"), plural(p.Ranks, "rank"))
+	if c.Hosts > 1 {
+		fmt.Fprintf(out, ", link %.3g Gbit/s, %s (%.3f GB/s each way: %s)", c.LinkGbps, plan.TransportLabel(p.Transport), p.RateGBs, limitNote(p))
+	}
+	fmt.Fprintf(out, "\ncompute: %.4f s per step per rank (sd %.4f s), %s\n", w.ComputeS, w.ComputeSD, in.source)
+	fmt.Fprintf(out, "predicted step time: %.4f s\n", p.StepS)
+	fmt.Fprintf(out, "  compute                 %.4f s", p.ComputeS)
+	if p.Oversubscribed > 1 {
+		fmt.Fprintf(out, "  (%.2g compute threads per core: %s x %s on %s)", p.Oversubscribed, plural(c.PerHost, "rank"), plural(c.ThreadsPerRank, "thread"), plural(c.CoresPerHost, "core"))
+	}
+	fmt.Fprintf(out, "\n  wait for the slowest     %.4f s  (the ranks' batches differ)\n", p.WaitS)
+	fmt.Fprintf(out, "  token-count allreduce   %.4f s\n", p.SyncS)
+	fmt.Fprintf(out, "  exposed communication   %.4f s  (%.0f %% of %.4f s of gradient allreduces hidden behind backward)\n", p.ExposedS, 100*p.Hidden, p.CommS)
+	if p.StolenS > 0 {
+		fmt.Fprintf(out, "  transport CPU in backward %.4f s  (the hidden allreduces' CPU on busy cores)\n", p.StolenS)
+	}
+	fmt.Fprintf(out, "  data                    %.4f s  (nmt-train's batches are read inside the measured compute)\n", p.DataS)
+	fmt.Fprintf(out, "throughput: %s %s/s (%s ranks x %.0f per step); scaling efficiency against one device: %.0f %%\n",
+		metrics.Commas(int64(math.Round(p.TokensPerSec))), in.tokens, metrics.Commas(int64(p.Ranks)), w.TokensPerRank, 100*p.Efficiency)
+	fmt.Fprintf(out, "verdict: %s: the gradients' allreduces take %.4f s, %.0f %% of the %.4f s a step computes\n", p.Verdict, p.CommS, 100*p.CommS/math.Max(p.ComputeS, 1e-12), p.ComputeS)
+	for i, b := range p.Buckets {
+		fmt.Fprintf(out, "  bucket %d: %s on the wire, %s, %.2f ms (ready %.1f ms into backward, done %.1f ms)\n",
+			i, mb(b.WireBytes), b.Algorithm, 1e3*b.Seconds, 1e3*b.Ready, 1e3*b.End)
+	}
+	if in.runStep > 0 {
+		fmt.Fprintf(out, "the run itself measured %.4f s per step (%s)\n", in.runStep, in.measure)
+	}
+}
+
+func limitNote(p plan.Prediction) string {
+	if p.LinkBound {
+		return "the link limits"
+	}
+	return "the transport's CPU limits"
+}
+
+func mb(b int) string { return fmt.Sprintf("%.2f MB", float64(b)/1e6) }
+
+// printSweep writes a table over 1, 2, 4, ..., 512 hosts.
+func printSweep(out io.Writer, in planIn) error {
+	fmt.Fprintf(out, "plan: preset %s, %s per host, link %.3g Gbit/s; compute %.4f s per step per rank (%s)\n\n", in.preset, plural(in.c.PerHost, "rank"), in.c.LinkGbps, in.w.ComputeS, in.source)
+	fmt.Fprintln(out, "| hosts | ranks | step s | compute | wait | sync | exposed | hidden | tokens/s | efficiency | verdict | largest bucket |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for h := 1; h <= 512; h *= 2 {
+		c := in.c
+		c.Hosts = h
+		p, err := plan.Predict(c, in.w)
+		if err != nil {
+			return err
+		}
+		big := "-"
+		for _, b := range p.Buckets {
+			if b.WireBytes == maxWire(p.Buckets) {
+				big = fmt.Sprintf("%s %s, %.1f ms", mb(b.WireBytes), b.Algorithm, 1e3*b.Seconds)
+				break
+			}
+		}
+		fmt.Fprintf(out, "| %d | %d | %.4f | %.4f | %.4f | %.4f | %.4f | %.0f %% | %s | %.0f %% | %s | %s |\n", h, p.Ranks, p.StepS, p.ComputeS, p.WaitS, p.SyncS,
+			p.ExposedS, 100*p.Hidden, metrics.Commas(int64(math.Round(p.TokensPerSec))), 100*p.Efficiency, p.Verdict, big)
+	}
+	return nil
+}
+
+func maxWire(bs []plan.Bucket) int {
+	m := 0
+	for _, b := range bs {
+		m = max(m, b.WireBytes)
+	}
+	return m
+}
