@@ -30,6 +30,8 @@ type Transport struct {
 // 0.455 GB/s; QUIC 174 and 131 µs, 0.198 GB/s both times). docs/plan.md
 // has the tables. On other machines these are other numbers: they are
 // the transports' CPU cost per message and per byte on these cores.
+// Shared memory (np 4): docs/performance.md's sitting of 2026-11-24 06:04
+// and, for the pair rings' rate, docs/collective.md's 23:38 sitting.
 var (
 	// QUIC between hosts (quic-go).
 	QUIC = Transport{Name: "quic", StepUs: 152, CapGBs: 0.198}
