@@ -74,8 +74,9 @@ func TestMaskedCRC(t *testing.T) {
 // recorded its buckets (one allreduce of every gradient): 4 hosts of one
 // rank run the tree (DefaultModel picks it from 3 ranks on), whose
 // busiest rank sends TreeLoad(4) = 2 buffers: 2 * 121.76 MB / 125 MB/s =
-// 1.948 s with fp16, plus 2 x 2 hops of TLS/TCP's step (the link limits:
-// 0.125 GB/s is under its cap, so auto picks it on the tie). 2 hosts of 2
+// 1.948 s with fp16, plus 2 x 2 hops of QUIC's step (the link limits both
+// transports to 0.125 GB/s, so auto keeps QUIC: TLS/TCP would need to move
+// more than 1.1 times as much). 2 hosts of 2
 // ranks run the hierarchical allreduce: the pair rings' ring within each
 // host (2 x 20 µs + 121.76 MB / 0.9 GB/s) and, across the hosts, a tree
 // of 2 on each local rank's half (60.88 MB at half the link, TreeLoad(2) =
@@ -91,7 +92,7 @@ func TestBottleneckLab(t *testing.T) {
 	b := AnalyzeBottleneck(ri, StepTimes{Compute: 1.9})
 	near("fp32 bound", b.MinCommFP32, 2.92228)
 	near("fp16 bound", b.MinCommFP16, 1.46114)
-	hop := plan.TLSTCP.StepUs / 1e6
+	hop := plan.QUIC.StepUs / 1e6
 	near("fp16 prediction, 4 hosts", b.CommFP16, 2*2*hop+2*121.761792e6/125e6)
 	near("fp32 prediction, 4 hosts", b.CommFP32, 2*2*hop+2*243.523584e6/125e6)
 	if b.Verdict != "network-bound" || len(b.Pred.Buckets) != 1 || b.Pred.Buckets[0].Algorithm != "tree" {
@@ -102,7 +103,7 @@ func TestBottleneckLab(t *testing.T) {
 	}
 	s := b.String()
 	for _, want := range []string{"2.922 s with fp32", "1 Gbit/s link (given with --link-gbps)", "predicted allreduce time per step: 3.897 s with fp32, 1.949 s with fp16",
-		"the largest by tree over TLS/TCP at 0.125 GB/s each way, the link limits", "verdict: network-bound (communication needs at least 77 % of the compute time with fp16", "predicted to take 103 % of the compute time)"} {
+		"the largest by tree over QUIC at 0.125 GB/s each way, the link limits", "verdict: network-bound (communication needs at least 77 % of the compute time with fp16", "predicted to take 103 % of the compute time)"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the analysis lacks %q:\n%s", want, s)
 		}

@@ -31,8 +31,9 @@ type Cluster struct {
 	// ThreadsPerRank: compute threads per rank on the CPU (0: the
 	// workload's).
 	ThreadsPerRank int
-	// Transport between hosts: "auto" (the faster on this link, as gorun's
-	// start-up probe picks), "quic" or "tcp".
+	// Transport between hosts: "auto" (as gorun's start-up probe picks:
+	// TLS/TCP where it moves more than 1.1x QUIC on this link), "quic" or
+	// "tcp".
 	Transport string
 	// CapGBs and StepUs replace the transport's measured constants (0:
 	// keep them): on hosts whose cores move more bytes per second than

@@ -73,8 +73,9 @@ func TransportLabel(name string) string {
 }
 
 // between picks the transport between hosts: the one named, or for auto
-// the one that moves more on this link each way (min of the link and its
-// cap), TLS/TCP on a tie, as rank/choose.go decides from its probe.
+// what rank/choose.go decides from its probe: TLS/TCP when it moves more
+// than tcpMargin times QUIC's rate on this link each way (each the min of
+// the link and its cap), else QUIC.
 func between(name string, linkGBs float64) Transport {
 	switch name {
 	case "quic":
@@ -82,8 +83,12 @@ func between(name string, linkGBs float64) Transport {
 	case "tcp":
 		return TLSTCP
 	}
-	if min(linkGBs, QUIC.CapGBs) > min(linkGBs, TLSTCP.CapGBs) {
-		return QUIC
+	if min(linkGBs, TLSTCP.CapGBs) > tcpMargin*min(linkGBs, QUIC.CapGBs) {
+		return TLSTCP
 	}
-	return TLSTCP
+	return QUIC
 }
+
+// tcpMargin is rank/choose.go's: TLS/TCP must move this many times QUIC's
+// rate for auto to choose it.
+const tcpMargin = 1.1

@@ -31,7 +31,7 @@ func planCommand() *cli.Command {
 			&cli.IntFlag{Name: "per-host", Value: 1, Usage: "`G` ranks (devices) per host"},
 			&cli.StringFlag{Name: "link", Value: "1gbit", Usage: "each host's link, in bits per second: 1gbit, 10gbit, 25gbit, 100gbit, or a number with kbit, mbit, gbit or tbit (also Mbit/s, Gbit/s, mbps, gbps)"},
 			&cli.Float64Flag{Name: "latency-us", Usage: "the link's one-way latency in µs, added to every ring step and tree hop (0: the namespace test hosts)"},
-			&cli.StringFlag{Name: "transport", Value: "auto", Usage: "between hosts: auto (the faster on this link, as gorun's start-up probe picks) | quic | tcp"},
+			&cli.StringFlag{Name: "transport", Value: "auto", Usage: "between hosts: auto (as gorun's start-up probe picks: TLS/TCP where it moves more than 1.1x QUIC on this link, else QUIC) | quic | tcp"},
 			&cli.Float64Flag{Name: "transport-cap-gbs", Usage: "GB/s one connection carries each way when the CPU limits (0: as measured on this project's 2-core machine, plan/transport.go)"},
 			&cli.Float64Flag{Name: "transport-step-us", Usage: "µs of one ring step or tree hop in the transport's software (0: as measured here)"},
 			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu (compute measured on this machine, from --from-run, or --compute-s) | a GPU name (h100, a100, ...: needs --compute-s)"},
