@@ -388,10 +388,15 @@ func TestRunLocalAliases(t *testing.T) {
 // restart with the failure's status; without the flag nothing restarts.
 func TestRunMaxRestarts(t *testing.T) {
 	// Rank 1 fails on the first two starts (the file counts them), then
-	// the job succeeds.
+	// the job succeeds. It fails only once rank 0 has written its line of
+	// that start (at most 10 s), else the restart could stop rank 0 before
+	// it did.
 	dir := t.TempDir()
 	script := `echo "start $GORUN_RESTART$GORUN_RESTART_CAUSE" | sed 's/(host.*)//' >> ` + dir + `/rank$GORUN_RANK
-		if [ $GORUN_RANK = 1 ] && [ $GORUN_RESTART -lt 2 ]; then exit 5; fi
+		if [ $GORUN_RANK = 1 ] && [ $GORUN_RESTART -lt 2 ]; then
+			for i in $(seq 100); do grep -q "^start $GORUN_RESTART" ` + dir + `/rank0 2>/dev/null && break; sleep 0.1; done
+			exit 5
+		fi
 		if [ $GORUN_RANK = 0 ] && [ $GORUN_RESTART -lt 2 ]; then sleep 60; fi`
 	code, _, errs := runSh(t, Config{NP: 2, MaxRestarts: 3, Grace: 500 * time.Millisecond, StdinRank: -1}, script)
 	if code != 0 {
