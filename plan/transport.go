@@ -3,6 +3,8 @@ package plan
 import (
 	"fmt"
 	"strings"
+
+	"github.com/gorun/gorun/rank"
 )
 
 // Transport is what carries an allreduce's messages, as the planner sees
@@ -74,8 +76,8 @@ func TransportLabel(name string) string {
 
 // between picks the transport between hosts: the one named, or for auto
 // what rank/choose.go decides from its probe: TLS/TCP when it moves more
-// than tcpMargin times QUIC's rate on this link each way (each the min of
-// the link and its cap), else QUIC.
+// than rank.AutoTCPMargin times QUIC's rate on this link each way (each the
+// min of the link and its cap), else QUIC.
 func between(name string, linkGBs float64) Transport {
 	switch name {
 	case "quic":
@@ -83,12 +85,8 @@ func between(name string, linkGBs float64) Transport {
 	case "tcp":
 		return TLSTCP
 	}
-	if min(linkGBs, TLSTCP.CapGBs) > tcpMargin*min(linkGBs, QUIC.CapGBs) {
+	if min(linkGBs, TLSTCP.CapGBs) > rank.AutoTCPMargin*min(linkGBs, QUIC.CapGBs) {
 		return TLSTCP
 	}
 	return QUIC
 }
-
-// tcpMargin is rank/choose.go's: TLS/TCP must move this many times QUIC's
-// rate for auto to choose it.
-const tcpMargin = 1.1

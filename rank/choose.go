@@ -18,7 +18,7 @@ import (
 // at once (up to probeBytes each way or probeTime, whichever comes first;
 // QUIC, TLS/TCP, QUIC, TLS/TCP, the better round of each, so that neither
 // is judged on its cold start alone), and rank 0 tells every rank its
-// choice: TLS/TCP when it moved more than tcpMargin times what QUIC
+// choice: TLS/TCP when it moved more than AutoTCPMargin times what QUIC
 // moved, else QUIC. Where both fill the link they measure alike, and QUIC
 // filled it better in allreduces (96 % of a 1 Gbit/s link against 88-94 %
 // for TLS/TCP, whose tree at np 2 lost most: TestAllreduceShapedLink). The other transport's TCP
@@ -75,9 +75,12 @@ const (
 	probeBytes = 64 << 20
 	probeMsg   = 1 << 20
 	probeTime  = 500 * time.Millisecond
-	probeRuns  = 2   // rounds per transport
-	tcpMargin  = 1.1 // TLS/TCP must move this many times QUIC's rate to be chosen
+	probeRuns  = 2 // rounds per transport
 )
+
+// AutoTCPMargin is how many times QUIC's probed rate TLS/TCP must move for
+// auto to choose it (package plan predicts with the same rule).
+const AutoTCPMargin = 1.1
 
 // probePeer is the lowest rank on another host than rank 0's, or -1.
 func probePeer(hosts []string) int {
@@ -90,14 +93,14 @@ func probePeer(hosts []string) int {
 }
 
 // decide is rank 0's choice from the probe's rates: TLS/TCP when it is
-// faster by more than tcpMargin, else QUIC.
+// faster by more than AutoTCPMargin, else QUIC.
 func decide(peer int, peerName string, quicGBs, tcpGBs float64) TransportChoice {
 	c := TransportChoice{Transport: "quic", Peer: peer, QUICGBs: quicGBs, TCPGBs: tcpGBs}
-	verdict := fmt.Sprintf("within %.0f %% of each other: QUIC", 100*(tcpMargin-1))
-	if tcpGBs > tcpMargin*quicGBs {
+	verdict := fmt.Sprintf("within %.0f %% of each other: QUIC", 100*(AutoTCPMargin-1))
+	if tcpGBs > AutoTCPMargin*quicGBs {
 		c.Transport = "tcp"
-		verdict = fmt.Sprintf("TLS/TCP is faster by more than %.0f %%", 100*(tcpMargin-1))
-	} else if quicGBs > tcpMargin*tcpGBs {
+		verdict = fmt.Sprintf("TLS/TCP is faster by more than %.0f %%", 100*(AutoTCPMargin-1))
+	} else if quicGBs > AutoTCPMargin*tcpGBs {
 		verdict = "QUIC is faster"
 	}
 	c.Why = fmt.Sprintf("auto: start-up probe rank 0 <-> rank %d (%s): TLS/TCP %.3f GB/s, QUIC %.3f GB/s each way; %s",
@@ -130,30 +133,22 @@ func (m *Mesh) choose(ctx context.Context) error {
 			}
 		}
 	}
+	// rank 0's rates go to every rank, which decides from them as rank 0
+	// does: the same bits, the same choice
 	tag := Tag{Kind: chooseKind, Aux: 2} // not a probe's (Aux: the transport probed)
-	var msg [17]byte
+	var msg [16]byte
 	if m.id.Rank == 0 {
-		c := decide(p, m.names[p], rates[viaQUIC], rates[viaTCP])
-		msg[0] = byte(viaOf(c.Transport))
-		binary.LittleEndian.PutUint64(msg[1:], math.Float64bits(c.QUICGBs))
-		binary.LittleEndian.PutUint64(msg[9:], math.Float64bits(c.TCPGBs))
+		binary.LittleEndian.PutUint64(msg[0:], math.Float64bits(rates[viaQUIC]))
+		binary.LittleEndian.PutUint64(msg[8:], math.Float64bits(rates[viaTCP]))
 		for r := 1; r < m.id.Size; r++ {
 			if err := m.Send(ctx, r, 0, tag, msg[:]); err != nil {
-				return fmt.Errorf("rank 0: telling rank %d the transport: %w", r, err)
+				return fmt.Errorf("rank 0: telling rank %d the probe's rates: %w", r, err)
 			}
 		}
-		m.use(c)
-		return nil
+	} else if err := m.Recv(ctx, 0, 0, tag, msg[:]); err != nil {
+		return fmt.Errorf("rank %d: waiting for rank 0's probe of the transports: %w", m.id.Rank, err)
 	}
-	if err := m.Recv(ctx, 0, 0, tag, msg[:]); err != nil {
-		return fmt.Errorf("rank %d: waiting for rank 0's choice of transport: %w", m.id.Rank, err)
-	}
-	if msg[0] > viaTCP {
-		return fmt.Errorf("rank %d: rank 0 chose transport %d, which is not one of quic (0) and tcp (1)", m.id.Rank, msg[0])
-	}
-	c := decide(p, m.names[p], math.Float64frombits(binary.LittleEndian.Uint64(msg[1:])), math.Float64frombits(binary.LittleEndian.Uint64(msg[9:])))
-	c.Transport = viaNames[msg[0]]
-	m.use(c)
+	m.use(decide(p, m.names[p], math.Float64frombits(binary.LittleEndian.Uint64(msg[0:])), math.Float64frombits(binary.LittleEndian.Uint64(msg[8:]))))
 	return nil
 }
 
@@ -161,7 +156,7 @@ func (m *Mesh) choose(ctx context.Context) error {
 func (m *Mesh) use(c TransportChoice) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.choice, m.tr = c, c.Transport
+	m.choice = c
 	m.lanes = m.sets[viaOf(c.Transport)]
 	if c.Transport == "tcp" || m.sets[viaTCP] == nil {
 		return

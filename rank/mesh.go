@@ -152,8 +152,7 @@ type Mesh struct {
 	opt     Options
 	lanes   [][]*lane       // [peer][channel]: the lanes that carry data (one of sets)
 	sets    [2][][]*lane    // [viaQUIC or viaTCP][peer][channel]; nil for a transport not connected
-	tr      string          // "quic" or "tcp": what lanes are (Transport)
-	choice  TransportChoice // why (auto's probe)
+	choice  TransportChoice // which transport the lanes are, and why
 	ready   chan struct{}
 	pending int
 	mu      sync.Mutex
@@ -201,11 +200,11 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 			}
 		}
 	}
-	m.tr = opt.Transport
-	if m.tr == "auto" {
-		m.tr = "quic" // until the probe says otherwise (choose.go)
+	m.choice = TransportChoice{Transport: opt.Transport, Peer: -1, Why: "set with " + EnvTransport}
+	if opt.Transport == "auto" {
+		m.choice = TransportChoice{Transport: "quic", Peer: -1, Why: "auto: not chosen yet"} // until choose
 	}
-	m.lanes = m.sets[viaOf(m.tr)]
+	m.lanes = m.sets[viaOf(m.choice.Transport)]
 	m.pconns = make([][]*quic.Conn, id.Size)
 	m.hosts = make([]string, id.Size)
 	m.names = make([]string, id.Size)
@@ -334,8 +333,6 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		if err := m.choose(ctx); err != nil {
 			return fail(err)
 		}
-	} else {
-		m.choice = TransportChoice{Transport: m.tr, Why: "set with " + EnvTransport}
 	}
 	m.warnUDPBuffers()
 	return m, nil

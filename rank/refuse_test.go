@@ -288,6 +288,13 @@ func connectPair(t *testing.T, secret []byte, id func(int) Identity, opt Options
 		t.Fatal(err)
 	}
 	defer rdv.Close()
+	return connectVia(t, rdv.Addr(), id, opt)
+}
+
+// connectVia connects ranks 0 and 1 of a job through the rendezvous at
+// addr; the meshes close when the test ends.
+func connectVia(t *testing.T, addr string, id func(int) Identity, opt Options) []*Mesh {
+	t.Helper()
 	ms := make([]*Mesh, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -296,7 +303,7 @@ func connectPair(t *testing.T, secret []byte, id func(int) Identity, opt Options
 		go func() {
 			defer wg.Done()
 			i := id(r)
-			i.Rendezvous = rdv.Addr()
+			i.Rendezvous = addr
 			ms[r], errs[r] = Connect(context.Background(), i, opt)
 		}()
 	}
@@ -366,21 +373,9 @@ func TestRendezvousRefusesClients(t *testing.T) {
 		})
 	}
 	// no refused client holds a place: both ranks register and connect
-	ms := make([]*Mesh, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range ms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ms[r], errs[r] = Connect(context.Background(), Identity{Rank: r, Size: 2, Rendezvous: rdv.Addr(), Secret: secret, Launcher: "test"}, Options{Timeout: 10 * time.Second})
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	defer CloseAll([]Transport{ms[0], ms[1]})
+	ms := connectVia(t, rdv.Addr(), func(r int) Identity {
+		return Identity{Rank: r, Size: 2, Secret: secret, Launcher: "test"}
+	}, Options{Timeout: 10 * time.Second})
 	checkPairWorks(t, ms)
 }
 

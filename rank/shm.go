@@ -563,7 +563,7 @@ func (m *Mesh) PeerTransport(peer int) string {
 	if m.shmPeer(peer) != nil {
 		return "shm"
 	}
-	return m.tr
+	return m.choice.Transport
 }
 
 func (m *Mesh) shmPeer(peer int) *shmPeer {

@@ -22,7 +22,7 @@ func (m *Mesh) PeerTransport(peer int) string {
 	if peer == m.id.Rank {
 		return "self"
 	}
-	return m.tr
+	return m.choice.Transport
 }
 
 func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) error {

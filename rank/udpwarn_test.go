@@ -72,7 +72,7 @@ func TestUDPWarning(t *testing.T) {
 		// 0 and 1: QUIC carries data to rank 2 only, and the warning comes
 		// from rank 0 (host a's lowest) and rank 2 (host b's).
 		for r, want := range []bool{true, false, true} {
-			m := &Mesh{id: Identity{Rank: r, Size: 3}, opt: Options{Transport: "quic"}, tr: "quic",
+			m := &Mesh{id: Identity{Rank: r, Size: 3}, opt: Options{Transport: "quic"}, choice: TransportChoice{Transport: "quic"},
 				hosts: []string{"a", "a", "b"}, names: []string{"node1", "node1", "node2"}, shm: make([]*shmPeer, 3)}
 			if r < 2 {
 				m.shm[1-r] = &shmPeer{}
