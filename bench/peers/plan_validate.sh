@@ -36,7 +36,13 @@ STEPS_tiny=${STEPS_tiny:-60} LOG_tiny=${LOG_tiny:-10}
 STEPS_small=${STEPS_small:-30} LOG_small=${LOG_small:-5}
 OUT=${OUT:-/tmp/gorun-plan-validate}
 if [ "$(id -u)" != 0 ]; then echo "plan_validate.sh: must run as root (network namespaces)" >&2; exit 1; fi
-rm -rf "$OUT" && mkdir -p "$OUT"
+# OUT is emptied only if this script made it (its marker file is there):
+# an OUT that holds anything else (someone's runs and checkpoints) is refused.
+if [ -e "$OUT" ] && [ ! -e "$OUT/.plan-validate" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "plan_validate.sh: OUT=$OUT exists and was not made by this script; choose another OUT (nothing was deleted)" >&2
+  exit 1
+fi
+rm -rf "$OUT" && mkdir -p "$OUT" && touch "$OUT/.plan-validate"
 
 export GORUN_HOSTS_NAME=gorun-pv GORUN_HOSTS_VETH=grpv GORUN_HOSTS_BRIDGE=gorunbrv \
   GORUN_HOSTS_NET=198.18.73 GORUN_HOSTS_STATE=/tmp/gorun-plan-hosts
