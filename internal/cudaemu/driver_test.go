@@ -181,15 +181,20 @@ func goString(p uintptr) string {
 func cptr(p uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&p)) }
 
 // A thread without a current context gets CUDA_ERROR_INVALID_CONTEXT, as
-// on a GPU (contexts are current per OS thread).
+// on a GPU (contexts are current per OS thread): clearing it on one thread
+// leaves the test's own thread with its context.
 func TestContextPerThread(t *testing.T) {
 	l := setup(t)
 	l.quiet(t)
 	done := make(chan [3]int)
 	go func() {
-		runtime.LockOSThread() // a fresh goroutine on a thread of its own, exited with it
+		// Locked and never unlocked: the thread exits with the goroutine.
+		// The runtime may hand it a thread an earlier test made current,
+		// so the context is cleared first.
+		runtime.LockOSThread()
 		var p uintptr
 		var r [3]int
+		l.call(t, "cuCtxSetCurrent", 0)
 		r[0] = l.call(t, "cuMemAlloc_v2", uintptr(unsafe.Pointer(&p)), 64)
 		l.call(t, "cuCtxSetCurrent", l.ctx)
 		r[1] = l.call(t, "cuMemAlloc_v2", uintptr(unsafe.Pointer(&p)), 64)
@@ -199,6 +204,11 @@ func TestContextPerThread(t *testing.T) {
 	r := <-done
 	if r != [3]int{cuInvalidContext, 0, 0} {
 		t.Errorf("without, then with a current context: %v", r)
+	}
+	var cur uintptr
+	l.must(t, "cuCtxGetCurrent", uintptr(unsafe.Pointer(&cur)))
+	if cur != l.ctx {
+		t.Errorf("the test's thread lost its context: %#x, want %#x", cur, l.ctx)
 	}
 }
 
