@@ -22,8 +22,11 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
+# vet, and a build for macOS (the launcher and the CPU trainer build there;
+# shared memory is Linux only; only Linux is tested).
 vet:
 	$(GO) vet ./...
+	GOOS=darwin GOARCH=arm64 $(GO) build ./...
 
 # All tests: formatting, vet, the race detector on the concurrent packages,
 # then every other package's tests (the race-tested ones are not run twice),

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 )
 
 // EnvProgressLine is set to 1 in every rank's environment when gorun's
@@ -50,10 +51,7 @@ func newProgressLine(stdout, stderr io.Writer) (pl *progressLine, errToo bool) {
 	return pl, errToo
 }
 
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
+func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
 
 // write writes line (whole lines) to w, a stream on the terminal, under
 // the progress line. end >= 0 is a tagger key whose progress the line

@@ -647,6 +647,17 @@ func (m *Mesh) Channels() int { return m.opt.Channels }
 // Identity returns the identity the mesh was built from.
 func (m *Mesh) Identity() Identity { return m.id }
 
+// localRanks are the ranks on this rank's host (itself included), ascending.
+func (m *Mesh) localRanks() []int {
+	var l []int
+	for p := range m.hosts {
+		if m.hosts[p] == m.hosts[m.id.Rank] && m.hosts[p] != "" {
+			l = append(l, p)
+		}
+	}
+	return l
+}
+
 // Hosts returns a key per rank that is equal for ranks on the same machine
 // (same machine id and network namespace).
 func (m *Mesh) Hosts() []string { return append([]string(nil), m.hosts...) }

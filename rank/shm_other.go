@@ -10,7 +10,7 @@ import (
 // Shared memory is implemented on Linux only; elsewhere every peer uses
 // sockets.
 
-type shmPeer struct{}
+type shmPeer struct{ pid int }
 
 func (m *Mesh) setupShm(ctx context.Context) error { return nil }
 func (m *Mesh) closeShm()                          {}
@@ -24,6 +24,8 @@ func (m *Mesh) PeerTransport(peer int) string {
 	}
 	return m.choice.Transport
 }
+
+func (sp *shmPeer) alive() bool { return true }
 
 func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) error {
 	panic("unreachable")

@@ -288,17 +288,6 @@ func (g *LocalGroup) close() {
 	g.mu.Unlock()
 }
 
-// localRanks are the ranks on this rank's host (itself included), ascending.
-func (m *Mesh) localRanks() []int {
-	var l []int
-	for p := range m.hosts {
-		if m.hosts[p] == m.hosts[m.id.Rank] && m.hosts[p] != "" {
-			l = append(l, p)
-		}
-	}
-	return l
-}
-
 // finishGroup runs at the end of setupShm: the creator records whether
 // every peer mapped the segment, every member votes.
 func (m *Mesh) finishGroup(g *LocalGroup, allMapped bool) {

@@ -10,6 +10,7 @@ import (
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/mpirun"
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 )
 
 // progress is rank 0's view of the run between two log lines: step N of
@@ -49,7 +50,7 @@ func newProgress(w io.Writer, want bool, start, total int) *progress {
 		return p
 	}
 	var st unix.Stat_t
-	if _, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS); err == nil {
+	if term.IsTerminal(int(f.Fd())) {
 		p.draw = drawTerminal
 	} else if os.Getenv(mpirun.EnvProgressLine) == "1" && unix.Fstat(int(f.Fd()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO {
 		p.draw = drawGorun
