@@ -202,7 +202,7 @@ func TestAllreduceShapedLink(t *testing.T) {
 	// and each transport set by hand: at 1 Gbit/s the probe may pick
 	// either, so auto alone would not always try both. TLS/TCP's tree
 	// once filled 85 % here (its accepted sockets' windows stuck at 82
-	// KiB; rank/mesh.go dialTCP).
+	// KiB; rank/mesh.go sizeTCPBuffers).
 	link := linkRateBps / 8 / 1e9 // GB/s
 	for _, c := range []struct{ algo, transport string }{{"ring", "auto"}, {"tree", "auto"}, {"ring", "quic"}, {"tree", "tcp"}} {
 		algo := c.algo
