@@ -28,8 +28,9 @@ import "context"
 // shared-memory ring 1 MiB per channel and direction, TCP lanes ask for
 // 4 MiB socket buffers (the kernel grants twice the smaller of that and
 // net.core.wmem_max, 416 KiB by default, and as much again at the
-// receiver), and QUIC streams open with a 4 MiB receive window. DirectMaxBytes (64 KiB by default) keeps
-// two messages plus headers well inside all of them. Messages of an
+// receiver), and QUIC streams open with a 4 MiB receive window.
+// DirectMaxBytes (64 KiB by default) keeps two messages plus headers well
+// inside all of them. Messages of an
 // earlier ring or tree call are drained by that call's receiver
 // goroutines, which never wait on this call.
 

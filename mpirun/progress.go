@@ -40,18 +40,16 @@ const clearLine = "\r\x1b[K"
 // terminal, else nil; errToo says whether stderr is the same terminal.
 func newProgressLine(stdout, stderr io.Writer) (pl *progressLine, errToo bool) {
 	out, ok := stdout.(*os.File)
-	if !ok || !isTerminal(out) {
+	if !ok || !term.IsTerminal(int(out.Fd())) {
 		return nil, false
 	}
 	pl = &progressLine{term: out, texts: map[int]string{}}
-	if e, ok := stderr.(*os.File); ok && isTerminal(e) {
+	if e, ok := stderr.(*os.File); ok && term.IsTerminal(int(e.Fd())) {
 		var so, se unix.Stat_t
 		errToo = unix.Fstat(int(out.Fd()), &so) == nil && unix.Fstat(int(e.Fd()), &se) == nil && so.Rdev == se.Rdev
 	}
 	return pl, errToo
 }
-
-func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
 
 // write writes line (whole lines) to w, a stream on the terminal, under
 // the progress line. end >= 0 is a tagger key whose progress the line
