@@ -39,14 +39,26 @@ const (
 	EnvRings      = "GORUN_RINGS"       // channels (rings, trees) used in parallel
 )
 
+// The pipeline slices unless Config or GORUN_SLICE_BYTES sets one (then
+// that one everywhere). Every slice is a message with its own wake-ups
+// along the pipeline: between two test hosts at 10 Gbit/s 256 KiB slices
+// moved 1.2-1.4x the bytes per second of 128 KiB ones, while over shared
+// memory within a host 128 KiB was faster (docs/collective.md, "Slice
+// size").
+const (
+	DefaultSliceBytes = 256 << 10 // rings and trees that cross hosts
+	LocalSliceBytes   = 128 << 10 // those whose ranks are all on one host
+)
+
 // Config tunes a Communicator. The zero value reads the environment and
 // otherwise uses the defaults.
 type Config struct {
 	// Algorithm for Allreduce; Auto (the default) picks by size and world
 	// size with Model. Env GORUN_ALLREDUCE overrides Auto.
 	Algorithm Algorithm
-	// SliceBytes is the pipelining unit (default 128 KiB). Must be the same on
-	// every rank. Env GORUN_SLICE_BYTES.
+	// SliceBytes is the pipelining unit. Must be the same on every rank.
+	// 0: DefaultSliceBytes across hosts, LocalSliceBytes within one. Env
+	// GORUN_SLICE_BYTES.
 	SliceBytes int
 	// Channels is how many transport channels a large call spreads over
 	// (rings in parallel); default: one per two CPU cores, at most what
@@ -83,6 +95,9 @@ type Communicator struct {
 	hier     *hier       // two-level allreduce layout, nil: flat
 	sh       *groupState // every rank on this host, sharing a group segment (shared.go)
 	dscratch []byte      // the direct allreduce's buffers (used by the queue goroutine only)
+	// the most bytes per slice: of calls over all of t, and of the
+	// hierarchical allreduce's phases within a host (across: cfg's)
+	flatSlice, localSlice int
 }
 
 // Handle is a queued or running call.
@@ -132,8 +147,9 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 		}
 		cfg.SliceBytes = n
 	}
+	localSlice := cfg.SliceBytes
 	if cfg.SliceBytes <= 0 {
-		cfg.SliceBytes = 128 << 10
+		cfg.SliceBytes, localSlice = DefaultSliceBytes, LocalSliceBytes
 	}
 	if cfg.SliceBytes < 64 {
 		return nil, fmt.Errorf("slice of %d bytes is too small (min 64)", cfg.SliceBytes)
@@ -165,7 +181,10 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 		return nil, fmt.Errorf("collective: shared-memory group: %w", err)
 	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
-		hier: hierFor(t), sh: sh}
+		hier: hierFor(t), sh: sh, localSlice: localSlice, flatSlice: cfg.SliceBytes}
+	if oneHost(t) {
+		c.flatSlice = localSlice
+	}
 	c.settings = settings(cfg.SliceBytes, cfg.Channels, t.Channels(), c.hier != nil)
 	go c.loop()
 	return c, nil
@@ -389,7 +408,7 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 			return c.hierAllreduce(ctx, recv, count, cl)
 		}
 		r := newRun(ctx, c.t, cl, c.settings)
-		c.allreduceOn(r, c.t, recv, 0, count, cl, n)
+		c.allreduceOn(r, c.t, recv, 0, count, cl, n, c.flatSlice)
 		return r.wait()
 	})
 }
@@ -426,10 +445,10 @@ func (c *Communicator) channelsFor(bytes int) int {
 }
 
 // sliceFor keeps at least a few slices per step for mid-size calls so that
-// the pipeline has something to overlap, within [8 KiB, SliceBytes].
-func (c *Communicator) sliceFor(bytes, n int) int {
+// the pipeline has something to overlap, within [8 KiB, limit].
+func sliceFor(bytes, n, limit int) int {
 	per := bytes / max(1, n) / 4
-	return max(min(c.cfg.SliceBytes, per), min(c.cfg.SliceBytes, 8<<10))
+	return max(min(limit, per), min(limit, 8<<10))
 }
 
 // Broadcast copies root's buf into buf on every rank (pipelined down a
@@ -455,7 +474,7 @@ func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int)
 		parts := split(len(buf), nch)
 		for ch := 0; ch < nch; ch++ {
 			r.tree(treeSpec{acc: buf, lo: parts[ch], hi: parts[ch+1], ch: ch, shape: sh,
-				sliceBytes: c.cfg.SliceBytes, dtype: rawBytes, wire: rawBytes, op: Sum})
+				sliceBytes: c.flatSlice, dtype: rawBytes, wire: rawBytes, op: Sum})
 		}
 		return r.wait()
 	})
@@ -486,7 +505,7 @@ func (c *Communicator) AllgatherAsync(ctx context.Context, send, recv []byte) *H
 			chunks[j] = j * len(send)
 		}
 		r.ring(ringSpec{acc: recv, chunks: chunks, ag: true, nch: c.channelsFor(len(recv)),
-			sliceBytes: c.sliceFor(len(recv), n), dtype: rawBytes, wire: rawBytes, op: Sum})
+			sliceBytes: sliceFor(len(recv), n, c.flatSlice), dtype: rawBytes, wire: rawBytes, op: Sum})
 		return r.wait()
 	})
 }
@@ -528,7 +547,7 @@ func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte
 		}
 		r := newRun(ctx, c.t, cl, c.settings)
 		r.ring(ringSpec{acc: work, chunks: chunks, rs: true, nch: c.channelsFor(len(send)),
-			sliceBytes: c.sliceFor(len(send)/dt.Size()*cl.wire.Size(), n), dtype: dt, wire: cl.wire, op: op})
+			sliceBytes: sliceFor(len(send)/dt.Size()*cl.wire.Size(), n, c.flatSlice), dtype: dt, wire: cl.wire, op: op})
 		err := r.wait()
 		copy(recv, work[me*len(recv):])
 		return err
@@ -550,7 +569,7 @@ func (c *Communicator) BarrierAsync(ctx context.Context) *Handle {
 		}
 		r := newRun(ctx, c.t, cl, c.settings)
 		sh := inorderTree(n)
-		r.tree(treeSpec{acc: nil, ch: 0, shape: sh[c.t.Rank()], up: true, sliceBytes: c.cfg.SliceBytes,
+		r.tree(treeSpec{acc: nil, ch: 0, shape: sh[c.t.Rank()], up: true, sliceBytes: c.flatSlice,
 			dtype: Float32, wire: Float32, op: Sum})
 		return r.wait()
 	})

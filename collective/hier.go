@@ -76,6 +76,22 @@ func hierFor(t rank.Transport) *hier {
 	return newHier(h.Hosts(), t.Rank())
 }
 
+// oneHost reports whether every rank of t is on one host (false when t
+// does not say).
+func oneHost(t rank.Transport) bool {
+	h, ok := t.(interface{ Hosts() []string })
+	if !ok {
+		return false
+	}
+	hs := h.Hosts()
+	for _, x := range hs {
+		if x != hs[0] {
+			return false
+		}
+	}
+	return len(hs) > 0
+}
+
 // subTransport is a subset of a transport's ranks, renumbered 0..len-1.
 // It shares the parent's lanes: phases that use it run one after another,
 // in the same order on every rank, so each lane's messages stay in order.
@@ -109,7 +125,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int,
 	// 1: reduce-scatter on the host, partial sums (no Average yet)
 	r := newRun(ctx, local, cl, c.settings)
 	r.ring(ringSpec{acc: acc, chunks: parts, rs: true, noFinish: true,
-		nch: c.channelsFor(len(acc)), sliceBytes: c.sliceFor(count*ws, m),
+		nch: c.channelsFor(len(acc)), sliceBytes: sliceFor(count*ws, m, c.localSlice),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op})
 	if err := r.wait(); err != nil {
 		return err
@@ -117,7 +133,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int,
 	// 2: allreduce of this rank's part across the hosts
 	lo, hi := parts[h.idx], parts[h.idx+1]
 	r = newRun(ctx, cross, cl, c.settings)
-	c.allreduceOn(r, cross, acc, lo, hi, cl, n)
+	c.allreduceOn(r, cross, acc, lo, hi, cl, n, c.cfg.SliceBytes)
 	if err := r.wait(); err != nil {
 		return err
 	}
@@ -125,14 +141,15 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int,
 	// values when it differs, so sending them again rounds nothing)
 	r = newRun(ctx, local, cl, c.settings)
 	r.ring(ringSpec{acc: acc, chunks: parts, ag: true,
-		nch: c.channelsFor(len(acc)), sliceBytes: c.sliceFor(count*ws, m),
+		nch: c.channelsFor(len(acc)), sliceBytes: sliceFor(count*ws, m, c.localSlice),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op})
 	return r.wait()
 }
 
 // allreduceOn runs a flat allreduce of acc's elements [lo, hi) over t with
-// the call's algorithm; Average divides by div.
-func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi int, cl call, div int) {
+// the call's algorithm, in slices of at most slice bytes; Average divides
+// by div.
+func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi int, cl call, div, slice int) {
 	n := t.Size()
 	if n == 1 {
 		if cl.op == Average || cl.wire != cl.dtype {
@@ -153,14 +170,14 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 		if t.Channels() < 2 {
 			sh := inorderTree(n)
 			r.tree(treeSpec{acc: acc, lo: lo, hi: hi, ch: 0, shape: sh[t.Rank()], up: true,
-				sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+				sliceBytes: slice, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
 			return
 		}
 		trees := doubleTree(n)
 		half := split(count, 2)
 		for i := 0; i < 2; i++ {
 			r.tree(treeSpec{acc: acc, lo: lo + half[i], hi: lo + half[i+1], ch: i, shape: trees[i][t.Rank()], up: true,
-				sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+				sliceBytes: slice, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
 		}
 		return
 	}
@@ -172,7 +189,7 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 		// 4, one message per step made 64 KiB 1.31 ms against 1.82 with
 		// 8 KiB slices (docs/collective.md).
 		r.halvingDoubling(hdSpec{acc: acc, lo: lo, hi: hi, nch: c.channelsFor(count * es),
-			sliceBytes: c.cfg.SliceBytes, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+			sliceBytes: slice, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
 		return
 	}
 	chunks := split(count, n)
@@ -180,7 +197,7 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 		chunks[i] += lo
 	}
 	r.ring(ringSpec{acc: acc, chunks: chunks, rs: true, ag: true,
-		nch: c.channelsFor(count * es), sliceBytes: c.sliceFor(count*cl.wire.Size(), n),
+		nch: c.channelsFor(count * es), sliceBytes: sliceFor(count*cl.wire.Size(), n, slice),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op, roundOwn: cl.wire != cl.dtype, div: div})
 }
 

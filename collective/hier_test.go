@@ -1,8 +1,10 @@
 package collective
 
 import (
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,4 +113,42 @@ func TestHierarchicalMismatch(t *testing.T) {
 			t.Errorf("rank %d: want an error blaming rank 4's length, got %v", r, err)
 		}
 	}
+}
+
+// TestSlicesByHost: by default a call whose ranks span hosts cuts
+// DefaultSliceBytes slices and one within a host LocalSliceBytes (the
+// hierarchical allreduce's phases each by where they run); a set slice
+// applies everywhere. The 2 x 2 allreduce with the default slices, large
+// enough for several slices of both sizes, is exact on every rank.
+func TestSlicesByHost(t *testing.T) {
+	t.Setenv(EnvSliceBytes, "")
+	for _, c := range []struct {
+		hosts       []string
+		cfg         int
+		flat, local int
+	}{
+		{[]string{"a", "a", "b", "b"}, 0, DefaultSliceBytes, LocalSliceBytes},
+		{[]string{"a", "b"}, 0, DefaultSliceBytes, LocalSliceBytes},
+		{[]string{"a", "a", "a"}, 0, LocalSliceBytes, LocalSliceBytes},
+		{[]string{"a", "a", "b", "b"}, 4096, 4096, 4096},
+	} {
+		ts := withHosts(rank.NewLocalGroup(len(c.hosts), 1), c.hosts...)
+		var mu sync.Mutex
+		got := map[string]bool{}
+		errs := group(ts, Config{SliceBytes: c.cfg}, func(cm *Communicator) error {
+			mu.Lock()
+			got[fmt.Sprint(cm.flatSlice, cm.localSlice)] = true
+			mu.Unlock()
+			return nil
+		})
+		want := fmt.Sprint(c.flat, c.local)
+		if err := errors.Join(errs...); err != nil || len(got) != 1 || !got[want] {
+			t.Errorf("%v, SliceBytes %d: slices (flat, local) %v, want %s (%v)", c.hosts, c.cfg, got, want, err)
+		}
+	}
+	ts := withHosts(rank.NewLocalGroup(4, 1), "a", "a", "b", "b")
+	checkAllreduceInts(t, ts, Config{}, []arCase{
+		{count: 1<<20 + 3, op: Sum, v: variants[0], algo: Auto},
+		{count: 1<<20 + 3, op: Average, v: variants[1], algo: Ring, inPlace: true},
+	})
 }
