@@ -10,10 +10,13 @@
 #   env: LINKS ("1gbit 10gbit none"), NPS ("2 4"), SIZES (bytes, "1048576 16777216 67108864"),
 #        ITERS (gorun timed allreduces per size, 5), MPI_BUDGET (s per size, 3),
 #        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir)
-# gorun runs three times per size: its default transport (auto: the faster
+# gorun runs four times per size: its default transport (auto: the faster
 # of QUIC and TLS/TCP by the start-up probe; the cell names the one chosen),
 # GORUN_TRANSPORT=quic and GORUN_TRANSPORT=tcp, to tell the transport from
-# the rest.
+# the rest, and the default again with GOMAXPROCS=1: the two test hosts
+# share this machine's cores, so a rank that takes a whole host's cores
+# (allreduce-perf's GOMAXPROCS = cores / ranks on its host) runs twice as
+# many threads as there are cores, where OpenMPI's ranks run one each.
 #
 # gorun side: bin/allreduce-perf (-I 0 -c 1 -w 1 -n ITERS: the mean of
 # ITERS out-of-place allreduces, checked) when cmd/allreduce-perf exists,
@@ -76,17 +79,20 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 
   echo "# gorun side: $PERF; OpenMPI: $(mpirun --allow-run-as-root --version 2>/dev/null | head -1)"
 } | tee "$OUT/header.txt"
 
-# gorun_busbw NP SIZE TRANSPORT -> "median best chosen" (GB/s, GB/s, transport)
+# gorun_busbw NP SIZE TRANSPORT [PROCS] -> "median best chosen" (GB/s, GB/s,
+# transport); PROCS sets GOMAXPROCS on every rank.
 gorun_busbw() {
-  local np=$1 size=$2 tr=$3 map=(-x GORUN_TRANSPORT=$3)
+  local np=$1 size=$2 tr=$3 map=(-x GORUN_TRANSPORT=$3) f=gorun_$3
   [ "$np" = 2 ] && map+=(--map-by node)
+  [ -n "${4:-}" ] && map+=(-x GOMAXPROCS=$4) && f+=_procs$4
+  f="$OUT/${f}_np${np}_${size}_$LINKNAME.txt"
   if [ "$PERF" = allreduce-perf ]; then
-    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$ITERS" -w 1 -I 0 -c 1 >"$OUT/gorun_${tr}_np${np}_${size}_$LINKNAME.txt" 2>&1
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$ITERS" -w 1 -I 0 -c 1 >"$f" 2>&1
     # Rank 0's row: size count type redop algo time algbw busbw #wrong (the mean of ITERS).
-    awk -v s="$size" '{ sub(/^\[0\] */, "") } /^# transport / { t = $3 } $1 == s && $9 == 0 { print $8, "-", t }' "$OUT/gorun_${tr}_np${np}_${size}_$LINKNAME.txt"
+    awk -v s="$size" '{ sub(/^\[0\] */, "") } /^# transport / { t = $3 } $1 == s && $9 == 0 { print $8, "-", t }' "$f"
   else
-    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/archeck" -bytes "$size" -iters "$ITERS" >"$OUT/gorun_${tr}_np${np}_${size}_$LINKNAME.txt" 2>&1
-    awk '/archeck: np/ { for (i = 1; i < NF; i++) { if ($i == "busbw_median_GBps") m = $(i + 1); if ($i == "busbw_best_GBps") b = $(i + 1); if ($i == "transport") t = $(i + 1) } print m, b, t }' "$OUT/gorun_${tr}_np${np}_${size}_$LINKNAME.txt"
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/archeck" -bytes "$size" -iters "$ITERS" >"$f" 2>&1
+    awk '/archeck: np/ { for (i = 1; i < NF; i++) { if ($i == "busbw_median_GBps") m = $(i + 1); if ($i == "busbw_best_GBps") b = $(i + 1); if ($i == "transport") t = $(i + 1) } print m, b, t }' "$f"
   fi
 }
 # mpi_busbw NP SIZE -> "median best" GB/s
@@ -121,8 +127,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%
 ROWS="$OUT/busbw.md"
 {
   if [ "$PERF" = allreduce-perf ]; then g="gorun busbw GB/s (allreduce-perf, mean of $ITERS)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
-  echo "| link | iperf3 Gbit/s | np | size | $g, default (auto: chosen) | same, GORUN_TRANSPORT=quic | same, GORUN_TRANSPORT=tcp | OpenMPI busbw median / best GB/s | gloo busbw median / best GB/s | gorun default/OpenMPI | gorun QUIC/OpenMPI | gorun TCP/OpenMPI | gorun default/gloo | gorun default / link rate | gorun default / iperf3 |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| link | iperf3 Gbit/s | np | size | $g, default (auto: chosen) | same, GORUN_TRANSPORT=quic | same, GORUN_TRANSPORT=tcp | same, default, GOMAXPROCS=1 (chosen) | OpenMPI busbw median / best GB/s | gloo busbw median / best GB/s | gorun default/OpenMPI | gorun default GOMAXPROCS=1/OpenMPI | gorun QUIC/OpenMPI | gorun TCP/OpenMPI | gorun default/gloo | gorun default / link rate | gorun default / iperf3 |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$ROWS"
 for l in $LINKS; do
   LINKNAME=$l
@@ -133,13 +139,15 @@ for l in $LINKS; do
       read -r am ab ach < <(gorun_busbw "$np" "$s" auto)
       read -r gm gb _ < <(gorun_busbw "$np" "$s" quic)
       read -r tm tb _ < <(gorun_busbw "$np" "$s" tcp)
+      read -r pm pb pch < <(gorun_busbw "$np" "$s" auto 1)
       read -r mm mb < <(mpi_busbw "$np" "$s")
       read -r lm lb < <(gloo_busbw "$np" "$s")
       vs_rate=-
       [ -n "$rate" ] && vs_rate=$(ratio "$am" "$rate")
       acell=$am gcell=$gm tcell=$tm
-      [ "$gb" != - ] && acell="$am / $ab" && gcell="$gm / $gb" && tcell="$tm / $tb"
-      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $acell ($ach) | $gcell | $tcell | $mm / $mb | $lm / $lb | $(ratio "$am" "$mm") | $(ratio "$gm" "$mm") | $(ratio "$tm" "$mm") | $(ratio "$am" "$lm") | $vs_rate | $(ratio "$am" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
+      pcell=$pm
+      [ "$gb" != - ] && acell="$am / $ab" && gcell="$gm / $gb" && tcell="$tm / $tb" && pcell="$pm / $pb"
+      row="| ${l/none/unshaped} | $ip | $np | $((s / 1048576)) MiB | $acell ($ach) | $gcell | $tcell | $pcell ($pch) | $mm / $mb | $lm / $lb | $(ratio "$am" "$mm") | $(ratio "$pm" "$mm") | $(ratio "$gm" "$mm") | $(ratio "$tm" "$mm") | $(ratio "$am" "$lm") | $vs_rate | $(ratio "$am" "$(awk -v g="$ip" 'BEGIN { print g / 8 }')") |"
       echo "$row" | tee -a "$ROWS"
     done
   done
