@@ -21,24 +21,26 @@ type Transport struct {
 }
 
 // The transports gorun runs, measured on this project's 2-core AMD EPYC
-// VM on 2026-11-24 (two sittings, 21:00 and 21:02 UTC, load 1.1-2.2,
-// commit e90775a): bench/peers/plan_validate.sh's first stage,
-// allreduce-perf -W half -a ring between the two namespace test hosts
-// (test/hosts, one rank each, GOMAXPROCS=2 as nmt-train runs) on a
-// 10 Gbit/s tbf link, which neither transport fills on 2 cores, 4 KiB to
-// 64 MiB, twice per sitting. The cap is fitted to the sizes of 512 KiB
-// and more on the wire, the step to those up to 32 KiB; the constants are
-// the means of the two sittings (TLS/TCP 125 and 89 µs, 0.426 and
-// 0.455 GB/s; QUIC 174 and 131 µs, 0.198 GB/s both times). docs/plan.md
-// has the tables. On other machines these are other numbers: they are
-// the transports' CPU cost per message and per byte on these cores.
+// VM on 2026-11-24 (two sittings, 23:45 and 23:48 UTC, load 0.2-2.5,
+// commit fbc2f70: 256 KiB slices across hosts): bench/peers/
+// plan_validate.sh's first stage (PRESETS=none), allreduce-perf -W half
+// -a ring between the two namespace test hosts (test/hosts, one rank
+// each, GOMAXPROCS=2 as nmt-train runs) on a 10 Gbit/s tbf link, which
+// neither transport fills on 2 cores, 4 KiB to 64 MiB, twice per sitting.
+// The cap is fitted to the sizes of 512 KiB and more on the wire, the
+// step to those up to 32 KiB; the constants are the means of the two
+// sittings (TLS/TCP 110 and 102 µs, 0.556 and 0.598 GB/s; QUIC 168 and
+// 106 µs, 0.203 and 0.220 GB/s). With 128 KiB slices (commit e90775a)
+// TLS/TCP's cap was 0.44 GB/s. docs/plan.md has the tables. On other
+// machines these are other numbers: they are the transports' CPU cost per
+// message and per byte on these cores.
 // Shared memory (np 4): docs/performance.md's sitting of 2026-11-24 06:04
 // and, for the pair rings' rate, docs/collective.md's 23:38 sitting.
 var (
 	// QUIC between hosts (quic-go).
-	QUIC = Transport{Name: "quic", StepUs: 152, CapGBs: 0.198}
+	QUIC = Transport{Name: "quic", StepUs: 137, CapGBs: 0.21}
 	// TLSTCP is TLS 1.3 over TCP (rank/tlsbatch.go).
-	TLSTCP = Transport{Name: "tcp", StepUs: 107, CapGBs: 0.44}
+	TLSTCP = Transport{Name: "tcp", StepUs: 106, CapGBs: 0.58}
 	// ShmRings is the pair rings in /dev/shm that the hierarchical
 	// allreduce's phases within a host and the message-passing algorithms
 	// on one host use: ring 4 KiB 123 µs (6 steps), 1-16 MiB 0.70-0.94 GB/s.
