@@ -185,7 +185,7 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if oneHost(t) {
 		c.flatSlice = localSlice
 	}
-	c.settings = settings(cfg.SliceBytes, cfg.Channels, t.Channels(), c.hier != nil)
+	c.settings = settings(cfg.SliceBytes, localSlice, cfg.Channels, t.Channels(), c.hier != nil)
 	go c.loop()
 	return c, nil
 }

@@ -184,14 +184,23 @@ func TestMismatch(t *testing.T) {
 		{"settings", "settings", func(c *Communicator, odd bool) error {
 			return c.Allreduce(testCtx(t), nil, f32(100000), Float32, Sum)
 		}},
+		// rank 2 sets DefaultSliceBytes, the others leave it: the same
+		// slices across hosts, others within one (its calls here would
+		// even match; the header tells it apart anyway)
+		{"settings-local", "settings", func(c *Communicator, odd bool) error {
+			return c.Allreduce(testCtx(t), nil, f32(100000), Float32, Sum)
+		}},
 	}
 	for _, k := range cases {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
 			ts := rank.NewLocalGroup(4, 2)
 			cfgs := make([]Config, 4)
-			if k.name == "settings" {
+			switch k.name {
+			case "settings":
 				cfgs[2].SliceBytes = 1 << 10
+			case "settings-local":
+				cfgs[2].SliceBytes = DefaultSliceBytes
 			}
 			errs := timedCfgs(t, ts, cfgs, 10*time.Second, func(c *Communicator) error {
 				err := k.call(c, c.Rank() == 2)

@@ -218,7 +218,7 @@ func TestHalvingDoublingBytes(t *testing.T) {
 			ws := v.wire.Size()
 			for r, tr := range ts {
 				want := make([]uint64, n)
-				want[(r+1)%n] += uint64(len(settings(0, 0, 0, false)))
+				want[(r+1)%n] += uint64(len(settings(0, 0, 0, 0, false)))
 				var total uint64
 				for _, st := range hdPlanFor(r, n, count).steps {
 					if st.sends {

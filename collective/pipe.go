@@ -360,25 +360,26 @@ func slices(ne, ws, sliceBytes int) int {
 }
 
 // settings encodes what, besides the call, decides a call's messages:
-// the slice size and the channels used.
-func settings(sliceBytes, channels, transportChannels int, hier bool) []byte {
-	b := make([]byte, 9)
+// the slice sizes (across hosts and within one) and the channels used.
+func settings(sliceBytes, localSlice, channels, transportChannels int, hier bool) []byte {
+	b := make([]byte, 13)
 	binary.LittleEndian.PutUint32(b, uint32(sliceBytes))
-	binary.LittleEndian.PutUint16(b[4:], uint16(channels))
-	binary.LittleEndian.PutUint16(b[6:], uint16(transportChannels))
+	binary.LittleEndian.PutUint32(b[4:], uint32(localSlice))
+	binary.LittleEndian.PutUint16(b[8:], uint16(channels))
+	binary.LittleEndian.PutUint16(b[10:], uint16(transportChannels))
 	if hier {
-		b[8] = 1
+		b[12] = 1
 	}
 	return b
 }
 
 func describeSettings(b []byte) string {
-	if len(b) != 9 {
+	if len(b) != 13 {
 		return fmt.Sprintf("%d bytes of settings", len(b))
 	}
-	s := fmt.Sprintf("slices of %d bytes, %d of %d channels", binary.LittleEndian.Uint32(b),
-		binary.LittleEndian.Uint16(b[4:]), binary.LittleEndian.Uint16(b[6:]))
-	if b[8] == 1 {
+	s := fmt.Sprintf("slices of %d bytes (%d within a host), %d of %d channels", binary.LittleEndian.Uint32(b),
+		binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint16(b[8:]), binary.LittleEndian.Uint16(b[10:]))
+	if b[12] == 1 {
 		s += ", hierarchical"
 	}
 	return s
