@@ -42,8 +42,8 @@ func planCommand() *cli.Command {
 			&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
 			&cli.BoolFlag{Name: "overlap", Value: true, Usage: "buckets all-reduced while backward runs (false: one allreduce after backward)"},
 			&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank (compute scales with it from the measurement's)"},
-			&cli.Float64Flag{Name: "bucket-cap-mb", Value: 25, Usage: "fusion bucket cap in MiB without --from-run"},
-			&cli.Float64Flag{Name: "first-bucket-mb", Value: 1, Usage: "first bucket's cap in MiB without --from-run"},
+			&cli.Float64Flag{Name: "bucket-cap-mb", Value: fusion.DefaultBucketCap >> 20, Usage: "fusion bucket cap in MiB without --from-run"},
+			&cli.Float64Flag{Name: "first-bucket-mb", Value: fusion.DefaultFirstBucketCap >> 20, Usage: "first bucket's cap in MiB without --from-run"},
 			&cli.BoolFlag{Name: "flat", Usage: "no hierarchical allreduce (GORUN_HIERARCHICAL=0)"},
 			&cli.StringFlag{Name: "from-run", Usage: "`DIR`: a finished run directory: its compute per step, ranks, hosts, link, compression, buckets (flags given override them)"},
 			&cli.IntFlag{Name: "measure-steps", Value: 12, Usage: "steps timed when measuring the preset's compute on this machine (after 3 untimed)"},
@@ -185,16 +185,12 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	if err != nil {
 		return in, fmt.Errorf("plan: --preset %s --vocab %d: %v", in.preset, c.Int("vocab"), err)
 	}
-	var infos []fusion.ParamInfo
 	var params int64
 	for _, p := range ps {
-		infos = append(infos, fusion.ParamInfo{Name: p.Name, Len: p.Len})
 		params += int64(p.Len)
 	}
-	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: metrics.WireType(c.String("compression")), Overlap: c.Bool("overlap")}
-	for _, b := range fusion.Layout(infos, fusion.BucketConfig{CapBytes: int(c.Float64("bucket-cap-mb") * (1 << 20)), FirstCapBytes: int(c.Float64("first-bucket-mb") * (1 << 20))}) {
-		in.w.Buckets = append(in.w.Buckets, b.Bytes())
-	}
+	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: metrics.WireType(c.String("compression")), Overlap: c.Bool("overlap"),
+		Buckets: bucketBytes(c, ps)}
 	in.c = plan.Cluster{Hosts: c.Int("hosts"), PerHost: c.Int("per-host"), LinkGbps: link, CoresPerHost: c.Int("cores-per-host")}
 	batch := c.Int("batch-tokens")
 	if s := c.Float64("compute-s"); s > 0 {
@@ -299,14 +295,7 @@ func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
 	if ps, err = transformer.ParamList(cfg); err != nil {
 		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %v", ri.Params, ri.Preset, err)
 	}
-	var infos []fusion.ParamInfo
-	for _, p := range ps {
-		infos = append(infos, fusion.ParamInfo{Name: p.Name, Len: p.Len})
-	}
-	w.Buckets = nil
-	for _, b := range fusion.Layout(infos, fusion.BucketConfig{CapBytes: int(c.Float64("bucket-cap-mb") * (1 << 20)), FirstCapBytes: int(c.Float64("first-bucket-mb") * (1 << 20))}) {
-		w.Buckets = append(w.Buckets, b.Bytes())
-	}
+	w.Buckets = bucketBytes(c, ps)
 	w.HeadBytes = 4 * vocab * cfg.DModel
 	return nil
 }
@@ -391,4 +380,18 @@ func maxWire(bs []plan.Bucket) int {
 		m = max(m, b.WireBytes)
 	}
 	return m
+}
+
+// bucketBytes is the sizes of the fusion buckets that --bucket-cap-mb and
+// --first-bucket-mb cut from ps, as the trainer's Bucketer cuts them.
+func bucketBytes(c *cli.Context, ps []transformer.Param) []int {
+	infos := make([]fusion.ParamInfo, len(ps))
+	for i, p := range ps {
+		infos[i] = fusion.ParamInfo{Name: p.Name, Len: p.Len}
+	}
+	var out []int
+	for _, b := range fusion.Layout(infos, fusion.BucketConfig{CapBytes: int(c.Float64("bucket-cap-mb") * (1 << 20)), FirstCapBytes: int(c.Float64("first-bucket-mb") * (1 << 20))}) {
+		out = append(out, b.Bytes())
+	}
+	return out
 }

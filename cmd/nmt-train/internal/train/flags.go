@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/fusion"
 )
 
 // Options is everything `nmt-train train` can be told.
@@ -74,8 +76,8 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "run-dir", Value: "runs/nmt", Usage: "where metrics, plots, checkpoints and the report go"},
 		&cli.BoolFlag{Name: "resume", Usage: "continue from the latest checkpoint in --run-dir"},
 		&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
-		&cli.Float64Flag{Name: "bucket-cap-mb", Value: 25, Usage: "fusion bucket size cap in MiB (fp32 bytes)"},
-		&cli.Float64Flag{Name: "first-bucket-mb", Value: 1, Usage: "size cap of the first (last layers') bucket, so communication starts early"},
+		&cli.Float64Flag{Name: "bucket-cap-mb", Value: fusion.DefaultBucketCap >> 20, Usage: "fusion bucket size cap in MiB (fp32 bytes)"},
+		&cli.Float64Flag{Name: "first-bucket-mb", Value: fusion.DefaultFirstBucketCap >> 20, Usage: "size cap of the first (last layers') bucket, so communication starts early"},
 		&cli.DurationFlag{Name: "cycle-time", Usage: "flush a partly filled bucket after this long (0: off)"},
 		&cli.BoolFlag{Name: "overlap", Value: true, Usage: "allreduce buckets while backward runs (false: one allreduce after backward)"},
 		&cli.IntFlag{Name: "backward-passes-per-step", Value: 1, Usage: "gradient accumulation: batches per optimizer step"},
