@@ -395,8 +395,13 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 		if cl.algo == Shared && n > 1 {
 			return c.sh.allreduce(ctx, send, recv, count, cl)
 		}
+		var src []byte // out of place: the ring reads send where it lies
 		if len(recv) > 0 && &send[0] != &recv[0] {
+			src = send
+		}
+		if src != nil && (n == 1 || cl.algo == Direct) {
 			copy(recv, send)
+			src = nil
 		}
 		if n == 1 {
 			return nil
@@ -405,10 +410,10 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 			return c.directAllreduce(ctx, recv, count, cl)
 		}
 		if c.hier != nil {
-			return c.hierAllreduce(ctx, recv, count, cl)
+			return c.hierAllreduce(ctx, recv, src, count, cl)
 		}
 		r := newRun(ctx, c.t, cl, c.settings)
-		c.allreduceOn(r, c.t, recv, 0, count, cl, n, c.flatSlice)
+		c.allreduceOn(r, c.t, recv, src, 0, count, cl, n, c.flatSlice)
 		return r.wait()
 	})
 }

@@ -113,8 +113,10 @@ func (s *subTransport) Recv(ctx context.Context, peer, ch int, want rank.Tag, ds
 func (s *subTransport) Stats() []rank.PeerStats { return s.t.Stats() }
 func (s *subTransport) Close() error            { return nil }
 
-// hierAllreduce runs the three phases on acc (count elements).
-func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int, cl call) error {
+// hierAllreduce runs the three phases on acc (count elements); src, when
+// not nil, holds this rank's input (out of place), which the first phase
+// reads where it lies.
+func (c *Communicator) hierAllreduce(ctx context.Context, acc, src []byte, count int, cl call) error {
 	h := c.hier
 	n := c.t.Size()
 	local := &subTransport{t: c.t, members: h.local, me: h.idx}
@@ -124,7 +126,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int,
 	ws := cl.wire.Size()
 	// 1: reduce-scatter on the host, partial sums (no Average yet)
 	r := newRun(ctx, local, cl, c.settings)
-	r.ring(ringSpec{acc: acc, chunks: parts, rs: true, noFinish: true,
+	r.ring(ringSpec{acc: acc, src: src, chunks: parts, rs: true, noFinish: true,
 		nch: c.channelsFor(len(acc)), sliceBytes: sliceFor(count*ws, m, c.localSlice),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op})
 	if err := r.wait(); err != nil {
@@ -133,7 +135,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int,
 	// 2: allreduce of this rank's part across the hosts
 	lo, hi := parts[h.idx], parts[h.idx+1]
 	r = newRun(ctx, cross, cl, c.settings)
-	c.allreduceOn(r, cross, acc, lo, hi, cl, n, c.cfg.SliceBytes)
+	c.allreduceOn(r, cross, acc, nil, lo, hi, cl, n, c.cfg.SliceBytes)
 	if err := r.wait(); err != nil {
 		return err
 	}
@@ -148,13 +150,18 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc []byte, count int,
 
 // allreduceOn runs a flat allreduce of acc's elements [lo, hi) over t with
 // the call's algorithm, in slices of at most slice bytes; Average divides
-// by div.
-func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi int, cl call, div, slice int) {
+// by div. src, when not nil, holds this rank's input laid out as acc (out
+// of place): the ring reads it where it lies, the others copy it first.
+func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo, hi int, cl call, div, slice int) {
 	n := t.Size()
+	es := cl.dtype.Size()
+	if src != nil && (n == 1 || cl.algo == Tree || cl.algo == HalvingDoubling) {
+		copy(acc[lo*es:hi*es], src[lo*es:hi*es])
+		src = nil
+	}
 	if n == 1 {
 		if cl.op == Average || cl.wire != cl.dtype {
 			red := newReducer(cl.dtype, cl.wire, cl.op, div)
-			es := cl.dtype.Size()
 			a := acc[lo*es : hi*es]
 			red.finish(a)
 			if cl.wire != cl.dtype && len(a) > 0 {
@@ -181,7 +188,6 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 		}
 		return
 	}
-	es := cl.dtype.Size()
 	if cl.algo == HalvingDoubling {
 		// Whole slices (not sliceFor's smaller ones): a step's slices only
 		// overlap its receives with its reductions, nothing across steps,
@@ -196,7 +202,7 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc []byte, lo, hi 
 	for i := range chunks {
 		chunks[i] += lo
 	}
-	r.ring(ringSpec{acc: acc, chunks: chunks, rs: true, ag: true,
+	r.ring(ringSpec{acc: acc, src: src, chunks: chunks, rs: true, ag: true,
 		nch: c.channelsFor(count * es), sliceBytes: sliceFor(count*cl.wire.Size(), n, slice),
 		dtype: cl.dtype, wire: cl.wire, op: cl.op, roundOwn: cl.wire != cl.dtype, div: div})
 }

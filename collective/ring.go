@@ -7,6 +7,7 @@ const ringGroup = 16
 
 type ringSpec struct {
 	acc        []byte // work buffer of dtype elements
+	src        []byte // with rs: this rank's input, laid out as acc, when it is not in acc (out of place); nil: acc holds it
 	chunks     []int  // N+1 element offsets: chunk j = [chunks[j], chunks[j+1])
 	rs, ag     bool   // phases: reduce-scatter, allgather
 	nch        int    // rings (one per channel)
@@ -32,6 +33,12 @@ type ringSpec struct {
 // a step, receiving slice k+1 overlaps reducing slice k and sending slice
 // k-1. Every rank follows the same schedule, so the order of messages on a
 // link is the same on both ends.
+//
+// Out of place (src set), reduce-scatter reads this rank's input from src
+// and writes only reduced slices to acc, so src is never copied whole:
+// every chunk of acc is written by a receive before it is read, and the
+// allgather that follows (or the caller's) fills the rest. A ring of one
+// reads no src: its callers copy instead.
 func (r *run) ring(sp ringSpec) {
 	n, me := r.t.Size(), r.t.Rank()
 	if n == 1 {
@@ -143,9 +150,13 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 	red := newReducer(sp.dtype, sp.wire, sp.op, div)
 	r.goFn(func() error {
 		defer snd.close()
-		// send pushes acc[lo:hi] in wire format.
-		send := func(lo, hi int) bool {
-			b := sp.acc[lo*es : hi*es]
+		in := sp.acc // this rank's input
+		if sp.src != nil {
+			in = sp.src
+		}
+		// send pushes buf[lo:hi] (elements) in wire format.
+		send := func(buf []byte, lo, hi int) bool {
+			b := buf[lo*es : hi*es]
 			if sp.wire == sp.dtype {
 				return snd.push(b, nil)
 			}
@@ -162,7 +173,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 			j0 := sendChunk(0)
 			for k := g; k < ke && k < segs[j0].ns; k++ {
 				lo, hi := sliceOf(j0, k)
-				if !send(lo, hi) {
+				if !send(in, lo, hi) {
 					return nil
 				}
 			}
@@ -178,6 +189,9 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 					a := sp.acc[lo*es : hi*es]
 					fwd := t+1 < T
 					if t < nRS {
+						if sp.src != nil {
+							copy(a, sp.src[lo*es:hi*es])
+						}
 						red.combine(a, it.buf)
 						rv.release(it)
 						if t == nRS-1 && !sp.noFinish { // this rank's own chunk is complete
@@ -195,7 +209,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 								continue
 							}
 						}
-						if fwd && !send(lo, hi) {
+						if fwd && !send(sp.acc, lo, hi) {
 							return nil
 						}
 						continue
