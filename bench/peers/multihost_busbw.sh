@@ -8,15 +8,20 @@
 #
 #   bench/peers/multihost_busbw.sh
 #   env: LINKS ("1gbit 10gbit none"), NPS ("2 4"), SIZES (bytes, "1048576 16777216 67108864"),
-#        ITERS (gorun timed allreduces per size, 5), MPI_BUDGET (s per size, 3),
+#        ITERS (gorun timed allreduces per size, at least 5; more for small sizes: up to
+#        1000 and ITER_BYTES / size, ITER_BYTES 256 MiB, so that a size runs long enough
+#        for a mean to mean something, as the peers' 3-s budgets), MPI_BUDGET (s per size, 3),
+#        CPUS (cores per host, as test/hosts/up.sh takes them; default: each host half of
+#        this machine's, as two machines would have their own; set it empty to let both
+#        hosts share all cores, as before 2026-11-25),
 #        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir)
 # gorun runs four times per size: its default transport (auto: the faster
 # of QUIC and TLS/TCP by the start-up probe; the cell names the one chosen),
 # GORUN_TRANSPORT=quic and GORUN_TRANSPORT=tcp, to tell the transport from
-# the rest, and the default again with GOMAXPROCS=1: the two test hosts
-# share this machine's cores, so a rank that takes a whole host's cores
-# (allreduce-perf's GOMAXPROCS = cores / ranks on its host) runs twice as
-# many threads as there are cores, where OpenMPI's ranks run one each.
+# the rest, and, when the hosts share cores (CPUS empty), the default again
+# with GOMAXPROCS=1: a rank that takes a whole host's cores
+# (allreduce-perf's GOMAXPROCS = cores / ranks on its host) then runs twice
+# as many threads as there are cores, where OpenMPI's ranks run one each.
 #
 # gorun side: bin/allreduce-perf (-I 0 -c 1 -w 1 -n ITERS: the mean of
 # ITERS out-of-place allreduces, checked) when cmd/allreduce-perf exists,
@@ -36,6 +41,11 @@ LINKS=${LINKS:-"1gbit 10gbit none"}
 NPS=${NPS:-"2 4"}
 SIZES=${SIZES:-"1048576 16777216 67108864"}
 ITERS=${ITERS:-5}
+ITER_BYTES=${ITER_BYTES:-268435456}
+if [ -z "${CPUS+set}" ]; then
+  c=$(nproc); CPUS=
+  [ "$c" -ge 2 ] && CPUS="0-$((c / 2 - 1)) $((c / 2))-$((c - 1))"
+fi
 MPI_BUDGET=${MPI_BUDGET:-3}
 GLOO=${GLOO:-1}
 TRAIN_PRESETS=${TRAIN_PRESETS:-tiny}
@@ -68,14 +78,15 @@ if [ -f "$MPI_SRC" ] && mpicc -O2 -o "$BIN/mpi_allreduce" "$MPI_SRC" -lm 2>"$OUT
   echo "multihost_busbw.sh: no OpenMPI peer ($MPI_SRC missing or mpicc failed; see $OUT/mpicc.log): OpenMPI columns left empty" >&2
 fi
 
-HOSTS=2 LINK="rate 1gbit" test/hosts/up.sh >"$OUT/up.log" 2>&1
+CPUS="$CPUS" HOSTS=2 LINK="rate 1gbit" test/hosts/up.sh >"$OUT/up.log" 2>&1
 GORUN=("$BIN/gorun" -hostfile "$GORUN_HOSTS_STATE/hostfile" --ssh-args "-F $CFG")
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,self
   --mca btl_tcp_if_include "$GORUN_HOSTS_NET.0/24" --mca oob_tcp_if_include "$GORUN_HOSTS_NET.0/24"
   --mca plm_rsh_agent "ssh -F $CFG")
 
 {
-  echo "# multihost busbw, $(date -u +%FT%TZ), $(nproc) cores shared by both hosts, kernel $(uname -r)"
+  if [ -n "$CPUS" ]; then cores="cores $CPUS, one list per host"; else cores="$(nproc) cores shared by both hosts"; fi
+  echo "# multihost busbw, $(date -u +%FT%TZ), $cores, kernel $(uname -r)"
   echo "# gorun side: $PERF; OpenMPI: $(mpirun --allow-run-as-root --version 2>/dev/null | head -1)"
 } | tee "$OUT/header.txt"
 
@@ -87,7 +98,8 @@ gorun_busbw() {
   [ -n "${4:-}" ] && map+=(-x GOMAXPROCS=$4) && f+=_procs$4
   f="$OUT/${f}_np${np}_${size}_$LINKNAME.txt"
   if [ "$PERF" = allreduce-perf ]; then
-    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$ITERS" -w 1 -I 0 -c 1 >"$f" 2>&1
+    local n=$(( ITER_BYTES / size )); n=$(( n > 1000 ? 1000 : n )); n=$(( n < ITERS ? ITERS : n ))
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$n" -w $(( n / 10 + 1 )) -I 0 -c 1 >"$f" 2>&1
     # Rank 0's row: size count type redop algo time algbw busbw #wrong (the mean of ITERS).
     awk -v s="$size" '{ sub(/^\[0\] */, "") } /^# transport / { t = $3 } $1 == s && $9 == 0 { print $8, "-", t }' "$f"
   else
@@ -126,7 +138,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%
 
 ROWS="$OUT/busbw.md"
 {
-  if [ "$PERF" = allreduce-perf ]; then g="gorun busbw GB/s (allreduce-perf, mean of $ITERS)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
+  if [ "$PERF" = allreduce-perf ]; then g="gorun busbw GB/s (allreduce-perf, mean of $ITERS or more)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
   echo "| link | iperf3 Gbit/s | np | size | $g, default (auto: chosen) | same, GORUN_TRANSPORT=quic | same, GORUN_TRANSPORT=tcp | same, default, GOMAXPROCS=1 (chosen) | OpenMPI busbw median / best GB/s | gloo busbw median / best GB/s | gorun default/OpenMPI | gorun default GOMAXPROCS=1/OpenMPI | gorun QUIC/OpenMPI | gorun TCP/OpenMPI | gorun default/gloo | gorun default / link rate | gorun default / iperf3 |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$ROWS"
@@ -139,7 +151,8 @@ for l in $LINKS; do
       read -r am ab ach < <(gorun_busbw "$np" "$s" auto)
       read -r gm gb _ < <(gorun_busbw "$np" "$s" quic)
       read -r tm tb _ < <(gorun_busbw "$np" "$s" tcp)
-      read -r pm pb pch < <(gorun_busbw "$np" "$s" auto 1)
+      pm=- pb=- pch=-
+      [ -z "$CPUS" ] && read -r pm pb pch < <(gorun_busbw "$np" "$s" auto 1)
       read -r mm mb < <(mpi_busbw "$np" "$s")
       read -r lm lb < <(gloo_busbw "$np" "$s")
       vs_rate=-

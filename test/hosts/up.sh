@@ -18,6 +18,12 @@
 #   GORUN_HOSTS_BRIDGE bridge name (default gorunbr0)
 #   GORUN_HOSTS_NET    the /24 as three octets (default 198.18.77)
 #   GORUN_HOSTS_STATE  directory for keys, configs, hostfile (default test/hosts/run)
+#
+# CPUS gives each host cores of its own, one taskset list per host
+# (CPUS="0 1": h1 runs on core 0, h2 on core 1). Whatever ssh starts on a
+# host inherits them, so a rank there counts only its host's cores (Go's
+# runtime.NumCPU, OpenMPI's binding), as on separate machines. Unset, every
+# host shares all of this machine's cores and each takes them all for its own.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 HOSTS=${HOSTS:-2}
@@ -27,6 +33,10 @@ NAME=${GORUN_HOSTS_NAME:-gorun-h}
 VETH=${GORUN_HOSTS_VETH:-gr-h}
 NET=${GORUN_HOSTS_NET:-198.18.77}
 BR=${GORUN_HOSTS_BRIDGE:-gorunbr0}
+read -r -a CPU_LIST <<< "${CPUS:-}"
+if [ ${#CPU_LIST[@]} -gt 0 ] && [ ${#CPU_LIST[@]} != "$HOSTS" ]; then
+  echo "test/hosts/up.sh: CPUS has ${#CPU_LIST[@]} lists for $HOSTS hosts (one taskset list per host, e.g. CPUS=\"0 1\")" >&2; exit 1
+fi
 
 if [ "$(id -u)" != 0 ]; then echo "test/hosts/up.sh: must run as root (network namespaces)" >&2; exit 1; fi
 for tool in ip tc; do command -v $tool >/dev/null || { echo "test/hosts/up.sh: $tool not found (apt-get install iproute2)" >&2; exit 1; }; done
@@ -87,7 +97,9 @@ StrictModes no
 AcceptEnv GORUN_*
 PrintMotd no
 CFG
-  ip netns exec $ns "$SSHD" -f "$STATE/sshd_h$i.conf" -E "$STATE/sshd_h$i.log"
+  pin=()
+  [ ${#CPU_LIST[@]} -gt 0 ] && pin=(taskset -c "${CPU_LIST[$((i - 1))]}")
+  ip netns exec $ns "${pin[@]}" "$SSHD" -f "$STATE/sshd_h$i.conf" -E "$STATE/sshd_h$i.log"
   printf 'Host h%d\n  HostName %s\n' "$i" "$ip_addr" >> "$STATE/ssh_config"
   echo "$ip_addr slots=2" >> "$STATE/hostfile"
 done
