@@ -99,7 +99,11 @@ PrintMotd no
 CFG
   pin=()
   [ ${#CPU_LIST[@]} -gt 0 ] && pin=(taskset -c "${CPU_LIST[$((i - 1))]}")
-  ip netns exec $ns "${pin[@]}" "$SSHD" -f "$STATE/sshd_h$i.conf" -E "$STATE/sshd_h$i.log"
+  ip netns exec $ns "${pin[@]}" "$SSHD" -f "$STATE/sshd_h$i.conf" -E "$STATE/sshd_h$i.log" 2>/dev/null || {
+    if [ ${#pin[@]} -gt 0 ]; then echo "test/hosts/up.sh: h$i: cannot start sshd on cores '${CPU_LIST[$((i - 1))]}' (CPUS: is that list on this machine? it has $(nproc))" >&2
+    else echo "test/hosts/up.sh: h$i: sshd did not start; see $STATE/sshd_h$i.log" >&2; fi
+    exit 1
+  }
   printf 'Host h%d\n  HostName %s\n' "$i" "$ip_addr" >> "$STATE/ssh_config"
   echo "$ip_addr slots=2" >> "$STATE/hostfile"
 done
