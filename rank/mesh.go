@@ -481,8 +481,7 @@ func (m *Mesh) acceptTCP(auth *jobAuth, errc chan<- error) {
 			return
 		}
 		go func() {
-			bc := &batchConn{Conn: c}
-			tc := tls.Server(bc, cfg)
+			tc := tls.Server(&recordReader{Conn: c}, cfg)
 			tc.SetDeadline(time.Now().Add(10 * time.Second))
 			if err := tc.Handshake(); err != nil {
 				c.Close()
@@ -501,10 +500,15 @@ func (m *Mesh) acceptTCP(auth *jobAuth, errc chan<- error) {
 				c.Close()
 				return
 			}
+			sc, err := sealLane(tc, c, false)
+			if err != nil {
+				c.Close()
+				return
+			}
 			m.mu.Lock()
-			m.tcpConns = append(m.tcpConns, tc)
+			m.tcpConns = append(m.tcpConns, c)
 			m.mu.Unlock()
-			if err := m.addLane(viaTCP, r, ch, tlsLane{tc, bc}); err != nil {
+			if err := m.addLane(viaTCP, r, ch, sc); err != nil {
 				select {
 				case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
 				default:
@@ -595,8 +599,7 @@ func (m *Mesh) dialTCP(ctx context.Context, auth *jobAuth, p int, who, ta string
 		if err != nil {
 			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, err)
 		}
-		bc := &batchConn{Conn: c}
-		tc := tls.Client(bc, auth.clientTLS())
+		tc := tls.Client(&recordReader{Conn: c}, auth.clientTLS())
 		if err := tc.HandshakeContext(ctx); err != nil {
 			c.Close()
 			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, explainHandshake(err))
@@ -609,9 +612,14 @@ func (m *Mesh) dialTCP(ctx context.Context, auth *jobAuth, p int, who, ta string
 			tc.Close()
 			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
 		}
+		sc, err := sealLane(tc, c, true)
+		if err != nil {
+			c.Close()
+			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+		}
 		m.mu.Lock()
-		m.tcpConns = append(m.tcpConns, tc)
-		m.sets[viaTCP][p][ch] = &lane{c: tlsLane{tc, bc}}
+		m.tcpConns = append(m.tcpConns, c)
+		m.sets[viaTCP][p][ch] = &lane{c: sc}
 		m.mu.Unlock()
 	}
 	return nil
@@ -736,7 +744,7 @@ func (m *Mesh) startWait(ctx context.Context, l *lane, peer int, write bool) *la
 	w.extend(w.last.Add(w.timeout))
 	w.stop = context.AfterFunc(ctx, func() {
 		l.dmu.Lock()
-		if l.gen[d] == gen { // not a later wait's (a TLS connection is unusable after a write deadline)
+		if l.gen[d] == gen { // a cut meant for this wait, not a later one
 			setDeadline(l, write, time.Unix(1, 0))
 		}
 		l.dmu.Unlock()
@@ -776,10 +784,6 @@ func (w *laneWait) expired(err error) error {
 		return err
 	}
 	idle := time.Since(w.last)
-	if _, tls := w.l.c.(tlsLane); w.write && tls {
-		// A TLS connection is unusable after a write deadline.
-		return unknownStall(idle, w.timeout)
-	}
 	next, serr := w.m.judge(w.peer, idle, w.timeout)
 	if serr != nil {
 		return serr
@@ -811,10 +815,16 @@ func (w *laneWait) whole(b []byte, move func([]byte) (int, error)) error {
 	return nil
 }
 
-// flush is writeAll for what a batching lane gathered.
-func (w *laneWait) flush(bt batcher) error {
+// flusher is a lane connection that gathers writes until Flush
+// (sealedConn).
+type flusher interface {
+	Flush() (bool, error)
+}
+
+// flush is writeAll for what a gathering lane holds.
+func (w *laneWait) flush(f flusher) error {
 	for {
-		moved, err := bt.Flush()
+		moved, err := f.Flush()
 		if moved {
 			w.last = time.Now()
 		}
@@ -898,18 +908,14 @@ func (m *Mesh) sendOn(ctx context.Context, l *lane, peer, ch int, tag Tag, paylo
 	putHeader(l.wh[:], tag, len(payload))
 	w := m.startWait(ctx, l, peer, true)
 	defer w.stop()
-	bt, batching := l.c.(batcher)
-	if batching && len(payload) > coalesceBytes {
-		bt.Begin()
-	}
 	if len(payload) <= coalesceBytes {
 		l.wbuf = append(append(l.wbuf[:0], l.wh[:]...), payload...)
 		err = w.writeAll(l.wbuf)
 	} else if err = w.writeAll(l.wh[:]); err == nil {
 		err = w.writeAll(payload)
 	}
-	if batching && err == nil {
-		err = w.flush(bt)
+	if f, ok := l.c.(flusher); ok && err == nil {
+		err = w.flush(f)
 	}
 	if err != nil {
 		return m.ioError(ctx, "send", peer, ch, tag, err, w)

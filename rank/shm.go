@@ -334,7 +334,12 @@ func writeShmHello(c laneConn, v any) error {
 	binary.LittleEndian.PutUint32(b[0:], shmHelloMagic)
 	binary.LittleEndian.PutUint32(b[4:], uint32(len(body)))
 	copy(b[8:], body)
-	_, err = c.Write(b)
+	if _, err = c.Write(b); err != nil {
+		return err
+	}
+	if f, ok := c.(flusher); ok {
+		_, err = f.Flush()
+	}
 	return err
 }
 

@@ -1,0 +1,300 @@
+package rank
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+)
+
+// A TLS/TCP lane authenticates with a TLS 1.3 handshake (the job's
+// certificates, auth.go) and then carries its bytes in records of its
+// own, sealed with AES-128-GCM under keys exported from that handshake
+// (RFC 8446 section 7.5). crypto/tls caps a record at 16 KiB, copies every
+// byte it sends into the record before sealing it and every byte it
+// receives out of its buffer after opening it; at 10 Gbit/s on one core
+// those copies, not the network, were what a large Send cost
+// (docs/performance.md). A sealed record holds up to sealRecord bytes,
+// is sealed straight from the caller's buffer and opened in place in the
+// receiver's.
+//
+// On the wire a record is a 4-byte little-endian length (of what
+// follows), the ciphertext and the 16-byte GCM tag. The length is the
+// additional data; the nonce is the record's number in its direction,
+// which both sides count, so a record dropped, repeated, reordered or
+// altered fails to open. Each direction has its own exported secret and
+// takes a fresh key from it (HKDF-SHA256) every epochRecords records:
+// at most 64 GiB under one key, far inside GCM's limits for 96-bit
+// counter nonces.
+const (
+	sealRecord   = 256 << 10 // the most plaintext one record carries
+	tagBytes     = 16
+	lenBytes     = 4
+	epochRecords = 1 << 18
+	exportLabel  = "EXPORTER-gorun-lane-keys"
+)
+
+// sealer is one direction's keys and record count.
+type sealer struct {
+	secret []byte
+	epoch  uint64 // records per key (epochRecords; smaller in tests)
+	seq    uint64 // records sealed or opened so far
+	aead   cipher.AEAD
+	nonce  [12]byte
+}
+
+// next returns the AEAD and nonce for the next record, taking the next
+// epoch's key when one begins.
+func (s *sealer) next() (cipher.AEAD, []byte, error) {
+	if s.seq%s.epoch == 0 {
+		key, err := hkdf.Expand(sha256.New, s.secret, "gorun lane key "+strconv.FormatUint(s.seq/s.epoch, 10), 16)
+		if err != nil {
+			return nil, nil, err
+		}
+		block, err := aes.NewCipher(key)
+		if err != nil {
+			return nil, nil, err
+		}
+		if s.aead, err = cipher.NewGCM(block); err != nil {
+			return nil, nil, err
+		}
+	}
+	binary.BigEndian.PutUint64(s.nonce[4:], s.seq)
+	s.seq++
+	return s.aead, s.nonce[:], nil
+}
+
+// sealedConn is a lane over TCP whose bytes go in sealed records. Writes
+// gather into one buffer of records that goes out when full and at
+// Flush (the end of a Send); a write cut off by its deadline keeps what
+// it did not write for the next call, so unlike a TLS connection the
+// lane stays usable. Reads open a record in the caller's buffer when it
+// has room for the record and its tag, else in the connection's own.
+// Writes, and reads, each come from one goroutine at a time (a lane's
+// wmu and rmu).
+type sealedConn struct {
+	net.Conn // the TCP connection: deadlines, Close
+
+	out, in sealer
+
+	wbuf []byte // sealed records not yet written
+	woff int    // how much of wbuf is written
+
+	rh     [lenBytes]byte // the length of the record being read
+	rhn    int            // how much of rh has come
+	rrec   []byte         // where its ciphertext is being read
+	rgot   int            // how much of it has come
+	rbuf   []byte         // the connection's own room for one record
+	rplain []byte         // opened bytes in rbuf not yet read
+	rerr   error          // a record that failed: the stream is unusable
+}
+
+// errTampered is a record that does not open: altered on the way, or the
+// stream is out of step.
+var errTampered = errors.New("a record failed authentication (altered on the way, or the stream is out of step)")
+
+// sealLane turns the TCP connection raw, on which the TLS handshake tc
+// has just completed, into a sealedConn. Nothing may be read from or
+// written to tc after it: the handshake must have read exactly its own
+// records from raw (recordReader), and neither side sends TLS records
+// after its last (the server sends no session tickets).
+func sealLane(tc *tls.Conn, raw net.Conn, client bool) (*sealedConn, error) {
+	cs := tc.ConnectionState()
+	km, err := cs.ExportKeyingMaterial(exportLabel, nil, 64)
+	if err != nil {
+		return nil, fmt.Errorf("exporting lane keys: %v", err)
+	}
+	toServer, toClient := km[:32], km[32:]
+	s := &sealedConn{
+		Conn: raw,
+		wbuf: make([]byte, 0, sealRecord+2*(lenBytes+tagBytes)+headerBytes),
+		rbuf: make([]byte, sealRecord+tagBytes),
+	}
+	s.out = sealer{secret: toServer, epoch: epochRecords}
+	s.in = sealer{secret: toClient, epoch: epochRecords}
+	if !client {
+		s.out.secret, s.in.secret = toClient, toServer
+	}
+	return s, nil
+}
+
+// Write seals p into records (sealRecord bytes at most each) behind what
+// is gathered, writing the gathered records whenever the next would not
+// fit. It reports the bytes sealed: they go out by the next Write or
+// Flush, even after an error.
+func (s *sealedConn) Write(p []byte) (int, error) {
+	done := 0
+	for len(p) > 0 {
+		k := min(len(p), sealRecord)
+		if len(s.wbuf)+lenBytes+k+tagBytes > cap(s.wbuf) {
+			if _, err := s.drain(); err != nil {
+				return done, err
+			}
+		}
+		aead, nonce, err := s.out.next()
+		if err != nil {
+			return done, err
+		}
+		at := len(s.wbuf)
+		s.wbuf = binary.LittleEndian.AppendUint32(s.wbuf, uint32(k+tagBytes))
+		s.wbuf = aead.Seal(s.wbuf, nonce, p[:k], s.wbuf[at:at+lenBytes])
+		p = p[k:]
+		done += k
+	}
+	return done, nil
+}
+
+// Flush writes the gathered records. It reports whether any byte went out
+// (the peer still takes data); after an error it may be called again.
+func (s *sealedConn) Flush() (bool, error) { return s.drain() }
+
+func (s *sealedConn) drain() (bool, error) {
+	moved := false
+	for s.woff < len(s.wbuf) {
+		n, err := s.Conn.Write(s.wbuf[s.woff:])
+		s.woff += n
+		moved = moved || n > 0
+		if err != nil {
+			return moved, err
+		}
+	}
+	s.wbuf, s.woff = s.wbuf[:0], 0
+	return moved, nil
+}
+
+// CloseWrite ends the sending side (a TCP FIN). The mesh flushes every
+// Send before it returns, so nothing gathered is left behind.
+func (s *sealedConn) CloseWrite() error {
+	if cw, ok := s.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return s.Conn.Close()
+}
+
+// Read reads opened bytes into p. It returns nothing of a record until the
+// whole record has come and opened; a read cut off by its deadline keeps
+// what came for the next call. io.EOF means the peer closed between
+// records; a close inside one is io.ErrUnexpectedEOF.
+func (s *sealedConn) Read(p []byte) (int, error) {
+	for {
+		if s.rerr != nil {
+			return 0, s.rerr
+		}
+		if len(s.rplain) > 0 {
+			n := copy(p, s.rplain)
+			s.rplain = s.rplain[n:]
+			return n, nil
+		}
+		if len(p) == 0 {
+			return 0, nil
+		}
+		n, err := s.readRecord(p)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// readRecord reads and opens one record into p (or into rbuf, leaving in
+// rplain what does not fit p). It returns how many bytes landed in p.
+func (s *sealedConn) readRecord(p []byte) (int, error) {
+	for s.rhn < lenBytes {
+		n, err := s.Conn.Read(s.rh[s.rhn:])
+		s.rhn += n
+		if err != nil {
+			if err == io.EOF && s.rhn > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+	}
+	size := int(binary.LittleEndian.Uint32(s.rh[:]))
+	if size < tagBytes || size > sealRecord+tagBytes {
+		s.rerr = fmt.Errorf("garbage on the connection: a record of %d bytes (at most %d)", size, sealRecord+tagBytes)
+		return 0, s.rerr
+	}
+	own := len(s.rrec) > 0 && &s.rrec[0] == &s.rbuf[0]
+	switch {
+	case s.rgot == 0:
+		// A record that fits p with its tag is read and opened there.
+		if len(p) >= size {
+			s.rrec = p[:size]
+		} else {
+			s.rrec = s.rbuf[:size]
+		}
+	case !own && (len(p) < size || &p[0] != &s.rrec[0]):
+		// Resumed into another buffer: carry on in the connection's own.
+		copy(s.rbuf, s.rrec[:s.rgot])
+		s.rrec = s.rbuf[:size]
+	}
+	for s.rgot < size {
+		n, err := s.Conn.Read(s.rrec[s.rgot:size])
+		s.rgot += n
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+	}
+	rec := s.rrec[:size]
+	s.rhn, s.rgot, s.rrec = 0, 0, nil
+	aead, nonce, err := s.in.next()
+	if err != nil {
+		s.rerr = err
+		return 0, err
+	}
+	k := size - tagBytes
+	own = &rec[0] == &s.rbuf[0]
+	dst := rec[:0] // in place
+	if own && len(p) >= k {
+		dst = p[:0] // opened from rbuf straight into p
+	}
+	if _, err := aead.Open(dst, nonce, rec, s.rh[:]); err != nil {
+		s.rerr = errTampered
+		return 0, s.rerr
+	}
+	if !own || len(p) >= k {
+		return k, nil
+	}
+	n := copy(p, rec[:k])
+	s.rplain = rec[n:k]
+	return n, nil
+}
+
+// recordReader sits under a TLS handshake and never reads past the end of
+// the TLS record being read, so that when the handshake ends the next
+// byte on the connection is the peer's first sealed record, not a byte
+// lost in crypto/tls's buffer.
+type recordReader struct {
+	net.Conn
+	hdr  [5]byte // a TLS record header: type, version, length
+	hn   int
+	left int // bytes of the current record's body not yet read
+}
+
+func (r *recordReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if r.left == 0 {
+		n, err := r.Conn.Read(p[:min(len(p), len(r.hdr)-r.hn)])
+		copy(r.hdr[r.hn:], p[:n])
+		r.hn += n
+		if r.hn == len(r.hdr) {
+			r.left = int(binary.BigEndian.Uint16(r.hdr[3:]))
+			r.hn = 0
+		}
+		return n, err
+	}
+	n, err := r.Conn.Read(p[:min(len(p), r.left)])
+	r.left -= n
+	return n, err
+}
