@@ -39,7 +39,9 @@ type Transport struct {
 var (
 	// QUIC between hosts (quic-go).
 	QUIC = Transport{Name: "quic", StepUs: 137, CapGBs: 0.21}
-	// TLSTCP is TLS 1.3 over TCP (rank/tlsbatch.go).
+	// TLSTCP is TCP authenticated by TLS 1.3 (rank/sealed.go). Fitted
+	// before its sealed records (2026-11-25), when crypto/tls's records
+	// carried the bytes and both test hosts shared 2 cores.
 	TLSTCP = Transport{Name: "tcp", StepUs: 106, CapGBs: 0.58}
 	// ShmRings is the pair rings in /dev/shm that the hierarchical
 	// allreduce's phases within a host and the message-passing algorithms
