@@ -167,8 +167,8 @@ func (m *Mesh) judge(peer int, idle, timeout time.Duration) (time.Duration, erro
 }
 
 // unknownStall is the error of a wait that cannot go on past idle, whatever
-// the peer's state (a TLS/TCP write: the connection is unusable after a
-// write deadline).
+// the peer's state (a deadline that the stall judge did not set, or the
+// in-process transport's wait).
 func unknownStall(idle, timeout time.Duration) error {
 	return &stallError{msg: fmt.Sprintf("waited %s (timeout %s) with no progress", round(idle), timeout), waited: idle}
 }
