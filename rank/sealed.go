@@ -84,14 +84,15 @@ type sealedConn struct {
 
 	out, in sealer
 
-	wbuf []byte // sealed records not yet written
+	wbuf []byte // sealed records not yet written (made at the first Write)
 	woff int    // how much of wbuf is written
 
 	rh     [lenBytes]byte // the length of the record being read
 	rhn    int            // how much of rh has come
 	rrec   []byte         // where its ciphertext is being read
+	rown   bool           // rrec is in rbuf (else in the caller's buffer)
 	rgot   int            // how much of it has come
-	rbuf   []byte         // the connection's own room for one record
+	rbuf   []byte         // the connection's own room for one record (made when first needed)
 	rplain []byte         // opened bytes in rbuf not yet read
 	rerr   error          // a record that failed: the stream is unusable
 }
@@ -112,11 +113,7 @@ func sealLane(tc *tls.Conn, raw net.Conn, client bool) (*sealedConn, error) {
 		return nil, fmt.Errorf("exporting lane keys: %v", err)
 	}
 	toServer, toClient := km[:32], km[32:]
-	s := &sealedConn{
-		Conn: raw,
-		wbuf: make([]byte, 0, sealRecord+2*(lenBytes+tagBytes)+headerBytes),
-		rbuf: make([]byte, sealRecord+tagBytes),
-	}
+	s := &sealedConn{Conn: raw}
 	s.out = sealer{secret: toServer, epoch: epochRecords}
 	s.in = sealer{secret: toClient, epoch: epochRecords}
 	if !client {
@@ -130,6 +127,9 @@ func sealLane(tc *tls.Conn, raw net.Conn, client bool) (*sealedConn, error) {
 // fit. It reports the bytes sealed: they go out by the next Write or
 // Flush, even after an error.
 func (s *sealedConn) Write(p []byte) (int, error) {
+	if s.wbuf == nil { // lanes to peers reached through shared memory never write
+		s.wbuf = make([]byte, 0, sealRecord+2*(lenBytes+tagBytes)+headerBytes)
+	}
 	done := 0
 	for len(p) > 0 {
 		k := min(len(p), sealRecord)
@@ -220,19 +220,26 @@ func (s *sealedConn) readRecord(p []byte) (int, error) {
 		s.rerr = fmt.Errorf("garbage on the connection: a record of %d bytes (at most %d)", size, sealRecord+tagBytes)
 		return 0, s.rerr
 	}
-	own := len(s.rrec) > 0 && &s.rrec[0] == &s.rbuf[0]
+	if cap(s.rbuf) < size { // small first: the lanes to peers on this host carry only the shm handshake
+		n := sealRecord + tagBytes
+		if size <= 4<<10 {
+			n = 4 << 10
+		}
+		s.rbuf = make([]byte, n)
+	}
 	switch {
 	case s.rgot == 0:
 		// A record that fits p with its tag is read and opened there.
-		if len(p) >= size {
-			s.rrec = p[:size]
-		} else {
+		s.rown = len(p) < size
+		if s.rown {
 			s.rrec = s.rbuf[:size]
+		} else {
+			s.rrec = p[:size]
 		}
-	case !own && (len(p) < size || &p[0] != &s.rrec[0]):
+	case !s.rown && (len(p) < size || &p[0] != &s.rrec[0]):
 		// Resumed into another buffer: carry on in the connection's own.
 		copy(s.rbuf, s.rrec[:s.rgot])
-		s.rrec = s.rbuf[:size]
+		s.rrec, s.rown = s.rbuf[:size], true
 	}
 	for s.rgot < size {
 		n, err := s.Conn.Read(s.rrec[s.rgot:size])
@@ -244,7 +251,7 @@ func (s *sealedConn) readRecord(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	rec := s.rrec[:size]
+	rec, own := s.rrec[:size], s.rown
 	s.rhn, s.rgot, s.rrec = 0, 0, nil
 	aead, nonce, err := s.in.next()
 	if err != nil {
@@ -252,7 +259,6 @@ func (s *sealedConn) readRecord(p []byte) (int, error) {
 		return 0, err
 	}
 	k := size - tagBytes
-	own = &rec[0] == &s.rbuf[0]
 	dst := rec[:0] // in place
 	if own && len(p) >= k {
 		dst = p[:0] // opened from rbuf straight into p
