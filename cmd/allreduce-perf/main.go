@@ -25,6 +25,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +48,7 @@ type options struct {
 	minBytes, maxBytes int64
 	factor             int
 	iters, warmup      int
+	samples            int // the timed iterations split into this many samples
 	dtype, wire        collective.DType
 	op                 collective.Op
 	algo               collective.Algorithm
@@ -61,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	app := &cli.App{
 		Name:            "allreduce-perf",
 		Usage:           "measure Allreduce bandwidth like nccl-tests' all_reduce_perf",
-		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree|direct|shm|hd] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
+		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-S 1] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree|direct|shm|hd] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
 		HideHelpCommand: true,
 		Writer:          stdout,
 		ErrWriter:       stderr,
@@ -71,6 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.IntFlag{Name: "stepfactor", Aliases: []string{"f"}, Value: 2, Usage: "multiply the size by this between rows"},
 			&cli.IntFlag{Name: "iters", Aliases: []string{"n"}, Value: 20, Usage: "timed iterations per size"},
 			&cli.IntFlag{Name: "warmup_iters", Aliases: []string{"w"}, Value: 5, Usage: "untimed iterations per size"},
+			&cli.IntFlag{Name: "samples", Aliases: []string{"S"}, Value: 1, Usage: "time the -n iterations as this many samples between barriers and report the median sample, each the slowest rank's (OpenMPI's and gloo's peers in bench/peers measure so); 1: one batch, the mean over the ranks, as nccl-tests"},
 			&cli.StringFlag{Name: "datatype", Aliases: []string{"d"}, Value: "float", Usage: "float, half or bfloat16"},
 			&cli.StringFlag{Name: "op", Aliases: []string{"o"}, Value: "sum", Usage: "sum, avg, min or max"},
 			&cli.StringFlag{Name: "algo", Aliases: []string{"a"}, Value: "auto", Usage: "auto, ring, tree, direct, shm or hd (halving-doubling) (auto: the cost model, or GORUN_ALLREDUCE)"},
@@ -155,6 +158,9 @@ func parseOptions(c *cli.Context) (options, error) {
 	}
 	if o.warmup = c.Int("warmup_iters"); o.warmup < 0 {
 		return o, fmt.Errorf("-w %d: want 0 or more warm-up iterations", o.warmup)
+	}
+	if o.samples = c.Int("samples"); o.samples < 1 || o.samples > o.iters {
+		return o, fmt.Errorf("-S %d: want 1 to -n (%d) samples", o.samples, o.iters)
 	}
 	if o.dtype, err = collective.ParseDType(c.String("datatype")); err != nil {
 		return o, fmt.Errorf("-d: %v", err)
@@ -264,6 +270,11 @@ func bench(o options, out io.Writer) error {
 		p("# hierarchical allreduce: %d hosts x %d ranks (GORUN_HIERARCHICAL=0 turns it off)\n", h, m)
 	}
 	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
+	if o.samples > 1 {
+		p("# time: the median of %d samples between barriers, each the slowest rank's time per call; mean and best below each row\n", o.samples)
+	} else {
+		p("# time: the mean over the timed iterations and the ranks\n")
+	}
 	p("#\n")
 	p("# %10s %12s %8s %6s %6s", "", "", "", "", "")
 	if o.outPlace {
@@ -293,6 +304,7 @@ func bench(o options, out io.Writer) error {
 		}
 		// the row is printed whole, so that an error never lands inside it
 		row := fmt.Sprintf("  %10d %12d %8s %6s %6s", b, count, typeName(o.dtype), redop, chosen)
+		notes := ""
 		for _, inPlace := range []bool{false, true} {
 			if inPlace && !o.inPlace || !inPlace && !o.outPlace {
 				continue
@@ -301,19 +313,27 @@ func bench(o options, out io.Writer) error {
 			if inPlace {
 				s = r
 			}
-			var us float64
+			var tm timing
 			var wrong int
 			var err error
 			if o.sendrecv {
-				us, wrong, err = sendRecv(ctx, comm, mesh, s, r, o)
+				tm, wrong, err = sendRecv(ctx, comm, mesh, s, r, o)
 			} else {
-				us, err = timeIt(ctx, comm, s, r, o, opts)
+				tm, err = timeIt(ctx, comm, s, r, o, opts)
 				if err == nil && o.check {
 					wrong, err = checkIt(ctx, comm, mesh, s, r, o, opts)
 				}
 			}
 			if err != nil {
 				return err
+			}
+			us := tm.reported
+			if o.samples > 1 {
+				place := "out-of-place"
+				if inPlace {
+					place = "in-place"
+				}
+				notes += fmt.Sprintf("# %10d %s: mean %s us, median %s us, best %s us\n", b, place, fmtTime(tm.mean), fmtTime(tm.median), fmtTime(tm.best))
 			}
 			wrongTotal += wrong
 			algbw := float64(b) / us / 1e3
@@ -329,7 +349,7 @@ func bench(o options, out io.Writer) error {
 			}
 			row += fmt.Sprintf("  %9s %7.3f %7.3f %6s", fmtTime(us), algbw, busbw, wr)
 		}
-		p("%s\n", row)
+		p("%s\n%s", row, notes)
 		if o.factor < 2 || size == o.maxBytes {
 			break
 		}
@@ -398,34 +418,71 @@ func fmtTime(us float64) string {
 }
 
 // timeIt runs the warm-up and timed iterations and returns the time of one
-// allreduce in microseconds, averaged over the iterations and over the
-// ranks (as nccl-tests does by default).
-func timeIt(ctx context.Context, c *collective.Communicator, send, recv []byte, o options, opts []collective.CallOption) (float64, error) {
+// allreduce.
+func timeIt(ctx context.Context, c *collective.Communicator, send, recv []byte, o options, opts []collective.CallOption) (timing, error) {
 	fill(send, c.Rank(), o.dtype)
 	for i := 0; i < o.warmup; i++ {
 		if err := c.Allreduce(ctx, send, recv, o.dtype, o.op, opts...); err != nil {
-			return 0, err
+			return timing{}, err
 		}
 	}
-	if err := c.Barrier(ctx); err != nil {
-		return 0, err
-	}
-	start := time.Now()
-	hs := make([]*collective.Handle, o.iters)
-	for i := range hs {
-		hs[i] = c.AllreduceAsync(ctx, send, recv, o.dtype, o.op, opts...)
-	}
-	// Like nccl-tests, which synchronizes its stream once after launching
-	// every iteration: calls finish in order, so waiting for the last one
-	// waits for all (an earlier failure fails the later ones too), and the
-	// others' Waits below return at once.
-	hs[len(hs)-1].Wait()
-	for _, h := range hs {
-		if err := h.Wait(); err != nil {
-			return 0, err
+	return timeSamples(ctx, c, o, func(n int) error {
+		hs := make([]*collective.Handle, n)
+		for i := range hs {
+			hs[i] = c.AllreduceAsync(ctx, send, recv, o.dtype, o.op, opts...)
 		}
+		// Like nccl-tests, which synchronizes its stream once after
+		// launching every iteration: calls finish in order, so waiting for
+		// the last one waits for all (an earlier failure fails the later
+		// ones too), and the others' Waits below return at once.
+		hs[len(hs)-1].Wait()
+		for _, h := range hs {
+			if err := h.Wait(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// timing is the time of one call in microseconds: reported is the row's
+// (the mean with one sample, the median with more).
+type timing struct{ reported, mean, median, best float64 }
+
+// timeSamples times o.iters calls, run by batch(n) n at a time, in
+// o.samples samples, each after a barrier. mean is the time of all samples
+// over o.iters, averaged over the ranks (nccl-tests' figure); median and
+// best are over the samples' times per call, each the slowest rank's (as
+// the OpenMPI and gloo peers of bench/peers measure).
+func timeSamples(ctx context.Context, c *collective.Communicator, o options, batch func(n int) error) (timing, error) {
+	per := make([]float32, o.samples)
+	total := 0.0
+	for k := range per {
+		n := o.iters / o.samples
+		if k < o.iters%o.samples {
+			n++
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return timing{}, err
+		}
+		start := time.Now()
+		if err := batch(n); err != nil {
+			return timing{}, err
+		}
+		d := time.Since(start).Seconds() * 1e6
+		total += d
+		per[k] = float32(d / float64(n))
 	}
-	return overRanks(ctx, c, time.Since(start).Seconds()*1e6/float64(o.iters), collective.Average)
+	mean, err := overRanks(ctx, c, total/float64(o.iters), collective.Average)
+	if err != nil || o.samples == 1 {
+		return timing{mean, mean, mean, mean}, err
+	}
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(per), collective.Float32, collective.Max); err != nil {
+		return timing{}, err
+	}
+	slices.Sort(per)
+	median := float64(per[len(per)/2])
+	return timing{median, mean, median, float64(per[0])}, nil
 }
 
 // overRanks reduces one value of every rank with op (the mean time per op,

@@ -223,6 +223,50 @@ func TestSendRecv(t *testing.T) {
 	}
 }
 
+// TestSamples: with -S the row's time is the median of the samples, and a
+// line under the row gives the mean, the median and the best, out of place
+// and in place, for allreduce and sendrecv alike.
+func TestSamples(t *testing.T) {
+	noteRE := regexp.MustCompile(`(?m)^#\s+(\d+) (out-of-place|in-place): mean ([\d.]+) us, median ([\d.]+) us, best ([\d.]+) us$`)
+	for _, k := range []struct {
+		args  []string
+		rows  int
+		notes int
+	}{
+		{[]string{"-b", "64K", "-e", "1M", "-f", "4", "-n", "7", "-S", "3", "-w", "1"}, 3, 6},
+		{[]string{"-C", "sendrecv", "-b", "4K", "-e", "4K", "-n", "4", "-S", "4", "-w", "0"}, 1, 1},
+	} {
+		t.Run(strings.Join(k.args, " "), func(t *testing.T) {
+			outs := launchOK(t, 2, k.args, nil)
+			if !strings.Contains(outs[0], "# time: the median of "+k.args[slices.Index(k.args, "-S")+1]+" samples") {
+				t.Errorf("no line on the time's statistic:\n%s", outs[0])
+			}
+			re, timeCol := rowRE, 6
+			if k.args[0] == "-C" {
+				re, timeCol = p2pRowRE, 4
+			}
+			rows := re.FindAllStringSubmatch(outs[0], -1)
+			notes := noteRE.FindAllStringSubmatch(outs[0], -1)
+			if len(rows) != k.rows || len(notes) != k.notes {
+				t.Fatalf("%d rows and %d notes, want %d and %d:\n%s", len(rows), len(notes), k.rows, k.notes, outs[0])
+			}
+			for i, nt := range notes {
+				row := rows[i*k.rows/len(notes)]
+				col := timeCol + 4*(i%(k.notes/k.rows))
+				if nt[1] != row[1] || nt[4] != row[col] {
+					t.Errorf("note %q does not match its row's size and time %q: %q", nt[0], row[col], row[0])
+				}
+				mean, _ := strconv.ParseFloat(nt[3], 64)
+				median, _ := strconv.ParseFloat(nt[4], 64)
+				best, _ := strconv.ParseFloat(nt[5], 64)
+				if mean <= 0 || best <= 0 || best > median {
+					t.Errorf("mean %v, median %v, best %v: %s", mean, median, best, nt[0])
+				}
+			}
+		})
+	}
+}
+
 // TestWrongFrom: the sendrecv check counts every element that is not the
 // previous rank's.
 func TestWrongFrom(t *testing.T) {
@@ -247,7 +291,7 @@ func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-b", "12X"}, {"-e", "-5"}, {"-b", "1M", "-e", "1K"}, {"-d", "double"}, {"-o", "prod"},
 		{"-a", "butterfly"}, {"-c", "7"}, {"-n", "0"}, {"-f", "1", "-b", "8", "-e", "16"}, {"-d", "half", "-W", "bfloat16"}, {"--nope"}, {"extra"},
-		{"-C", "alltoall"}, {"-C", "sendrecv", "-I", "1"}, {"-C", "sendrecv", "-a", "ring"}, {"-C", "sendrecv", "-o", "max"},
+		{"-n", "4", "-S", "5"}, {"-S", "0"}, {"-C", "alltoall"}, {"-C", "sendrecv", "-I", "1"}, {"-C", "sendrecv", "-a", "ring"}, {"-C", "sendrecv", "-o", "max"},
 	} {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = testenv.CleanEnv()

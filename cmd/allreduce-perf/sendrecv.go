@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/rank"
@@ -67,33 +66,30 @@ func exchange(ctx context.Context, t rank.Transport, send, recv []byte) error {
 }
 
 // sendRecv times -C sendrecv for one size: the warm-up and timed exchanges,
-// the time of one in microseconds averaged over the iterations and the
-// ranks, and with -c 1 the elements (over all ranks) that differ from what
-// the previous rank filled in.
-func sendRecv(ctx context.Context, c *collective.Communicator, t rank.Transport, send, recv []byte, o options) (float64, int, error) {
+// the time of one, and with -c 1 the elements (over all ranks) that differ
+// from what the previous rank filled in.
+func sendRecv(ctx context.Context, c *collective.Communicator, t rank.Transport, send, recv []byte, o options) (timing, int, error) {
 	n, me := c.Size(), c.Rank()
 	fill(send, me, o.dtype)
 	clear(recv)
 	for i := 0; i < o.warmup; i++ {
 		if err := exchange(ctx, t, send, recv); err != nil {
-			return 0, 0, err
+			return timing{}, 0, err
 		}
 	}
-	if err := c.Barrier(ctx); err != nil {
-		return 0, 0, err
-	}
-	start := time.Now()
-	for i := 0; i < o.iters; i++ {
-		if err := exchange(ctx, t, send, recv); err != nil {
-			return 0, 0, err
+	tm, err := timeSamples(ctx, c, o, func(k int) error {
+		for i := 0; i < k; i++ {
+			if err := exchange(ctx, t, send, recv); err != nil {
+				return err
+			}
 		}
-	}
-	us, err := overRanks(ctx, c, time.Since(start).Seconds()*1e6/float64(o.iters), collective.Average)
+		return nil
+	})
 	if err != nil || !o.check {
-		return us, 0, err
+		return tm, 0, err
 	}
 	w, err := sumCounts(ctx, t, &countSeq, wrongFrom(recv, (me+n-1)%n, o.dtype))
-	return us, w, err
+	return tm, w, err
 }
 
 // wrongFrom counts the elements of recv that differ from what rank prev
