@@ -220,8 +220,8 @@ func (r *run) hdChannel(sp hdSpec, c, base int, p hdPlan) {
 			depth:     depth,
 		})
 	}
-	red := newReducer(sp.dtype, sp.wire, sp.op, sp.div)
-	pool := newBufPool(depth)
+	red := r.newReducer(sp.dtype, sp.wire, sp.op, sp.div)
+	pool := r.newBufPool(depth)
 	r.goFn(func() error {
 		defer func() {
 			for _, s := range snd {

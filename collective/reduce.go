@@ -17,6 +17,7 @@ type reducer struct {
 	op          Op
 	n           int // world size, for Average
 	a, b        []float32
+	take        func(n int) []byte // where a and b come from (nil: make)
 }
 
 func newReducer(dtype, wire DType, op Op, n int) *reducer {
@@ -25,8 +26,11 @@ func newReducer(dtype, wire DType, op Op, n int) *reducer {
 
 func (r *reducer) scratch(n int) ([]float32, []float32) {
 	if cap(r.a) < n {
-		r.a = make([]float32, n)
-		r.b = make([]float32, n)
+		if r.take != nil {
+			r.a, r.b = Float32s(r.take(4*n)), Float32s(r.take(4*n))
+		} else {
+			r.a, r.b = make([]float32, n), make([]float32, n)
+		}
 	}
 	return r.a[:n], r.b[:n]
 }

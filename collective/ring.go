@@ -119,7 +119,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 	direct := sp.ag && sp.wire == sp.dtype // allgather receives land in acc
 	depth := ringGroup + 2
 	snd := r.newSender(next, c, 2*ringGroup+8)
-	pool := newBufPool(depth)
+	pool := r.newBufPool(depth)
 	rv := r.newReceiver(prev, c, recvPlan{
 		count: len(recvs),
 		size: func(m int) int {
@@ -147,7 +147,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 	if div == 0 {
 		div = n
 	}
-	red := newReducer(sp.dtype, sp.wire, sp.op, div)
+	red := r.newReducer(sp.dtype, sp.wire, sp.op, div)
 	r.goFn(func() error {
 		defer snd.close()
 		in := sp.acc // this rank's input

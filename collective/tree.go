@@ -122,14 +122,14 @@ func (r *run) tree(sp treeSpec) {
 	if div == 0 {
 		div = r.t.Size()
 	}
-	red := newReducer(sp.dtype, sp.wire, sp.op, div)
+	red := r.newReducer(sp.dtype, sp.wire, sp.op, div)
 	sh := sp.shape
 	root := sh.parent < 0
 	kids := make([]*sender, len(sh.children))
 	for i, c := range sh.children {
 		kids[i] = r.newSender(c, sp.ch, depth+8)
 	}
-	pool := newBufPool(depth)
+	pool := r.newBufPool(depth)
 	// down sends acc slice k (or, if wire, the wire bytes w, released by
 	// done once every child's sender is done with them) to the children.
 	down := func(k int, wire bool, w []byte, done func()) bool {
