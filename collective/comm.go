@@ -40,13 +40,13 @@ const (
 )
 
 // The pipeline slices unless Config or GORUN_SLICE_BYTES sets one (then
-// that one everywhere). Every slice is a message with its own wake-ups
-// along the pipeline: between two test hosts at 10 Gbit/s 256 KiB slices
-// moved 1.2-1.4x the bytes per second of 128 KiB ones, while over shared
-// memory within a host 128 KiB was faster (docs/collective.md, "Slice
-// size").
+// that one everywhere). Between two test hosts TLS/TCP rings with slices of
+// exactly 64 or 128 KiB stalled (the CPUs 16 % idle, 0.6-0.7 GB/s at 16
+// and 64 MiB), 256 KiB ones less, 96 KiB ones not: 1.15-1.20 GB/s from 4
+// to 256 MiB against 0.99-1.13 for 256 KiB. Over shared memory within a
+// host 128 KiB was faster than 256 KiB (docs/collective.md, "Slice size").
 const (
-	DefaultSliceBytes = 256 << 10 // rings and trees that cross hosts
+	DefaultSliceBytes = 96 << 10  // rings and trees that cross hosts
 	LocalSliceBytes   = 128 << 10 // those whose ranks are all on one host
 )
 
