@@ -9,7 +9,7 @@
 #   bench/peers/multihost_busbw.sh
 #   env: LINKS ("1gbit 10gbit none"), NPS ("2 4"), SIZES (bytes, "1048576 16777216 67108864"),
 #        ITERS (gorun timed allreduces per size, at least 5; more for small sizes: up to
-#        1000 and ITER_BYTES / size, ITER_BYTES 256 MiB, so that a size runs long enough
+#        1000 and ITER_BYTES / size, ITER_BYTES 1 GiB, so that a size runs long enough
 #        for a mean to mean something, as the peers' 3-s budgets), MPI_BUDGET (s per size, 3),
 #        CPUS (cores per host, as test/hosts/up.sh takes them; default: each host half of
 #        this machine's, as two machines would have their own; set it empty to let both
@@ -23,8 +23,10 @@
 # (allreduce-perf's GOMAXPROCS = cores / ranks on its host) then runs twice
 # as many threads as there are cores, where OpenMPI's ranks run one each.
 #
-# gorun side: bin/allreduce-perf (-I 0 -c 1 -w 1 -n ITERS: the mean of
-# ITERS out-of-place allreduces, checked) when cmd/allreduce-perf exists,
+# gorun side: bin/allreduce-perf (-I 0 -c 1 -n ITERS -S up to 100: the
+# median of the samples, each the slowest rank's time per call, as the
+# peers measure, and the mean of all ITERS out-of-place allreduces,
+# checked; the ratios use the median) when cmd/allreduce-perf exists,
 # else test/multihost/archeck (median and best of ITERS). OpenMPI side: /work/shared/peers/src/mpi_allreduce.c (the
 # project's peer baseline, compiled from where it lies), pml ob1, btl
 # tcp,self: not vader, because every namespace has the same host name, so
@@ -41,7 +43,7 @@ LINKS=${LINKS:-"1gbit 10gbit none"}
 NPS=${NPS:-"2 4"}
 SIZES=${SIZES:-"1048576 16777216 67108864"}
 ITERS=${ITERS:-5}
-ITER_BYTES=${ITER_BYTES:-268435456}
+ITER_BYTES=${ITER_BYTES:-1073741824}
 if [ -z "${CPUS+set}" ]; then
   c=$(nproc); CPUS=
   [ "$c" -ge 2 ] && CPUS="0-$((c / 2 - 1)) $((c / 2))-$((c - 1))"
@@ -99,9 +101,13 @@ gorun_busbw() {
   f="$OUT/${f}_np${np}_${size}_$LINKNAME.txt"
   if [ "$PERF" = allreduce-perf ]; then
     local n=$(( ITER_BYTES / size )); n=$(( n > 1000 ? 1000 : n )); n=$(( n < ITERS ? ITERS : n ))
-    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$n" -w $(( n / 10 + 1 )) -I 0 -c 1 >"$f" 2>&1
-    # Rank 0's row: size count type redop algo time algbw busbw #wrong (the mean of ITERS).
-    awk -v s="$size" '{ sub(/^\[0\] */, "") } /^# transport / { t = $3 } $1 == s && $9 == 0 { print $8, "-", t }' "$f"
+    "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$n" -S $(( n < 100 ? n : 100 )) -w $(( n / 10 + 1 )) -I 0 -c 1 >"$f" 2>&1
+    # Rank 0's row: size count type redop algo time algbw busbw #wrong, the
+    # time the median sample; the line under it: "# size out-of-place: mean
+    # X us, median Y us, best Z us". Prints the median's and the mean's busbw.
+    awk -v s="$size" '{ sub(/^\[0\] */, "") } /^# transport / { t = $3 }
+      $1 == s && $9 == 0 { bw = $8 } $1 == "#" && $2 == s && $3 == "out-of-place:" { mean = $5; med = $8 }
+      END { if (bw != "" && mean > 0) printf "%s %.3f %s\n", bw, bw * med / mean, t }' "$f"
   else
     "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/archeck" -bytes "$size" -iters "$ITERS" >"$f" 2>&1
     awk '/archeck: np/ { for (i = 1; i < NF; i++) { if ($i == "busbw_median_GBps") m = $(i + 1); if ($i == "busbw_best_GBps") b = $(i + 1); if ($i == "transport") t = $(i + 1) } print m, b, t }' "$f"
@@ -138,7 +144,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%
 
 ROWS="$OUT/busbw.md"
 {
-  if [ "$PERF" = allreduce-perf ]; then g="gorun busbw GB/s (allreduce-perf, mean of $ITERS or more)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
+  if [ "$PERF" = allreduce-perf ]; then g="gorun busbw median / mean GB/s (allreduce-perf -S: the median of up to 100 samples, each the slowest rank's, as the peers; and the mean of all $ITERS or more calls)"; else g="gorun busbw median / best GB/s (archeck, $ITERS)"; fi
   echo "| link | iperf3 Gbit/s | np | size | $g, default (auto: chosen) | same, GORUN_TRANSPORT=quic | same, GORUN_TRANSPORT=tcp | same, default, GOMAXPROCS=1 (chosen) | OpenMPI busbw median / best GB/s | gloo busbw median / best GB/s | gorun default/OpenMPI | gorun default GOMAXPROCS=1/OpenMPI | gorun QUIC/OpenMPI | gorun TCP/OpenMPI | gorun default/gloo | gorun default / link rate | gorun default / iperf3 |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$ROWS"
