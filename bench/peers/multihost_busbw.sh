@@ -14,7 +14,7 @@
 #        CPUS (cores per host, as test/hosts/up.sh takes them; default: each host half of
 #        this machine's, as two machines would have their own; set it empty to let both
 #        hosts share all cores, as before 2026-11-25),
-#        TRAIN_PRESETS ("tiny"), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir)
+#        TRAIN_PRESETS ("tiny"; set empty for none), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir)
 # gorun runs four times per size: its default transport (auto: the faster
 # of QUIC and TLS/TCP by the start-up probe; the cell names the one chosen),
 # GORUN_TRANSPORT=quic and GORUN_TRANSPORT=tcp, to tell the transport from
@@ -50,7 +50,7 @@ if [ -z "${CPUS+set}" ]; then
 fi
 MPI_BUDGET=${MPI_BUDGET:-3}
 GLOO=${GLOO:-1}
-TRAIN_PRESETS=${TRAIN_PRESETS:-tiny}
+TRAIN_PRESETS=${TRAIN_PRESETS-tiny}
 TRAIN_STEPS=${TRAIN_STEPS:-60}
 PEERS=${PEERS:-/work/shared/peers}
 OUT=${OUT:-/tmp/gorun-multihost-bench}
