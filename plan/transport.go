@@ -32,10 +32,9 @@ type Transport struct {
 // sittings (TLS/TCP 110 and 102 µs, 0.556 and 0.598 GB/s; QUIC 168 and
 // 106 µs, 0.203 and 0.220 GB/s). With 128 KiB slices (commit e90775a)
 // TLS/TCP's cap was 0.44 GB/s; since 2026-11-25 slices across hosts are
-// 96 KiB, after this fit.
-// docs/plan.md has the tables. On other
-// machines these are other numbers: they are the transports' CPU cost per
-// message and per byte on these cores.
+// 96 KiB, after this fit. docs/plan.md has the tables. On other machines
+// these are other numbers: they are the transports' CPU cost per message
+// and per byte on these cores.
 // Shared memory (np 4): docs/performance.md's sitting of 2026-11-24 06:04
 // and, for the pair rings' rate, docs/collective.md's 23:38 sitting.
 var (

@@ -327,7 +327,7 @@ func bench(o options, out io.Writer) error {
 			if err != nil {
 				return err
 			}
-			us := tm.reported
+			us := tm.median
 			if o.samples > 1 {
 				place := "out-of-place"
 				if inPlace {
@@ -445,9 +445,9 @@ func timeIt(ctx context.Context, c *collective.Communicator, send, recv []byte, 
 	})
 }
 
-// timing is the time of one call in microseconds: reported is the row's
-// (the mean with one sample, the median with more).
-type timing struct{ reported, mean, median, best float64 }
+// timing is the time of one call in microseconds. The row shows median:
+// with one sample it is the mean.
+type timing struct{ mean, median, best float64 }
 
 // timeSamples times o.iters calls, run by batch(n) n at a time, in
 // o.samples samples, each after a barrier. mean is the time of all samples
@@ -475,14 +475,14 @@ func timeSamples(ctx context.Context, c *collective.Communicator, o options, bat
 	}
 	mean, err := overRanks(ctx, c, total/float64(o.iters), collective.Average)
 	if err != nil || o.samples == 1 {
-		return timing{mean, mean, mean, mean}, err
+		return timing{mean, mean, mean}, err
 	}
 	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(per), collective.Float32, collective.Max); err != nil {
 		return timing{}, err
 	}
 	slices.Sort(per)
 	median := float64(per[len(per)/2])
-	return timing{median, mean, median, float64(per[0])}, nil
+	return timing{mean, median, float64(per[0])}, nil
 }
 
 // overRanks reduces one value of every rank with op (the mean time per op,
