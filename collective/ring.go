@@ -117,6 +117,11 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 		}
 	}
 	direct := sp.ag && sp.wire == sp.dtype // allgather receives land in acc
+	// Out of place, reduce-scatter receives land in acc too, and src is
+	// combined into them: acc of a chunk is untouched until its one
+	// reduce-scatter receive (the first send reads src), and saving the
+	// copy of src into acc saves a pass over memory.
+	rsDirect := sp.rs && sp.src != nil && sp.wire == sp.dtype
 	depth := ringGroup + 2
 	snd := r.newSender(next, c, 2*ringGroup+8)
 	pool := r.newBufPool(depth)
@@ -127,7 +132,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 			return (hi - lo) * ws
 		},
 		dst: func(m int) []byte {
-			if !direct || recvs[m].t < nRS {
+			if recvs[m].t < nRS && !rsDirect || recvs[m].t >= nRS && !direct {
 				return nil
 			}
 			lo, hi := sliceOf(recvChunk(recvs[m].t), recvs[m].k)
@@ -189,11 +194,15 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 					a := sp.acc[lo*es : hi*es]
 					fwd := t+1 < T
 					if t < nRS {
-						if sp.src != nil {
-							copy(a, sp.src[lo*es:hi*es])
+						if !it.slot { // received into acc: combine this rank's input
+							red.combine(a, sp.src[lo*es:hi*es])
+						} else {
+							if sp.src != nil {
+								copy(a, sp.src[lo*es:hi*es])
+							}
+							red.combine(a, it.buf)
+							rv.release(it)
 						}
-						red.combine(a, it.buf)
-						rv.release(it)
 						if t == nRS-1 && !sp.noFinish { // this rank's own chunk is complete
 							red.finish(a)
 							if sp.roundOwn && sp.ag {
