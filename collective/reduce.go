@@ -24,15 +24,17 @@ func newReducer(dtype, wire DType, op Op, n int) *reducer {
 	return &reducer{dtype: dtype, wire: wire, op: op, n: n}
 }
 
-func (r *reducer) scratch(n int) ([]float32, []float32) {
-	if cap(r.a) < n {
+// scratch returns *p with n elements, taking a larger buffer when it is
+// too small. a and b are taken separately: most combines need only one.
+func (r *reducer) scratch(p *[]float32, n int) []float32 {
+	if cap(*p) < n {
 		if r.take != nil {
-			r.a, r.b = Float32s(r.take(4*n)), Float32s(r.take(4*n))
+			*p = Float32s(r.take(4 * n))
 		} else {
-			r.a, r.b = make([]float32, n), make([]float32, n)
+			*p = make([]float32, n)
 		}
 	}
-	return r.a[:n], r.b[:n]
+	return (*p)[:n]
 }
 
 // decode converts wire-format bytes into float32.
@@ -72,14 +74,14 @@ func (r *reducer) combine(acc, in []byte) {
 		if r.wire == Float32 {
 			y = Float32s(in)
 		} else {
-			_, b := r.scratch(ne)
+			b := r.scratch(&r.b, ne)
 			decode(b, in, r.wire)
 			y = b
 		}
 		apply(x, y, r.op)
 		return
 	}
-	a, b := r.scratch(ne)
+	a, b := r.scratch(&r.a, ne), r.scratch(&r.b, ne)
 	decode(a, acc, r.dtype)
 	decode(b, in, r.wire)
 	apply(a, b, r.op)
@@ -104,7 +106,7 @@ func (r *reducer) finish(acc []byte) {
 		}
 		return
 	}
-	a, _ := r.scratch(ne)
+	a := r.scratch(&r.a, ne)
 	decode(a, acc, r.dtype)
 	for i := range a {
 		a[i] /= d
