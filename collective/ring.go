@@ -49,7 +49,12 @@ func (r *run) ring(sp ringSpec) {
 	}
 }
 
-type segment struct{ lo, hi, ns int }
+// segment is one channel's part [lo, hi) of a chunk, cut into ns slices
+// that start at lo+b[k] (b[ns] = hi-lo).
+type segment struct {
+	lo, hi, ns int
+	b          []int
+}
 
 func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 	next, prev := (me+1)%n, (me+n-1)%n
@@ -62,13 +67,13 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 		cl := sp.chunks[j+1] - sp.chunks[j]
 		cs := split(cl, sp.nch)
 		lo, hi := sp.chunks[j]+cs[c], sp.chunks[j]+cs[c+1]
-		segs[j] = segment{lo, hi, slices(hi-lo, ws, sp.sliceBytes)}
-		maxS = max(maxS, segs[j].ns)
+		ns := slices(hi-lo, ws, sp.sliceBytes)
+		segs[j] = segment{lo, hi, ns, split(hi-lo, ns)}
+		maxS = max(maxS, ns)
 	}
 	sliceOf := func(j, k int) (int, int) {
 		s := segs[j]
-		b := split(s.hi-s.lo, s.ns)
-		return s.lo + b[k], s.lo + b[k+1]
+		return s.lo + s.b[k], s.lo + s.b[k+1]
 	}
 	nRS := 0
 	if sp.rs {
