@@ -154,10 +154,6 @@ for l in $LINKS; do
   ip=$(iperf_gbps)
   for np in $NPS; do
     for s in $SIZES; do
-      # A discarded run first: the first gorun run of a size (whichever
-      # transport) now and then ran the whole run at about half speed on
-      # this VM (docs/performance.md, "The slow 256 MiB cells").
-      gorun_busbw "$np" "$s" tcp >/dev/null
       read -r am ab ach < <(gorun_busbw "$np" "$s" auto)
       read -r gm gb _ < <(gorun_busbw "$np" "$s" quic)
       read -r tm tb _ < <(gorun_busbw "$np" "$s" tcp)
