@@ -25,12 +25,20 @@
 #     torch-check, torch  PyTorch's Transformer-base on the same GPU and shapes
 #                (bench/peers/torch_transformer.py, docs/gpu-bench.md): a quick
 #                self-check, then the sweep -> torch.jsonl
+#   net (no GPU needed; issue 18's 16-core measurement; about 3 minutes):
+#     net-tcp-npN, net-quic-npN  allreduce-perf -a ring on loopback, N = 2, 4,
+#                8 ranks, each with cores/N cores, TLS/TCP and QUIC forced and
+#                GORUN_SHM=0 (ranks on one host use shared memory otherwise),
+#                1-256 MiB, -S 5
+#     net-tcp-np2-1core  the same, one core per rank (GOMAXPROCS=1)
+#     net-gloo-npN  torch gloo on loopback (bench/peers/gloo_allreduce.py;
+#                PYTHON names the interpreter, python3 by default)
 # Everything lands in $OUT (the device tool's) or bench/gpu/results/<date>/:
 # summary.txt and results.tar.gz (logs, metrics, reports).
 # QUICK=1 runs every training for 3 steps: a smoke test of this script itself,
 # e.g. here on the CPU emulator (GORUN_CUDA_LIB_DIR=<internal/cudaemu build>).
 set -uo pipefail
-groups="$*" # check, train, bench, torch (default: all); each group's limits add up to under 10 minutes, one device call
+groups="$*" # check, train, bench, torch, net (default: all); each group's limits add up to under 10 minutes, one device call
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -89,6 +97,38 @@ fi
 if want torch && [ "${QUICK:-}" != 1 ]; then
 	step torch-check 120 python3 bench/peers/torch_transformer.py --self-check
 	step torch 300 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
+fi
+if want net; then
+	# Each prints its output, then one line: busbw by size (GB/s, medians).
+	ar() {
+		local out
+		out=$("$bin/gorun" -np "$1" -x GORUN_SHM=0 "${@:3}" "$bin/allreduce-perf" -a ring -b 1M -e 256M -f 4 -n 10 -w 2 -S 5 \
+			-I 0 -c 1 -t 60s 2>&1)
+		local rc=$?
+		echo "$out"
+		echo "$out" | awk -v t="$2" '{ sub(/^\[0\] */, "") } $1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $8 }
+			END { print "busbw GB/s (" t "):" l }'
+		return $rc
+	}
+	gl() {
+		local out
+		out=$("${PYTHON:-python3}" bench/peers/gloo_allreduce.py --np "$1" --budget 1 --timeout 45 \
+			--sizes 1048576 4194304 16777216 67108864 268435456 2>&1)
+		local rc=$?
+		echo "$out"
+		echo "$out" | awk '$1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $7 } END { print "busbw GB/s (gloo):" l }'
+		return $rc
+	}
+	export -f ar gl
+	export bin
+	# limits add up to 555 s, inside one device call
+	for np in 2 4 8; do
+		c="$np ranks on $(nproc) cores"
+		step net-tcp-np$np 45 bash -c 'ar "$@"' _ "$np" "TLS/TCP, $c" -x GORUN_TRANSPORT=tcp
+		step net-quic-np$np 75 bash -c 'ar "$@"' _ "$np" "QUIC, $c" -x GORUN_TRANSPORT=quic
+		step net-gloo-np$np 50 bash -c 'gl "$@"' _ "$np"
+	done
+	step net-tcp-np2-1core 45 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >> "$logs/env.log" 2>&1
 

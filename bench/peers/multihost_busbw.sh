@@ -32,7 +32,7 @@
 # tcp,self: not vader, because every namespace has the same host name, so
 # OpenMPI takes ranks on different "hosts" for neighbours and its shared
 # memory transport crashes (SIGSEGV in mca_pml_ob1_recv_frag_callback_fin).
-# gloo side: /work/shared/peers/src/gloo_allreduce.py's workers started in
+# gloo side: bench/peers/gloo_allreduce.py's ranks started in
 # the hosts' namespaces (ip netns exec, as torchrun would start them there:
 # RANK, WORLD_SIZE, MASTER_ADDR = host 1, GLOO_SOCKET_IFNAME = eth0).
 # busbw = algbw * 2(n-1)/n, GB = 1e9 bytes; np 2 = one rank per host,
@@ -128,7 +128,7 @@ gloo_busbw() {
   for ((r = 0; r < np; r++)); do
     if [ "$r" -lt $(( (np + 1) / 2 )) ]; then ns=gorun-bh1; else ns=gorun-bh2; fi
     timeout 300 ip netns exec $ns env RANK=$r WORLD_SIZE=$np MASTER_ADDR=$H1 MASTER_PORT=29555 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
-      /usr/bin/python3 "$PEERS/src/gloo_allreduce.py" --budget "$MPI_BUDGET" --sizes "$size" >>"$log" 2>&1 &
+      /usr/bin/python3 "$ROOT/bench/peers/gloo_allreduce.py" --budget "$MPI_BUDGET" --sizes "$size" >>"$log" 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}" || { echo "fail fail"; return; }
