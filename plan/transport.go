@@ -21,29 +21,27 @@ type Transport struct {
 }
 
 // The transports gorun runs, measured on this project's 2-core AMD EPYC
-// VM on 2026-11-24 (two sittings, 23:45 and 23:48 UTC, load 0.2-2.5,
-// commit fbc2f70: 256 KiB slices across hosts): bench/peers/
+// VM on 2026-11-25 (two sittings, 04:42 and 04:43 UTC, commit bf2e97d:
+// sealed records and 96 KiB slices across hosts): bench/peers/
 // plan_validate.sh's first stage (PRESETS=none), allreduce-perf -W half
-// -a ring between the two namespace test hosts (test/hosts, one rank
-// each, GOMAXPROCS=2 as nmt-train runs) on a 10 Gbit/s tbf link, which
-// neither transport fills on 2 cores, 4 KiB to 64 MiB, twice per sitting.
-// The cap is fitted to the sizes of 512 KiB and more on the wire, the
-// step to those up to 32 KiB; the constants are the means of the two
-// sittings (TLS/TCP 110 and 102 µs, 0.556 and 0.598 GB/s; QUIC 168 and
-// 106 µs, 0.203 and 0.220 GB/s). With 128 KiB slices (commit e90775a)
-// TLS/TCP's cap was 0.44 GB/s; since 2026-11-25 slices across hosts are
-// 96 KiB, after this fit. docs/plan.md has the tables. On other machines
-// these are other numbers: they are the transports' CPU cost per message
-// and per byte on these cores.
+// -a ring between the two namespace test hosts (test/hosts, sharing the
+// machine's 2 cores, one rank each, GOMAXPROCS=2 as nmt-train runs) on a
+// 10 Gbit/s tbf link, which neither transport fills on 2 cores, 4 KiB to
+// 64 MiB, twice per sitting. The cap is fitted to the sizes of 512 KiB
+// and more on the wire, the step to those up to 32 KiB; the constants are
+// the means of the two sittings (TLS/TCP 82 and 80 µs, 0.812 and 0.768
+// GB/s; QUIC 92 and 102 µs, 0.206 and 0.215 GB/s). docs/plan.md has the
+// tables and the fits before. On other machines these are other numbers:
+// they are the transports' CPU cost per message and per byte on these
+// cores.
 // Shared memory (np 4): docs/performance.md's sitting of 2026-11-24 06:04
 // and, for the pair rings' rate, docs/collective.md's 23:38 sitting.
 var (
 	// QUIC between hosts (quic-go).
-	QUIC = Transport{Name: "quic", StepUs: 137, CapGBs: 0.21}
-	// TLSTCP is TCP authenticated by TLS 1.3 (rank/sealed.go). Fitted
-	// before its sealed records (2026-11-25), when crypto/tls's records
-	// carried the bytes and both test hosts shared 2 cores.
-	TLSTCP = Transport{Name: "tcp", StepUs: 106, CapGBs: 0.58}
+	QUIC = Transport{Name: "quic", StepUs: 97, CapGBs: 0.21}
+	// TLSTCP is TCP authenticated by TLS 1.3, its bytes in sealed
+	// records (rank/sealed.go).
+	TLSTCP = Transport{Name: "tcp", StepUs: 81, CapGBs: 0.79}
 	// ShmRings is the pair rings in /dev/shm that the hierarchical
 	// allreduce's phases within a host and the message-passing algorithms
 	// on one host use: ring 4 KiB 123 µs (6 steps), 1-16 MiB 0.70-0.94 GB/s.
