@@ -127,6 +127,12 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 	// reduce-scatter receive (the first send reads src), and saving the
 	// copy of src into acc saves a pass over memory.
 	rsDirect := sp.rs && sp.src != nil && sp.wire == sp.dtype
+	intoAcc := func(t int) bool { // step t's receives land in acc
+		if t < nRS {
+			return rsDirect
+		}
+		return direct
+	}
 	depth := ringGroup + 2
 	snd := r.newSender(next, c, 2*ringGroup+8)
 	pool := r.newBufPool(depth)
@@ -137,7 +143,7 @@ func (r *run) ringChannel(sp ringSpec, c, n, me int) {
 			return (hi - lo) * ws
 		},
 		dst: func(m int) []byte {
-			if recvs[m].t < nRS && !rsDirect || recvs[m].t >= nRS && !direct {
+			if !intoAcc(recvs[m].t) {
 				return nil
 			}
 			lo, hi := sliceOf(recvChunk(recvs[m].t), recvs[m].k)

@@ -99,27 +99,30 @@ if want torch && [ "${QUICK:-}" != 1 ]; then
 	step torch 300 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
 fi
 if want net; then
-	# Each prints its output, then one line: busbw by size (GB/s, medians).
+	# brief OUT LABEL COLUMN: OUT, then one line: busbw by size (GB/s, the
+	# medians in COLUMN of OUT's rows)
+	brief() {
+		echo "$1"
+		echo "$1" | awk -v t="$2" -v c="$3" '{ sub(/^\[0\] */, "") } $1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $c }
+			END { print "busbw GB/s (" t "):" l }'
+	}
 	ar() {
-		local out
+		local out rc
 		out=$("$bin/gorun" -np "$1" -x GORUN_SHM=0 "${@:3}" "$bin/allreduce-perf" -a ring -b 1M -e 256M -f 4 -n 10 -w 2 -S 5 \
 			-I 0 -c 1 -t 60s 2>&1)
-		local rc=$?
-		echo "$out"
-		echo "$out" | awk -v t="$2" '{ sub(/^\[0\] */, "") } $1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $8 }
-			END { print "busbw GB/s (" t "):" l }'
+		rc=$?
+		brief "$out" "$2" 8
 		return $rc
 	}
 	gl() {
-		local out
+		local out rc
 		out=$("${PYTHON:-python3}" bench/peers/gloo_allreduce.py --np "$1" --budget 1 --timeout 45 \
 			--sizes 1048576 4194304 16777216 67108864 268435456 2>&1)
-		local rc=$?
-		echo "$out"
-		echo "$out" | awk '$1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $7 } END { print "busbw GB/s (gloo):" l }'
+		rc=$?
+		brief "$out" gloo 7
 		return $rc
 	}
-	export -f ar gl
+	export -f brief ar gl
 	export bin
 	# limits add up to 555 s, inside one device call
 	for np in 2 4 8; do
