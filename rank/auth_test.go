@@ -101,6 +101,28 @@ func TestRendezvousTimeoutNamesMissingRanks(t *testing.T) {
 	}
 }
 
+// A rank stopped while it waits at the rendezvous (the launcher stopping
+// the job) says so, not that its timeout passed.
+func TestRendezvousWaitStopped(t *testing.T) {
+	secret := secretBytes(t)
+	rdv, err := ListenRendezvous("127.0.0.1:0", 2, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdv.Close()
+	for _, c := range []struct{ addr, want string }{
+		{rdv.Addr(), "stopped while waiting for rank 1 to register"},
+		{"127.0.0.1:9", "127.0.0.1:9: stopped while waiting for it to answer"},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Second, cancel)
+		_, err = Connect(ctx, Identity{Rank: 0, Size: 2, Rendezvous: c.addr, Secret: secret, Launcher: "gorun"}, Options{Timeout: time.Minute})
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "1m0s") {
+			t.Errorf("rendezvous %s: want an error with %q, got %v", c.addr, c.want, err)
+		}
+	}
+}
+
 func TestRendezvousThatNeverAnswers(t *testing.T) {
 	start := time.Now()
 	_, err := Connect(context.Background(), Identity{Rank: 1, Size: 2, Rendezvous: "127.0.0.1:9", Secret: secretBytes(t), Launcher: "gorun"}, Options{Timeout: 1500 * time.Millisecond})

@@ -183,7 +183,13 @@ func (s *RendezvousServer) handle(conn *quic.Conn) {
 			close(s.done)
 		}
 	}
+	missing := s.missing()
 	s.mu.Unlock()
+	if len(missing) > 0 { // who is missing, at once and then every second
+		if err := enc.Encode(rdvReply{Waiting: missing}); err != nil {
+			return
+		}
+	}
 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -241,6 +247,9 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 		if e != err { // authentication or protocol: retrying will not help
 			return nil, fmt.Errorf("rendezvous at %s: %v", addr, e)
 		}
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, fmt.Errorf("rendezvous at %s: stopped while waiting for it to answer", addr)
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("rendezvous at %s did not answer within %s (is the launcher or rank 0 running, and is the address reachable?)", addr, timeout)
 		}
@@ -266,10 +275,14 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 		var rep rdvReply
 		if err := dec.Decode(&rep); err != nil {
 			if ctx.Err() != nil {
+				what := "the table of ranks"
 				if len(waiting) > 0 {
-					return nil, fmt.Errorf("rendezvous at %s: still waiting for %s to register after %s", addr, rankList(waiting), timeout)
+					what = rankList(waiting) + " to register"
 				}
-				return nil, fmt.Errorf("rendezvous at %s did not complete within %s", addr, timeout)
+				if errors.Is(ctx.Err(), context.Canceled) {
+					return nil, fmt.Errorf("rendezvous at %s: stopped while waiting for %s", addr, what)
+				}
+				return nil, fmt.Errorf("rendezvous at %s: still waiting for %s after %s", addr, what, timeout)
 			}
 			return nil, fmt.Errorf("rendezvous at %s: connection lost: %v", addr, err)
 		}

@@ -109,6 +109,27 @@ func TestStopOnSIGTERM(t *testing.T) {
 	follow(t, fmt.Sprintf("stopped at step %d and resumed, against an uninterrupted run", st.Step), trainLosses(t, dir), trainLosses(t, full), 1, int64(last), 1e-6)
 }
 
+// A rank that fails before the job has met: gorun stops the others, and
+// rank 0, waiting at the rendezvous, says it was interrupted (one line,
+// naming the rank once), not that the rendezvous did not answer.
+func TestInterruptedBeforeFirstStep(t *testing.T) {
+	script := fmt.Sprintf(`if [ "$GORUN_RANK" = 1 ]; then sleep 3; echo rank 1 fails; exit 1; fi; exec %s "$@"`, trainBin)
+	args := append([]string{"-np", "2", "sh", "-c", script, "sh"}, tinyArgs...)
+	cmd, out := startGorun(t, append(args, "--max-steps", "5", "--run-dir", t.TempDir())...)
+	if code := exitCode(t, cmd, out); code != 1 {
+		t.Fatalf("gorun exit status %d, want 1 (rank 1's):\n%s", code, out)
+	}
+	got := out.String()
+	if want := "[0] nmt-train: rank 0: interrupted by terminated before the first step\n"; !strings.Contains(got, want) {
+		t.Fatalf("output lacks %q:\n%s", want, got)
+	}
+	for _, bad := range []string{"did not answer", "rank 0: rank 0:"} {
+		if strings.Contains(got, bad) {
+			t.Fatalf("output has %q:\n%s", bad, got)
+		}
+	}
+}
+
 // A rank killed under gorun --max-restarts 1: gorun stops the job, starts
 // it again, nmt-train resumes from the last checkpoint, and the run ends
 // with an uninterrupted run's loss; the log and the report name the

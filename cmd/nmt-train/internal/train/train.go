@@ -146,8 +146,8 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 			}
 		} else if err != nil {
 			who := ""
-			if id.Size > 1 {
-				who = fmt.Sprintf("rank %d: ", id.Rank)
+			if p := fmt.Sprintf("rank %d: ", id.Rank); id.Size > 1 && !strings.HasPrefix(err.Error(), p) {
+				who = p // the mesh's errors name the rank already
 			}
 			fmt.Fprintf(os.Stderr, "nmt-train: %s%v\n", who, err)
 			err = ErrReported
@@ -175,6 +175,10 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 		}
 	}()
 	if err := t.setup(ctx); err != nil {
+		if s := t.stopRequested(); s != nil && ctx.Err() != nil {
+			// the stop cancelled the setup: that, not what it interrupted, is the cause
+			return fmt.Errorf("interrupted by %v before the first step", s)
+		}
 		return err
 	}
 	t.stopMu.Lock()
