@@ -3,10 +3,16 @@
 # repository root, after bench/gpu/build.sh made .gpu/gpu.tar.gz here:
 #
 #   bench/gpu/build.sh
-#   # then, on the GPU machine (the device tool: carry .gpu), one group a call:
-#   bash bench/gpu/run.sh check   # then train, bench, torch: one 10-minute call each
+#   # then, on the GPU machine (the device tool: carry .gpu):
+#   BUDGET=570 bash bench/gpu/run.sh check torch train bench
 #
-# Steps, each with its own time limit, none stopping the others:
+# GROUPS run in the order named (none: check train bench torch net). Each
+# step has its own time limit and none stops the others. BUDGET=S fits the
+# whole call into S seconds: a step's limit is cut to what is left (less 20 s
+# to pack the results) and a step with under 20 s left is skipped, so one
+# 10-minute device call (timeout_s 600) runs as much as fits and always
+# brings its results back. Without BUDGET, each group's limits add up to
+# under 10 minutes. Steps:
 #   env          the GPU, driver, libraries gorun finds (every group)
 #   check:
 #     conform    every backend op on the GPU against float64 references, the
@@ -38,7 +44,20 @@
 # QUICK=1 runs every training for 3 steps: a smoke test of this script itself,
 # e.g. here on the CPU emulator (GORUN_CUDA_LIB_DIR=<internal/cudaemu build>).
 set -uo pipefail
-groups="$*" # check, train, bench, torch, net (default: all); each group's limits add up to under 10 minutes, one device call
+groups=${*:-check train bench torch net}
+for g in $groups; do
+	case $g in check | train | bench | torch | net) ;; *)
+		echo "run.sh: unknown group '$g' (want check, train, bench, torch or net)" >&2
+		exit 2
+		;;
+	esac
+done
+case ${BUDGET:-0} in *[!0-9]*)
+	echo "run.sh: BUDGET=${BUDGET} is not a whole number of seconds" >&2
+	exit 2
+	;;
+esac
+t_start=$(date +%s)
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -53,25 +72,40 @@ say() { echo "$*" | tee -a "$summary"; }
 
 tar -C "$work" -xzf .gpu/gpu.tar.gz || { say "no .gpu/gpu.tar.gz: run bench/gpu/build.sh first"; exit 2; }
 bin=$work/bin
-say "gorun GPU check $stamp, commit $(cat "$work/COMMIT")"
+runs=$work/runs
+say "gorun GPU check $stamp, commit $(cat "$work/COMMIT"), groups: $groups${BUDGET:+, budget ${BUDGET} s}"
 
-# step NAME LIMIT_S CMD...: runs CMD with a time limit, its output in logs/NAME.log
+# pack: results.tar.gz (logs, metrics, reports) as they are now, after every
+# step, so that a call cut off still brings back what ran
+pack() {
+	(cd "$work" && tar -czf "$res/results.tar.gz.tmp" logs $(find runs -name '*.jsonl' -o -name '*.md' -o -name '*.png' 2>/dev/null)) &&
+		mv "$res/results.tar.gz.tmp" "$res/results.tar.gz"
+}
+
+# step NAME LIMIT_S CMD...: runs CMD with a time limit (cut to the budget),
+# its output in logs/NAME.log, and one line in the summary
 step() {
 	local name=$1 limit=$2
 	shift 2
+	if [ -n "${BUDGET:-}" ]; then
+		local left=$((BUDGET - ($(date +%s) - t_start) - 20))
+		if [ "$left" -lt 20 ]; then
+			say "$(printf '%-10s skipped: %s s of the budget left' "$name" "$((left + 20))")"
+			return 0
+		fi
+		[ "$left" -lt "$limit" ] && limit=$left
+	fi
 	local t0=$(date +%s)
 	timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1
 	local rc=$?
 	say "$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$logs/$name.log" | cut -c1-150)")"
+	pack
 	return 0
 }
 
-runs=$work/runs
 n() { if [ "${QUICK:-}" = 1 ]; then echo 3; else echo "$1"; fi; }
-want() { [ -z "$groups" ] || [[ " $groups " == *" $1 "* ]]; }
 
-step env 30 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
-if want check; then
+check() {
 	step conform 200 env GORUN_CUDA_TEST_DEVICE=gpu "$work/cuda.test" -test.v -test.count=1 -test.timeout 190s
 	step tiny-np1 140 "$bin/gorun" -np 1 "$bin/nmt-train" train --config configs/demo.yaml --device cuda \
 		--max-steps "$(n 300)" --run-dir "$runs/tiny-np1"
@@ -79,13 +113,13 @@ if want check; then
 		--max-steps "$(n 200)" --run-dir "$runs/tiny-np2"
 	step translate 40 bash -c "printf 'la gana vomego beto .\n' | '$bin/nmt-train' translate --device cuda --run-dir '$runs/tiny-np1'"
 	step interop 60 python3 bench/gpu/interop.py "$runs/tiny-np1"
-fi
-if want train; then
+}
+train() {
 	step base 420 "$bin/gorun" -np 1 "$bin/nmt-train" train --preset base --synthetic-lines 200000 --device cuda \
 		--batch-tokens 8192 --max-steps "$(n 300)" --log-every 25 --eval-every 0 --eval-sentences 100 --checkpoint-every 0 \
 		--run-dir "$runs/base"
-fi
-if want bench; then
+}
+bench() {
 	# the same batch shapes for gorun and PyTorch (the dump needs no torch)
 	python3 bench/peers/torch_transformer.py --dump-batches "$work/batches.jsonl" --batch-tokens 4096,12288,25000 --steps 20 \
 		> "$logs/batches.log" 2>&1
@@ -93,12 +127,13 @@ if want bench; then
 		step gorun-$p 150 env GORUN_BENCH_DEVICE=cuda GORUN_BENCH_PRECISION=$p GORUN_BENCH_BATCHES="$work/batches.jsonl" \
 			"$work/bench.test" -test.run '^$' -test.bench TrainStepDevice -test.benchtime 20x
 	done
-fi
-if want torch && [ "${QUICK:-}" != 1 ]; then
+}
+torch() {
+	[ "${QUICK:-}" = 1 ] && return 0
 	step torch-check 120 python3 bench/peers/torch_transformer.py --self-check
 	step torch 300 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
-fi
-if want net; then
+}
+net() {
 	# brief OUT LABEL COLUMN: OUT, then one line: busbw by size (GB/s, the
 	# medians in COLUMN of OUT's rows)
 	brief() {
@@ -132,9 +167,13 @@ if want net; then
 		step net-gloo-np$np 50 bash -c 'gl "$@"' _ "$np"
 	done
 	step net-tcp-np2-1core 45 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
-fi
-nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >> "$logs/env.log" 2>&1
+}
 
-(cd "$work" && tar -czf "$res/results.tar.gz" logs $(cd "$work" && find runs -name '*.jsonl' -o -name '*.md' -o -name '*.png' 2>/dev/null))
+step env 30 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
+for g in $groups; do
+	$g
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >> "$logs/env.log" 2>&1
+pack
 say "results: $res"
 rm -rf "$work"
