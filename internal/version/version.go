@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/cpu"
 
 	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/internal/aesgcm"
 )
 
 // String is the --version text of program prog; devices, when not empty,
@@ -57,13 +58,14 @@ func shortRev(r string) string {
 
 func orNone(s string) string {
 	if s == "" {
-		return "none of avx2 fma f16c avx512f neon"
+		return "none of avx2 fma f16c avx512f vaes neon"
 	}
 	return s
 }
 
 // Features lists the SIMD features of this CPU that gorun's kernels use
-// (SGEMM and the half-precision conversions).
+// (SGEMM, the half-precision conversions, and vaes: the sealed records'
+// AES-GCM four blocks at a time, package aesgcm).
 func Features() []string {
 	var f []string
 	add := func(ok bool, name string) {
@@ -77,6 +79,7 @@ func Features() []string {
 		add(cpu.X86.HasFMA, "fma")
 		add(cpu.X86.HasAVX512F, "avx512f")
 		add(slices.Contains(half.Vectorized(), "f16c"), "f16c") // as package half detects it
+		add(aesgcm.Implementation() == "vaes-avx512", "vaes")
 	case "arm64":
 		add(cpu.ARM64.HasASIMD, "neon")
 	}
