@@ -185,8 +185,30 @@ GLOBL ctrStep1<>(SB), RODATA|NOPTR, $16
 	VMOVDQU64 X0, (R9) \
 	VZEROUPPER
 
+// SEALOUT: the keystream in Z0-Z3 xored with sixteen blocks at SI into
+// ciphertext at DI, which is kept byte-reversed in Z4-Z7 for the hash; SI
+// and DI advanced.
+#define SEALOUT \
+	VPXORQ    0(SI), Z0, Z0 \
+	VPXORQ    64(SI), Z1, Z1 \
+	VPXORQ    128(SI), Z2, Z2 \
+	VPXORQ    192(SI), Z3, Z3 \
+	VMOVDQU64 Z0, 0(DI) \
+	VMOVDQU64 Z1, 64(DI) \
+	VMOVDQU64 Z2, 128(DI) \
+	VMOVDQU64 Z3, 192(DI) \
+	VPSHUFB   Z31, Z0, Z4 \
+	VPSHUFB   Z31, Z1, Z5 \
+	VPSHUFB   Z31, Z2, Z6 \
+	VPSHUFB   Z31, Z3, Z7 \
+	ADDQ      $256, SI \
+	ADDQ      $256, DI
+
 // func sealBlocks(rk *[176]byte, tab *[256]byte, y, ctr *[16]byte, dst, src []byte)
-// len(src) is a multiple of 256 and len(dst) >= len(src).
+// len(src) is a multiple of 256 and len(dst) >= len(src). Software
+// pipelined: each turn hashes the previous turn's ciphertext (Z4-Z7)
+// while it encrypts the next sixteen blocks, so that the hash does not
+// wait for the cipher's rounds.
 TEXT ·sealBlocks(SB), NOSPLIT, $0-80
 	MOVQ rk+0(FP), AX
 	MOVQ tab+8(FP), BX
@@ -198,26 +220,20 @@ TEXT ·sealBlocks(SB), NOSPLIT, $0-80
 	SHRQ $8, CX
 	JZ   sealDone
 	SETUP
+	KEYSTREAM16
+	SEALOUT
+	DECQ CX
+	JZ   sealLast
 
 sealLoop:
 	KEYSTREAM16
-	VPXORQ    0(SI), Z0, Z0
-	VPXORQ    64(SI), Z1, Z1
-	VPXORQ    128(SI), Z2, Z2
-	VPXORQ    192(SI), Z3, Z3
-	VMOVDQU64 Z0, 0(DI)
-	VMOVDQU64 Z1, 64(DI)
-	VMOVDQU64 Z2, 128(DI)
-	VMOVDQU64 Z3, 192(DI)
-	VPSHUFB   Z31, Z0, Z4
-	VPSHUFB   Z31, Z1, Z5
-	VPSHUFB   Z31, Z2, Z6
-	VPSHUFB   Z31, Z3, Z7
 	GHASH16
-	ADDQ      $256, SI
-	ADDQ      $256, DI
-	DECQ      CX
-	JNZ       sealLoop
+	SEALOUT
+	DECQ CX
+	JNZ  sealLoop
+
+sealLast:
+	GHASH16
 	FINISH
 
 sealDone:
