@@ -19,10 +19,10 @@ import (
 // certificates, auth.go) and then carries its bytes in records of its own,
 // sealed with AES-128-GCM under keys exported from that handshake (RFC
 // 8446 section 7.5); package aesgcm seals four blocks per instruction
-// where the CPU has VAES on AVX-512, about twice crypto/cipher's rate.
-// crypto/tls caps a record at 16 KiB, copies every byte it sends into the
-// record before sealing it and every byte it receives out of its buffer
-// after opening it; at 10 Gbit/s on one core those copies, not the
+// where the CPU has VAES on AVX-512, two to three times crypto/cipher's
+// rate. crypto/tls caps a record at 16 KiB, copies every byte it sends
+// into the record before sealing it and every byte it receives out of its
+// buffer after opening it; at 10 Gbit/s on one core those copies, not the
 // network, were what a large Send cost (docs/performance.md). A sealed
 // record holds up to sealRecord bytes, is sealed straight from the
 // caller's buffer and opened in place in the receiver's.

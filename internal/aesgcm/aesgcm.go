@@ -1,8 +1,8 @@
 // Package aesgcm is AES-128-GCM (NIST SP 800-38D: 12-byte nonces, 16-byte
 // tags) for the mesh's sealed records. On x86-64 CPUs with VAES and
 // VPCLMULQDQ on 512-bit registers (Intel Ice Lake and later, AMD Zen 4 and
-// later) it encrypts and hashes four blocks per instruction, about twice
-// the rate of crypto/cipher's GCM, which works a block per instruction
+// later) it encrypts and hashes four blocks per instruction, two to three
+// times the rate of crypto/cipher's GCM, which works a block per instruction
 // (docs/performance.md, "AES-GCM four blocks at a time"); elsewhere New
 // returns crypto/cipher's GCM. Both give the same bytes: the tests hold the
 // vector code to crypto/cipher on random keys, nonces and lengths.
