@@ -104,18 +104,13 @@ func (g *vgcm) Seal(dst, nonce, plaintext, ad []byte) []byte {
 	if inexactOverlap(out, plaintext) {
 		panic("aesgcm: invalid buffer overlap")
 	}
-	var j0, ctr, y [16]byte
-	copy(j0[:], nonce)
-	j0[15] = 1
-	ctr = j0
-	ctr[15] = 2
+	var y [16]byte
+	j0, ctr := counters(nonce)
 	g.ghash(&y, ad)
 	n := len(plaintext) &^ 255
 	sealBlocks(&g.rk, &g.tab, &y, &ctr, out[:n], plaintext[:n])
 	if rest := plaintext[n:]; len(rest) > 0 {
-		var ks [256]byte
-		ctrBlocks(&g.rk, &ctr, ks[:(len(rest)+15)&^15])
-		subtle.XORBytes(out[n:], rest, ks[:len(rest)])
+		g.xorKeystream(out[n:], rest, &ctr)
 		g.ghash(&y, out[n:len(plaintext)])
 	}
 	g.tag((*[16]byte)(out[len(plaintext):]), &y, &j0, len(ad), len(plaintext))
@@ -134,19 +129,14 @@ func (g *vgcm) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 	if inexactOverlap(out, ciphertext) {
 		panic("aesgcm: invalid buffer overlap")
 	}
-	var j0, ctr, y, want [16]byte
-	copy(j0[:], nonce)
-	j0[15] = 1
-	ctr = j0
-	ctr[15] = 2
+	var y, want [16]byte
+	j0, ctr := counters(nonce)
 	g.ghash(&y, ad)
 	n := len(ct) &^ 255
 	openBlocks(&g.rk, &g.tab, &y, &ctr, out[:n], ct[:n])
 	if rest := ct[n:]; len(rest) > 0 {
 		g.ghash(&y, rest) // before out, which may be rest, is written
-		var ks [256]byte
-		ctrBlocks(&g.rk, &ctr, ks[:(len(rest)+15)&^15])
-		subtle.XORBytes(out[n:], rest, ks[:len(rest)])
+		g.xorKeystream(out[n:], rest, &ctr)
 	}
 	g.tag(&want, &y, &j0, len(ad), len(ct))
 	if subtle.ConstantTimeCompare(want[:], tag) != 1 {
@@ -154,6 +144,24 @@ func (g *vgcm) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 		return nil, errOpen
 	}
 	return ret, nil
+}
+
+// counters returns GCM's J0 for a 12-byte nonce and the text's first
+// counter block, J0 + 1.
+func counters(nonce []byte) (j0, ctr [16]byte) {
+	copy(j0[:], nonce)
+	j0[15] = 1
+	ctr = j0
+	ctr[15] = 2
+	return j0, ctr
+}
+
+// xorKeystream sets dst to src (under 256 bytes) xor the keystream from
+// the counter block ctr, which it advances.
+func (g *vgcm) xorKeystream(dst, src []byte, ctr *[16]byte) {
+	var ks [256]byte
+	ctrBlocks(&g.rk, ctr, ks[:(len(src)+15)&^15])
+	subtle.XORBytes(dst, src, ks[:len(src)])
 }
 
 // ghash advances the GHASH state y over data, its last block padded with

@@ -185,6 +185,18 @@ GLOBL ctrStep1<>(SB), RODATA|NOPTR, $16
 	VMOVDQU64 X0, (R9) \
 	VZEROUPPER
 
+// BULKARGS: sealBlocks' and openBlocks' arguments: rk in AX, tab in BX, y
+// in R8, ctr in R9, dst in DI, src in SI, and in CX the 256-byte turns.
+#define BULKARGS \
+	MOVQ rk+0(FP), AX \
+	MOVQ tab+8(FP), BX \
+	MOVQ y+16(FP), R8 \
+	MOVQ ctr+24(FP), R9 \
+	MOVQ dst_base+32(FP), DI \
+	MOVQ src_base+56(FP), SI \
+	MOVQ src_len+64(FP), CX \
+	SHRQ $8, CX
+
 // SEALOUT: the keystream in Z0-Z3 xored with sixteen blocks at SI into
 // ciphertext at DI, which is kept byte-reversed in Z4-Z7 for the hash; SI
 // and DI advanced.
@@ -210,14 +222,7 @@ GLOBL ctrStep1<>(SB), RODATA|NOPTR, $16
 // while it encrypts the next sixteen blocks, so that the hash does not
 // wait for the cipher's rounds.
 TEXT ·sealBlocks(SB), NOSPLIT, $0-80
-	MOVQ rk+0(FP), AX
-	MOVQ tab+8(FP), BX
-	MOVQ y+16(FP), R8
-	MOVQ ctr+24(FP), R9
-	MOVQ dst_base+32(FP), DI
-	MOVQ src_base+56(FP), SI
-	MOVQ src_len+64(FP), CX
-	SHRQ $8, CX
+	BULKARGS
 	JZ   sealDone
 	SETUP
 	KEYSTREAM16
@@ -242,14 +247,7 @@ sealDone:
 // func openBlocks(rk *[176]byte, tab *[256]byte, y, ctr *[16]byte, dst, src []byte)
 // As sealBlocks, hashing src (the ciphertext) instead of dst.
 TEXT ·openBlocks(SB), NOSPLIT, $0-80
-	MOVQ rk+0(FP), AX
-	MOVQ tab+8(FP), BX
-	MOVQ y+16(FP), R8
-	MOVQ ctr+24(FP), R9
-	MOVQ dst_base+32(FP), DI
-	MOVQ src_base+56(FP), SI
-	MOVQ src_len+64(FP), CX
-	SHRQ $8, CX
+	BULKARGS
 	JZ   openDone
 	SETUP
 
@@ -333,6 +331,20 @@ ghashStore:
 ghashDone:
 	RET
 
+// ENCRYPT1: X0 encrypted with the round keys at AX.
+#define ENCRYPT1 \
+	VPXOR       0(AX), X0, X0 \
+	VAESENC     16(AX), X0, X0 \
+	VAESENC     32(AX), X0, X0 \
+	VAESENC     48(AX), X0, X0 \
+	VAESENC     64(AX), X0, X0 \
+	VAESENC     80(AX), X0, X0 \
+	VAESENC     96(AX), X0, X0 \
+	VAESENC     112(AX), X0, X0 \
+	VAESENC     128(AX), X0, X0 \
+	VAESENC     144(AX), X0, X0 \
+	VAESENCLAST 160(AX), X0, X0
+
 // func ctrBlocks(rk *[176]byte, ctr *[16]byte, dst []byte)
 // len(dst)/16 blocks of keystream from the counter block ctr, which is
 // advanced past them.
@@ -351,17 +363,7 @@ TEXT ·ctrBlocks(SB), NOSPLIT, $0-40
 ctrLoop:
 	VPSHUFB     X31, X19, X0
 	VPADDD      X18, X19, X19
-	VPXORQ      0(AX), X0, X0
-	VAESENC     16(AX), X0, X0
-	VAESENC     32(AX), X0, X0
-	VAESENC     48(AX), X0, X0
-	VAESENC     64(AX), X0, X0
-	VAESENC     80(AX), X0, X0
-	VAESENC     96(AX), X0, X0
-	VAESENC     112(AX), X0, X0
-	VAESENC     128(AX), X0, X0
-	VAESENC     144(AX), X0, X0
-	VAESENCLAST 160(AX), X0, X0
+	ENCRYPT1
 	VMOVDQU64   X0, (DI)
 	ADDQ        $16, DI
 	DECQ        CX
@@ -379,17 +381,7 @@ TEXT ·encryptBlock(SB), NOSPLIT, $0-24
 	MOVQ        dst+8(FP), DI
 	MOVQ        src+16(FP), SI
 	VMOVDQU     (SI), X0
-	VPXOR       0(AX), X0, X0
-	VAESENC     16(AX), X0, X0
-	VAESENC     32(AX), X0, X0
-	VAESENC     48(AX), X0, X0
-	VAESENC     64(AX), X0, X0
-	VAESENC     80(AX), X0, X0
-	VAESENC     96(AX), X0, X0
-	VAESENC     112(AX), X0, X0
-	VAESENC     128(AX), X0, X0
-	VAESENC     144(AX), X0, X0
-	VAESENCLAST 160(AX), X0, X0
+	ENCRYPT1
 	VMOVDQU     X0, (DI)
 	VZEROUPPER
 	RET
