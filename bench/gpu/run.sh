@@ -13,7 +13,8 @@
 # 10-minute device call (timeout_s 600) runs as much as fits and always
 # brings its results back. Without BUDGET, each group's limits add up to
 # under 10 minutes. Steps:
-#   env          the GPU, driver, libraries gorun finds (every group)
+#   env          the GPU, driver, CPU (and the features gorun uses: --version),
+#                libraries gorun finds (every call)
 #   check:
 #     conform    every backend op on the GPU against float64 references, the
 #                host staging path, a transformer step against the CPU backend
@@ -169,7 +170,7 @@ net() {
 	step net-tcp-np2-1core 45 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
 }
 
-step env 30 bash -c 'nvidia-smi; uname -a; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok'
+step env 30 bash -c 'nvidia-smi; uname -a; lscpu | grep -E "Model name|^CPU\(s\)"; "$1" --version; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok' _ "$bin/allreduce-perf"
 for g in $groups; do
 	$g
 done
