@@ -185,6 +185,20 @@ GLOBL ctrStep1<>(SB), RODATA|NOPTR, $16
 	VMOVDQU64 X0, (R9) \
 	VZEROUPPER
 
+// LOAD16: sixteen blocks at SI into Z4-Z7.
+#define LOAD16 \
+	VMOVDQU64 0(SI), Z4 \
+	VMOVDQU64 64(SI), Z5 \
+	VMOVDQU64 128(SI), Z6 \
+	VMOVDQU64 192(SI), Z7
+
+// REVERSE16: the bytes of each block in Z4-Z7 reversed, for the hash.
+#define REVERSE16 \
+	VPSHUFB Z31, Z4, Z4 \
+	VPSHUFB Z31, Z5, Z5 \
+	VPSHUFB Z31, Z6, Z6 \
+	VPSHUFB Z31, Z7, Z7
+
 // BULKARGS: sealBlocks' and openBlocks' arguments: rk in AX, tab in BX, y
 // in R8, ctr in R9, dst in DI, src in SI, and in CX the 256-byte turns.
 #define BULKARGS \
@@ -252,10 +266,7 @@ TEXT ·openBlocks(SB), NOSPLIT, $0-80
 	SETUP
 
 openLoop:
-	VMOVDQU64 0(SI), Z4
-	VMOVDQU64 64(SI), Z5
-	VMOVDQU64 128(SI), Z6
-	VMOVDQU64 192(SI), Z7
+	LOAD16
 	KEYSTREAM16
 	VPXORQ    Z4, Z0, Z0
 	VPXORQ    Z5, Z1, Z1
@@ -265,10 +276,7 @@ openLoop:
 	VMOVDQU64 Z1, 64(DI)
 	VMOVDQU64 Z2, 128(DI)
 	VMOVDQU64 Z3, 192(DI)
-	VPSHUFB   Z31, Z4, Z4
-	VPSHUFB   Z31, Z5, Z5
-	VPSHUFB   Z31, Z6, Z6
-	VPSHUFB   Z31, Z7, Z7
+	REVERSE16
 	GHASH16
 	ADDQ      $256, SI
 	ADDQ      $256, DI
@@ -300,14 +308,8 @@ TEXT ·ghashBlocks(SB), NOSPLIT, $0-40
 	VMOVDQU64 192(BX), Z11
 
 ghashLoop16:
-	VMOVDQU64 0(SI), Z4
-	VMOVDQU64 64(SI), Z5
-	VMOVDQU64 128(SI), Z6
-	VMOVDQU64 192(SI), Z7
-	VPSHUFB   Z31, Z4, Z4
-	VPSHUFB   Z31, Z5, Z5
-	VPSHUFB   Z31, Z6, Z6
-	VPSHUFB   Z31, Z7, Z7
+	LOAD16
+	REVERSE16
 	GHASH16
 	ADDQ    $256, SI
 	SUBQ    $16, CX

@@ -79,7 +79,7 @@ func Features() []string {
 		add(cpu.X86.HasFMA, "fma")
 		add(cpu.X86.HasAVX512F, "avx512f")
 		add(slices.Contains(half.Vectorized(), "f16c"), "f16c") // as package half detects it
-		add(aesgcm.Implementation() == "vaes-avx512", "vaes")
+		add(aesgcm.Vector(), "vaes")
 	case "arm64":
 		add(cpu.ARM64.HasASIMD, "neon")
 	}
