@@ -193,8 +193,8 @@ func (c *Communicator) abort(cl call, ctx context.Context, err error) {
 	}
 	origin, culprit, reason, diff := blame(me, ctx, cl, err)
 	tag := abortTag(cl.seq, origin, culprit, reason, diff)
-	if c.sh != nil {
-		c.sh.postAbort(cl.seq, tag)
+	if g := c.group(); g != nil {
+		g.postAbort(cl.seq, tag)
 	}
 	linger := abortLinger
 	if c.cfg.Timeout > 0 {

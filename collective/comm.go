@@ -94,6 +94,7 @@ type Communicator struct {
 	settings []byte
 	hier     *hier       // two-level allreduce layout, nil: flat
 	sh       *groupState // every rank on this host, sharing a group segment (shared.go)
+	hg       *groupState // hierarchical: this host's ranks, sharing its group segment
 	dscratch []byte      // the direct allreduce's buffers (used by the queue goroutine only)
 	// the most bytes per slice: of calls over all of t, and of the
 	// hierarchical allreduce's phases within a host (across: cfg's)
@@ -176,18 +177,35 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if cfg.Model.DirectMaxBytes < 0 || cfg.Model.DirectMaxBytes > DirectLimit {
 		return nil, fmt.Errorf("collective: cost model's DirectMaxBytes %d out of range [0, %d]", cfg.Model.DirectMaxBytes, DirectLimit)
 	}
-	sh, err := sharedGroup(t, cfg.Timeout)
+	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
+		hier: hierFor(t), localSlice: localSlice, flatSlice: cfg.SliceBytes}
+	// The host's group segment: for the whole call when every rank is on
+	// this host, for the hierarchical allreduce's phases within the host
+	// when the ranks span hosts.
+	var err error
+	if c.hier != nil {
+		c.hg, err = hostGroup(t, cfg.Timeout, c.hier.local)
+	} else {
+		c.sh, err = sharedGroup(t, cfg.Timeout)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("collective: shared-memory group: %w", err)
 	}
-	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
-		hier: hierFor(t), sh: sh, localSlice: localSlice, flatSlice: cfg.SliceBytes}
 	if oneHost(t) {
 		c.flatSlice = localSlice
 	}
 	c.settings = settings(cfg.SliceBytes, localSlice, cfg.Channels, t.Channels(), c.hier != nil)
 	go c.loop()
 	return c, nil
+}
+
+// group is the group segment's state this communicator's calls use, if
+// any: they post themselves there.
+func (c *Communicator) group() *groupState {
+	if c.sh != nil {
+		return c.sh
+	}
+	return c.hg
 }
 
 // Rank and Size of this rank's job.
@@ -271,8 +289,8 @@ func (c *Communicator) exec(h *Handle) error {
 		c.abort(h.c, ctx, err)
 		return fmt.Errorf("rank %d: %s: %w", c.t.Rank(), h.c, err)
 	}
-	if c.sh != nil && !h.c.bad {
-		c.sh.post(h.c)
+	if g := c.group(); g != nil && !h.c.bad {
+		g.post(h.c)
 	}
 	err := h.fn(ctx, h.c)
 	if err == nil {

@@ -125,22 +125,31 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc, src []byte, count
 	parts := split(count, m)
 	ws := cl.wire.Size()
 	// 1: reduce-scatter on the host, partial sums (no Average yet)
-	r := newRun(ctx, local, cl, c.settings)
-	r.ring(ringSpec{acc: acc, src: src, chunks: parts, rs: true, noFinish: true,
-		nch: c.channelsFor(len(acc)), sliceBytes: sliceFor(count*ws, m, c.localSlice),
-		dtype: cl.dtype, wire: cl.wire, op: cl.op})
-	if err := r.wait(); err != nil {
-		return err
+	if c.hg != nil {
+		if err := c.hg.reduceScatter(ctx, acc, src, parts, cl); err != nil {
+			return err
+		}
+	} else {
+		r := newRun(ctx, local, cl, c.settings)
+		r.ring(ringSpec{acc: acc, src: src, chunks: parts, rs: true, noFinish: true,
+			nch: c.channelsFor(len(acc)), sliceBytes: sliceFor(count*ws, m, c.localSlice),
+			dtype: cl.dtype, wire: cl.wire, op: cl.op})
+		if err := r.wait(); err != nil {
+			return err
+		}
 	}
 	// 2: allreduce of this rank's part across the hosts
 	lo, hi := parts[h.idx], parts[h.idx+1]
-	r = newRun(ctx, cross, cl, c.settings)
+	r := newRun(ctx, cross, cl, c.settings)
 	c.allreduceOn(r, cross, acc, nil, lo, hi, cl, n, c.cfg.SliceBytes)
 	if err := r.wait(); err != nil {
 		return err
 	}
 	// 3: allgather on the host (the parts are already in the wire format's
 	// values when it differs, so sending them again rounds nothing)
+	if c.hg != nil {
+		return c.hg.allgather(ctx, acc, parts, cl)
+	}
 	r = newRun(ctx, local, cl, c.settings)
 	r.ring(ringSpec{acc: acc, chunks: parts, ag: true,
 		nch: c.channelsFor(len(acc)), sliceBytes: sliceFor(count*ws, m, c.localSlice),

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -151,4 +152,104 @@ func TestSlicesByHost(t *testing.T) {
 		{count: 1<<20 + 3, op: Sum, v: variants[0], algo: Auto},
 		{count: 1<<20 + 3, op: Average, v: variants[1], algo: Ring, inPlace: true},
 	})
+}
+
+// groupHosts is hostsTransport for a real mesh: it also hands out the
+// mesh's group segment, which then holds every fake host's ranks.
+type groupHosts struct{ hostsTransport }
+
+func (g groupHosts) LocalGroup(ctx context.Context) (*rank.LocalGroup, error) {
+	return g.Transport.(interface {
+		LocalGroup(context.Context) (*rank.LocalGroup, error)
+	}).LocalGroup(ctx)
+}
+
+// TestHierarchicalGroup: the phases within a host through the host's
+// group segment (real meshes with shared memory; the ranks of each fake
+// host use their part of one segment): exact results, bit-identical on
+// every rank, for lengths that leave parts empty, uneven, or several
+// rounds long, every op and wire format, in place and out; host-mates
+// exchange no message, and the group counters show what moved.
+func TestHierarchicalGroup(t *testing.T) {
+	for _, hosts := range [][]string{{"a", "a", "b", "b"}, {"a", "b", "a", "b", "a", "b"}} {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			n := len(hosts)
+			real := loopback(t, n, "shm")
+			ts := make([]rank.Transport, n)
+			for r := range ts {
+				ts[r] = groupHosts{hostsTransport{real[r], hosts}}
+			}
+			errs := group(ts, Config{}, func(c *Communicator) error {
+				if c.hg == nil || len(c.hg.members) != n/2 {
+					return fmt.Errorf("rank %d: hierarchical phases not on the group segment (%+v)", c.Rank(), c.hg)
+				}
+				return nil
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+			before := make([][]rank.PeerStats, n)
+			for r, tr := range ts {
+				before[r] = tr.Stats()
+			}
+			var cases []arCase
+			i := 0
+			per := SharedRoundBytes / 4 / (n / 2) // float32 elements of a part per round
+			for _, l := range []int{0, 1, n/2 + 1, 1031, n/2*per + 3, 2*n*per + 1} {
+				for _, op := range ops {
+					for _, v := range variants {
+						i++
+						if l > 2000 && i%3 != 0 {
+							continue // keep the large ones few
+						}
+						cases = append(cases, arCase{count: l, op: op, v: v, algo: Ring, inPlace: i%2 == 0})
+					}
+				}
+			}
+			checkAllreduceInts(t, ts, Config{}, cases)
+			for r, tr := range ts {
+				for p, st := range tr.Stats() {
+					if p == r || hosts[p] != hosts[r] {
+						continue
+					}
+					if d := st.BytesSent - before[r][p].BytesSent; d > 0 {
+						t.Errorf("rank %d sent %d bytes in messages to rank %d on its host", r, d, p)
+					}
+					if st.GroupSent == before[r][p].GroupSent || st.GroupRecv == before[r][p].GroupRecv {
+						t.Errorf("rank %d: no bytes counted through the group segment with rank %d", r, p)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalGroupMismatch: through the group segment too, a rank
+// whose call differs from its host-mates' fails every rank, blamed by
+// name.
+func TestHierarchicalGroupMismatch(t *testing.T) {
+	hosts := []string{"a", "a", "b", "b"}
+	real := loopback(t, 4, "shm")
+	ts := make([]rank.Transport, 4)
+	for r := range ts {
+		ts[r] = groupHosts{hostsTransport{real[r], hosts}}
+	}
+	errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
+		n := 1000
+		if c.Rank() == 1 {
+			n = 999
+		}
+		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+		if err2 := c.Barrier(testCtx(t)); err2 == nil {
+			return fmt.Errorf("barrier after the mismatch succeeded (allreduce: %v)", err)
+		} else if err == nil {
+			return err2
+		}
+		return err
+	})
+	for r, err := range errs {
+		if err == nil || !names(err, 1) || !strings.Contains(err.Error(), "length") {
+			t.Errorf("rank %d: want an error blaming rank 1's length, got %v", r, err)
+		}
+	}
 }

@@ -70,21 +70,27 @@ func init() {
 	}
 }
 
-// groupState is a communicator's use of the host's group segment.
+// groupState is a communicator's use of the host's group segment: of
+// the slots and control words of some of its members (all of them for a
+// communicator on one host; a host's ranks of a hierarchical one).
 type groupState struct {
 	g       *rank.LocalGroup
+	members []int // the members taking part, indices into g, ascending
+	ranks   []int // their global ranks
+	me      int   // this rank's index in members
 	epoch   uint64
 	arrived uint64 // this rank's arrivals in this epoch
 	entered bool   // the epoch's first barrier is done
 }
 
-// sharedGroup returns the group state when every rank of t is on this
-// host and shares the group segment, else nil.
-func sharedGroup(t rank.Transport, timeout time.Duration) (*groupState, error) {
+// hostGroup returns the group state over the given global ranks (this
+// rank among them, at least two) when they all share t's group segment,
+// else nil. Every one of them gets the same answer.
+func hostGroup(t rank.Transport, timeout time.Duration, ranks []int) (*groupState, error) {
 	lg, ok := t.(interface {
 		LocalGroup(context.Context) (*rank.LocalGroup, error)
 	})
-	if !ok || t.Size() < 2 {
+	if !ok || len(ranks) < 2 {
 		return nil, nil
 	}
 	if timeout <= 0 {
@@ -93,10 +99,39 @@ func sharedGroup(t rank.Transport, timeout time.Duration) (*groupState, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	g, err := lg.LocalGroup(ctx)
-	if err != nil || g == nil || g.Size() != t.Size() || g.Index() != t.Rank() {
+	if err != nil || g == nil {
 		return nil, err
 	}
-	return &groupState{g: g, epoch: uint64(g.Claim())}, nil
+	idx := map[int]int{}
+	for i, r := range g.Ranks() {
+		idx[r] = i
+	}
+	s := &groupState{g: g, ranks: ranks, me: -1}
+	for k, r := range ranks {
+		i, ok := idx[r]
+		if !ok {
+			return nil, nil
+		}
+		if i == g.Index() {
+			s.me = k
+		}
+		s.members = append(s.members, i)
+	}
+	if s.me < 0 {
+		return nil, nil
+	}
+	s.epoch = uint64(g.Claim())
+	return s, nil
+}
+
+// sharedGroup returns the group state when every rank of t is on this
+// host and shares the group segment, else nil.
+func sharedGroup(t rank.Transport, timeout time.Duration) (*groupState, error) {
+	all := make([]int, t.Size())
+	for r := range all {
+		all[r] = r
+	}
+	return hostGroup(t, timeout, all)
 }
 
 func packCall(c call) uint64 {
@@ -121,7 +156,7 @@ func (s *groupState) post(cl call) {
 		return
 	}
 	defer g.Leave()
-	me := g.Index()
+	me := s.members[s.me]
 	v := g.Word(me, 1)
 	v.Add(1)
 	g.Word(me, 2).Store(s.epoch<<32 | uint64(cl.seq))
@@ -137,7 +172,7 @@ func (s *groupState) postAbort(seq uint32, t rank.Tag) {
 		return
 	}
 	defer g.Leave()
-	me := g.Index()
+	me := s.members[s.me]
 	g.Word(me, 6).Store(t.Seq)
 	g.Word(me, 7).Store(uint64(t.Aux))
 	g.Word(me, 5).Store(s.epoch<<32 | uint64(seq))
@@ -147,6 +182,7 @@ func (s *groupState) postAbort(seq uint32, t rank.Tag) {
 // rewritten).
 func (s *groupState) posted(i int) (epoch uint64, c call, ok bool) {
 	g := s.g
+	i = s.members[i]
 	v := g.Word(i, 1)
 	for try := 0; try < 100; try++ {
 		v1 := v.Load()
@@ -166,11 +202,10 @@ func (s *groupState) posted(i int) (epoch uint64, c call, ok bool) {
 // ends the wait.
 func (s *groupState) check(cl call, i int) error {
 	g := s.g
-	me := g.Index()
-	for k := 0; k < g.Size(); k++ {
-		if w := g.Word(k, 5).Load(); w>>32 == s.epoch {
-			t := rank.Tag{Seq: g.Word(k, 6).Load(), Kind: uint16(kAbort), Aux: uint16(g.Word(k, 7).Load()), Chunk: uint32(w)}
-			return fromAbort(me, g.Ranks()[k], cl, t)
+	for k, gk := range s.members {
+		if w := g.Word(gk, 5).Load(); w>>32 == s.epoch {
+			t := rank.Tag{Seq: g.Word(gk, 6).Load(), Kind: uint16(kAbort), Aux: uint16(g.Word(gk, 7).Load()), Chunk: uint32(w)}
+			return fromAbort(s.ranks[s.me], s.ranks[k], cl, t)
 		}
 	}
 	ep, pc, ok := s.posted(i)
@@ -181,7 +216,7 @@ func (s *groupState) check(cl call, i int) error {
 }
 
 func (s *groupState) mismatch(cl call, i int, pc call) error {
-	return &MismatchError{Rank: s.g.Index(), Peer: s.g.Ranks()[i], Mine: cl.String(), Peers: pc.String(),
+	return &MismatchError{Rank: s.ranks[s.me], Peer: s.ranks[i], Mine: cl.String(), Peers: pc.String(),
 		What: differences(cl, pc), bits: diffBits(cl, pc)}
 }
 
@@ -189,15 +224,14 @@ func (s *groupState) mismatch(cl call, i int, pc call) error {
 // rank's.
 func (s *groupState) arrive(ctx context.Context, cl call) error {
 	g := s.g
-	me := g.Index()
 	s.arrived++
 	target := s.epoch<<40 | s.arrived
-	g.Word(me, 0).Store(target)
-	for i := 0; i < g.Size(); i++ {
-		if i == me {
+	g.Word(s.members[s.me], 0).Store(target)
+	for i, gi := range s.members {
+		if i == s.me {
 			continue
 		}
-		w := g.Word(i, 0)
+		w := g.Word(gi, 0)
 		there := func() bool { return w.Load() >= target }
 		check := func() error {
 			// i may have arrived and gone on to its next call since
@@ -207,8 +241,37 @@ func (s *groupState) arrive(ctx context.Context, cl call) error {
 			}
 			return nil
 		}
-		if err := g.Wait(ctx, i, there, check); err != nil {
+		if err := g.Wait(ctx, gi, there, check); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// begin runs the epoch's first barrier, once: every rank has finished the
+// previous communicator's last round (and its reads of the slots) once it
+// arrives there. Call it between Enter and Leave.
+func (s *groupState) begin(ctx context.Context, cl call) error {
+	if s.entered {
+		return nil
+	}
+	if err := s.arrive(ctx, cl); err != nil {
+		return err
+	}
+	s.entered = true
+	return nil
+}
+
+// compare checks, in a call's first round, that every member posted this
+// call.
+func (s *groupState) compare(cl call) error {
+	for i := range s.members {
+		if i == s.me {
+			continue
+		}
+		ep, pc, ok := s.posted(i)
+		if !ok || ep != s.epoch || !sameCall(pc, cl) {
+			return s.mismatch(cl, i, pc)
 		}
 	}
 	return nil
@@ -222,14 +285,9 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 		return err
 	}
 	defer g.Leave()
-	n, me := g.Size(), g.Index()
-	if !s.entered {
-		// A new epoch: every rank has finished the previous communicator's
-		// last round (and its reads of the slots) once it arrives here.
-		if err := s.arrive(ctx, cl); err != nil {
-			return err
-		}
-		s.entered = true
+	n, me := len(s.members), s.me
+	if err := s.begin(ctx, cl); err != nil {
+		return err
 	}
 	// Float32 data with a 16-bit wire format goes into the slots in that
 	// format, as it would go on a wire: every contribution is rounded to
@@ -245,7 +303,7 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 		lo, hi := rd*per, min(count, (rd+1)*per)
 		in, piece := send[lo*es:hi*es], recv[lo*es:hi*es]
 		b := int(s.arrived/2) % 2 // two arrivals per round
-		slot := func(i int) []byte { return g.Slot(i)[b*halfBytes : b*halfBytes+(hi-lo)*ws] }
+		slot := func(i int) []byte { return g.Slot(s.members[i])[b*halfBytes : b*halfBytes+(hi-lo)*ws] }
 		parts := split(hi-lo, n)
 		plo, phi := parts[me]*es, parts[me+1]*es
 		if conv {
@@ -260,14 +318,8 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 			return err
 		}
 		if rd == 0 {
-			for i := 0; i < n; i++ {
-				if i == me {
-					continue
-				}
-				ep, pc, ok := s.posted(i)
-				if !ok || ep != s.epoch || !sameCall(pc, cl) {
-					return s.mismatch(cl, i, pc)
-				}
+			if err := s.compare(cl); err != nil {
+				return err
 			}
 		}
 		mine := piece[plo:phi]
@@ -311,7 +363,147 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 		for i := 0; i < n; i++ {
 			if i != me {
 				b := (parts[i+1] - parts[i] + parts[me+1] - parts[me]) * ws
-				g.Count(i, b, b)
+				g.Count(s.members[i], b, b)
+			}
+		}
+	}
+	return nil
+}
+
+// The hierarchical allreduce's phases within a host (hier.go) over the
+// group segment: member j's part of the buffer is [parts[j], parts[j+1])
+// (elements). Each round moves a piece of at most per elements of every
+// part through the slots, piece j at j*per in a slot, with one arrival:
+// a rank writes half arrived%2 of its slot, and it has seen every member
+// arrive since they read what it wrote there two rounds before.
+type partRounds struct {
+	parts  []int
+	per    int // elements of each part per round
+	rounds int
+	es, ws int
+}
+
+func (s *groupState) partRounds(parts []int, cl call) partRounds {
+	n := len(s.members)
+	es, ws := cl.dtype.Size(), cl.wire.Size()
+	per := max(1, min(SharedRoundBytes, rank.GroupSlotBytes/2)/ws/n)
+	longest := 0
+	for j := 0; j < n; j++ {
+		longest = max(longest, parts[j+1]-parts[j])
+	}
+	return partRounds{parts: parts, per: per, rounds: max(1, (longest+per-1)/per), es: es, ws: ws}
+}
+
+// piece is part j's elements [lo, hi) in round rd.
+func (p partRounds) piece(j, rd int) (lo, hi int) {
+	lo = min(p.parts[j+1], p.parts[j]+rd*p.per)
+	return lo, min(p.parts[j+1], lo+p.per)
+}
+
+// slotPiece is piece j (n elements) in member i's slot, in the half that
+// a round begun with h arrivals uses.
+func (s *groupState) slotPiece(p partRounds, h uint64, i, j, n int) []byte {
+	off := int(h%2)*(rank.GroupSlotBytes/2) + j*p.per*p.ws
+	return s.g.Slot(s.members[i])[off : off+n*p.ws]
+}
+
+// put writes a (dtype) into w in the call's wire format; get reads it back.
+func (r *reducer) put(w, a []byte) {
+	if r.wire != r.dtype {
+		r.toWire(w, a)
+	} else {
+		copy(w, a)
+	}
+}
+
+func (r *reducer) get(a, w []byte) {
+	if r.wire != r.dtype {
+		r.fromWire(a, w)
+	} else {
+		copy(a, w)
+	}
+}
+
+// reduceScatter leaves in this rank's part of acc the host's partial
+// result (no Average division): its own contribution (from src, or acc
+// when src is nil), then every other member's in member order, which
+// the others wrote into their slots (in the wire format).
+func (s *groupState) reduceScatter(ctx context.Context, acc, src []byte, parts []int, cl call) error {
+	g := s.g
+	if err := g.Enter(); err != nil {
+		return err
+	}
+	defer g.Leave()
+	if err := s.begin(ctx, cl); err != nil {
+		return err
+	}
+	in := acc
+	if src != nil {
+		in = src
+	}
+	p := s.partRounds(parts, cl)
+	n, me, es, ws := len(s.members), s.me, p.es, p.ws
+	red := newReducer(cl.dtype, cl.wire, cl.op, n)
+	for rd := 0; rd < p.rounds; rd++ {
+		h := s.arrived
+		for j := 0; j < n; j++ {
+			if j != me {
+				lo, hi := p.piece(j, rd)
+				red.put(s.slotPiece(p, h, me, j, hi-lo), in[lo*es:hi*es])
+				g.Count(s.members[j], (hi-lo)*ws, 0)
+			}
+		}
+		if err := s.arrive(ctx, cl); err != nil {
+			return err
+		}
+		if rd == 0 {
+			if err := s.compare(cl); err != nil {
+				return err
+			}
+		}
+		lo, hi := p.piece(me, rd)
+		mine := acc[lo*es : hi*es]
+		if src != nil {
+			copy(mine, src[lo*es:hi*es])
+		}
+		for i := 0; i < n; i++ {
+			if i != me {
+				red.combine(mine, s.slotPiece(p, h, i, me, hi-lo))
+				g.Count(s.members[i], 0, (hi-lo)*ws)
+			}
+		}
+	}
+	return nil
+}
+
+// allgather copies every other member's part of acc into this rank's
+// acc through the slots. Through the wire format when it differs: the
+// hierarchical allreduce leaves values of that format in the parts, so
+// the trip changes none.
+func (s *groupState) allgather(ctx context.Context, acc []byte, parts []int, cl call) error {
+	g := s.g
+	if err := g.Enter(); err != nil {
+		return err
+	}
+	defer g.Leave()
+	if err := s.begin(ctx, cl); err != nil {
+		return err
+	}
+	p := s.partRounds(parts, cl)
+	n, me, es, ws := len(s.members), s.me, p.es, p.ws
+	red := newReducer(cl.dtype, cl.wire, cl.op, n)
+	for rd := 0; rd < p.rounds; rd++ {
+		h := s.arrived
+		mlo, mhi := p.piece(me, rd)
+		red.put(s.slotPiece(p, h, me, me, mhi-mlo), acc[mlo*es:mhi*es])
+		if err := s.arrive(ctx, cl); err != nil {
+			return err
+		}
+		for j := 0; j < n; j++ {
+			if j != me {
+				lo, hi := p.piece(j, rd)
+				red.get(acc[lo*es:hi*es], s.slotPiece(p, h, j, j, hi-lo))
+				g.Count(s.members[j], (mhi-mlo)*ws, (hi-lo)*ws)
 			}
 		}
 	}
