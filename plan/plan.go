@@ -82,7 +82,7 @@ type Workload struct {
 // Bucket is what the plan does with one gradient allreduce.
 type Bucket struct {
 	WireBytes int
-	Algorithm string // as gorun runs it, e.g. "ring", "hierarchical (shm rings, tree across 4 hosts)"
+	Algorithm string // as gorun runs it, e.g. "ring", "hierarchical (shm group, tree across 4 hosts)"
 	// Algo is what the communicator's AlgorithmFor(Auto, WireBytes)
 	// returns (of the phase across hosts, when Hierarchical).
 	Algo         collective.Algorithm

@@ -11,7 +11,7 @@ import (
 // rank spends on it.
 type call struct {
 	algo collective.Algorithm // Auto's choice (of the phase across hosts, when hierarchical)
-	hier bool                 // shm rings within each host + algo across hosts
+	hier bool                 // the group segment within each host + algo across hosts
 	sec  float64              // predicted time
 	cpu  float64              // CPU seconds of the network transport per rank
 	// linkBound: the link, not the transport's cap, sets the rate
@@ -21,7 +21,7 @@ type call struct {
 // name is the algorithm as the plan prints it.
 func (c call) name(hosts int) string {
 	if c.hier {
-		return fmt.Sprintf("hierarchical (shm rings, %v across %d hosts)", c.algo, hosts)
+		return fmt.Sprintf("hierarchical (shm group, %v across %d hosts)", c.algo, hosts)
 	}
 	return c.algo.String()
 }
@@ -37,8 +37,8 @@ func (c call) name(hosts int) string {
 //     rings;
 //   - several hosts with two or more ranks each (hierarchical, unless
 //     GORUN_HIERARCHICAL=0): Auto's choice with Direct off, for the world
-//     size; a reduce-scatter and an allgather on the host's pair rings
-//     (together one ring allreduce's cost) around an allreduce of
+//     size; a reduce-scatter and an allgather in the host's group segment
+//     (together one shm allreduce's cost) around an allreduce of
 //     bytes/G among the H ranks of each local index, the G of a host
 //     sharing its link and cores;
 //   - otherwise flat: Auto's choice for the world size, every step across
@@ -62,7 +62,7 @@ func (p *planner) route(bytes int, ask collective.Algorithm) call {
 			auto.DirectMaxBytes = 0
 			a = auto.Choose(bytes, n)
 		}
-		local := model(ShmRings, 0, 0, c.PerHost).Predict(collective.Ring, bytes, c.PerHost)
+		local := model(ShmGroup, 0, 0, c.PerHost).Predict(collective.Shared, bytes, c.PerHost)
 		part := (bytes + c.PerHost - 1) / c.PerHost
 		share := p.link(c.PerHost)
 		cross := collective.LinkModel(share, c.Hosts)

@@ -42,12 +42,14 @@ var (
 	// TLSTCP is TCP authenticated by TLS 1.3, its bytes in sealed
 	// records (rank/sealed.go).
 	TLSTCP = Transport{Name: "tcp", StepUs: 81, CapGBs: 0.79}
-	// ShmRings is the pair rings in /dev/shm that the hierarchical
-	// allreduce's phases within a host and the message-passing algorithms
-	// on one host use: ring 4 KiB 123 µs (6 steps), 1-16 MiB 0.70-0.94 GB/s.
+	// ShmRings is the pair rings in /dev/shm that the message-passing
+	// algorithms on one host use (and the hierarchical allreduce's phases
+	// within a host where the group segment is missing): ring 4 KiB
+	// 123 µs (6 steps), 1-16 MiB 0.70-0.94 GB/s.
 	ShmRings = Transport{Name: "shm rings", StepUs: 20, CapGBs: 0.9}
 	// ShmGroup is the shm algorithm (every rank of the job on one host,
-	// reducing in the host's group segment): np 4, 4 KiB 17 µs,
+	// reducing in the host's group segment), and the hierarchical
+	// allreduce's phases within a host: np 4, 4 KiB 17 µs,
 	// 16-64 MiB 3.0-3.2 GB/s bus bandwidth.
 	ShmGroup = Transport{Name: "shm", StepUs: 3, CapGBs: 3.0}
 )
