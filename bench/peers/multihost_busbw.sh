@@ -14,7 +14,10 @@
 #        CPUS (cores per host, as test/hosts/up.sh takes them; default: each host half of
 #        this machine's, as two machines would have their own; set it empty to let both
 #        hosts share all cores, as before 2026-11-25),
-#        TRAIN_PRESETS ("tiny"; set empty for none), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir)
+#        TRAIN_PRESETS ("tiny"; set empty for none), TRAIN_STEPS (60), GLOO (1: torch gloo too), OUT (results dir),
+#        ROUNDS (1): run gorun's default, OpenMPI and gloo this many times per size, one after
+#        another in turn, and report each one's median over the rounds (this machine's noise
+#        moves a single run by 10-20 %; the QUIC and TCP columns run once)
 # gorun runs four times per size: its default transport (auto: the faster
 # of QUIC and TLS/TCP by the start-up probe; the cell names the one chosen),
 # GORUN_TRANSPORT=quic and GORUN_TRANSPORT=tcp, to tell the transport from
@@ -44,6 +47,8 @@ NPS=${NPS:-"2 4"}
 SIZES=${SIZES:-"1048576 16777216 67108864"}
 ITERS=${ITERS:-5}
 ITER_BYTES=${ITER_BYTES:-1073741824}
+ROUNDS=${ROUNDS:-1}
+ROUND=
 if [ -z "${CPUS+set}" ]; then
   c=$(nproc); CPUS=
   [ "$c" -ge 2 ] && CPUS="0-$((c / 2 - 1)) $((c / 2))-$((c - 1))"
@@ -98,7 +103,7 @@ gorun_busbw() {
   local np=$1 size=$2 tr=$3 map=(-x GORUN_TRANSPORT=$3) f=gorun_$3
   [ "$np" = 2 ] && map+=(--map-by node)
   [ -n "${4:-}" ] && map+=(-x GOMAXPROCS=$4) && f+=_procs$4
-  f="$OUT/${f}_np${np}_${size}_$LINKNAME.txt"
+  f="$OUT/${f}_np${np}_${size}_$LINKNAME$ROUND.txt"
   if [ "$PERF" = allreduce-perf ]; then
     local n=$(( ITER_BYTES / size )); n=$(( n > 1000 ? 1000 : n )); n=$(( n < ITERS ? ITERS : n ))
     "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/allreduce-perf" -b "$size" -e "$size" -n "$n" -S $(( n < 100 ? n : 100 )) -w $(( n / 10 + 1 )) -I 0 -c 1 >"$f" 2>&1
@@ -118,12 +123,12 @@ mpi_busbw() {
   local np=$1 size=$2 hosts
   [ "$HAVE_MPI" = 1 ] || { echo "- -"; return; }
   if [ "$np" = 2 ]; then hosts=$H1:1,$H2:1; else hosts=$H1:$((np / 2)),$H2:$((np / 2)); fi
-  timeout 300 "${MPIRUN[@]}" --host "$hosts" -np "$np" "$BIN/mpi_allreduce" "$MPI_BUDGET" "$size" >"$OUT/mpi_np${np}_${size}_$LINKNAME.txt" 2>&1 || { echo "fail fail"; return; }
-  awk -v s="$size" '$1 == s { print $7, $8 }' "$OUT/mpi_np${np}_${size}_$LINKNAME.txt"
+  timeout 300 "${MPIRUN[@]}" --host "$hosts" -np "$np" "$BIN/mpi_allreduce" "$MPI_BUDGET" "$size" >"$OUT/mpi_np${np}_${size}_$LINKNAME$ROUND.txt" 2>&1 || { echo "fail fail"; return; }
+  awk -v s="$size" '$1 == s { print $7, $8 }' "$OUT/mpi_np${np}_${size}_$LINKNAME$ROUND.txt"
 }
 # gloo_busbw NP SIZE -> "median best" GB/s (ranks fill host 1, then host 2)
 gloo_busbw() {
-  local np=$1 size=$2 r ns pids=() log="$OUT/gloo_np$1_$2_$LINKNAME.txt"
+  local np=$1 size=$2 r ns pids=() log="$OUT/gloo_np$1_$2_$LINKNAME$ROUND.txt"
   [ "$GLOO" = 1 ] && [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "- -"; return; }
   for ((r = 0; r < np; r++)); do
     if [ "$r" -lt $(( (np + 1) / 2 )) ]; then ns=gorun-bh1; else ns=gorun-bh2; fi
@@ -140,6 +145,9 @@ iperf_gbps() {
   ip netns exec gorun-bh1 iperf3 -c "$H2" -p 5399 -t 5 -J >"$OUT/iperf_$LINKNAME.json"
   python3 -c 'import json,sys; print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 1e9))' "$OUT/iperf_$LINKNAME.json"
 }
+# medians "m1 b1 x1" "m2 b2 x2" ... -> the line whose first field is the
+# median of the first fields (the lower middle one of an even count)
+medians() { printf '%s\n' "$@" | sort -g -k1,1 | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else printf "-" }'; }
 
 ROWS="$OUT/busbw.md"
@@ -154,13 +162,21 @@ for l in $LINKS; do
   ip=$(iperf_gbps)
   for np in $NPS; do
     for s in $SIZES; do
-      read -r am ab ach < <(gorun_busbw "$np" "$s" auto)
+      A=() M=() L=()
+      for ((k = 1; k <= ROUNDS; k++)); do
+        [ "$ROUNDS" -gt 1 ] && ROUND=_round$k
+        A+=("$(gorun_busbw "$np" "$s" auto)")
+        M+=("$(mpi_busbw "$np" "$s")")
+        L+=("$(gloo_busbw "$np" "$s")")
+      done
+      ROUND=
+      read -r am ab ach < <(medians "${A[@]}")
+      read -r mm mb < <(medians "${M[@]}")
+      read -r lm lb < <(medians "${L[@]}")
       read -r gm gb _ < <(gorun_busbw "$np" "$s" quic)
       read -r tm tb _ < <(gorun_busbw "$np" "$s" tcp)
       pm=- pb=- pch=-
       [ -z "$CPUS" ] && read -r pm pb pch < <(gorun_busbw "$np" "$s" auto 1)
-      read -r mm mb < <(mpi_busbw "$np" "$s")
-      read -r lm lb < <(gloo_busbw "$np" "$s")
       vs_rate=-
       [ -n "$rate" ] && vs_rate=$(ratio "$am" "$rate")
       acell=$am gcell=$gm tcell=$tm
