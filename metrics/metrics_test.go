@@ -77,8 +77,9 @@ func TestMaskedCRC(t *testing.T) {
 // 1.948 s with fp16, plus 2 x 2 hops of QUIC's step (the link limits both
 // transports to 0.125 GB/s, so auto keeps QUIC: TLS/TCP would need to move
 // more than 1.1 times as much). 2 hosts of 2
-// ranks run the hierarchical allreduce: the pair rings' ring within each
-// host (2 x 20 µs + 121.76 MB / 0.9 GB/s) and, across the hosts, a tree
+// ranks run the hierarchical allreduce: within each host a reduce-scatter
+// and an allgather in the group segment, one shm allreduce's cost (2 x 3
+// µs + 121.76 MB / 3.0 GB/s), and, across the hosts, a tree
 // of 2 on each local rank's half (60.88 MB at half the link, TreeLoad(2) =
 // 1: 0.974 s, plus 2 hops).
 func TestBottleneckLab(t *testing.T) {
@@ -111,7 +112,7 @@ func TestBottleneckLab(t *testing.T) {
 	// Two hosts of two: hierarchical, half the bytes across the link.
 	ri.Hosts = []string{"a", "a", "b", "b"}
 	h := AnalyzeBottleneck(ri, StepTimes{Compute: 1.9})
-	local := (2*plan.ShmRings.StepUs)/1e6 + 121.761792e6/(plan.ShmRings.CapGBs*1e9)
+	local := (2*plan.ShmGroup.StepUs)/1e6 + 121.761792e6/(plan.ShmGroup.CapGBs*1e9)
 	near("fp16 prediction, 2 x 2", h.CommFP16, local+2*hop+60.880896e6/62.5e6)
 	if h.Verdict != "compute-bound" || !h.Pred.Buckets[0].Hierarchical {
 		t.Errorf("2 x 2: verdict %q, buckets %+v", h.Verdict, h.Pred.Buckets)

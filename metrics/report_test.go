@@ -286,11 +286,12 @@ func TestReportFixtures(t *testing.T) {
 			// 2 hosts: each host's link carries the buffer once
 			fmt.Sprintf("%.3f s with fp16", fp16(60880896, 2, 1)),
 			"verdict: network-bound (communication needs at least 195 % of the compute time with fp16",
-			// hierarchical: the pair rings' ring on each host (2 x 20 µs +
-			// 121.76 MB / 0.9 GB/s) and a tree of the 2 hosts (2 hops) on
+			// hierarchical: the group segment's reduce-scatter and
+			// allgather on each host (one shm allreduce of 2: 2 x 3 µs +
+			// 121.76 MB / 3.0 GB/s) and a tree of the 2 hosts (2 hops) on
 			// each local rank's half at half the link, 0.0625 GB/s
 			fmt.Sprintf("- **Yes**: on the 1 Gbit/s link the fp16 gradients take %.3f s by gorun's cost model (at least %.3f s at the link's rate), longer than the 0.500 s a step computes, so no overlap can hide them; the ranks waited for communication 73.8 %% of the step (1410.3 ms).",
-				(2*plan.ShmRings.StepUs+2*plan.TLSTCP.StepUs)/1e6+121761792/(plan.ShmRings.CapGBs*1e9)+60880896/62.5e6, fp16(60880896, 2, 1)),
+				(2*plan.ShmGroup.StepUs+2*plan.TLSTCP.StepUs)/1e6+121761792/(plan.ShmGroup.CapGBs*1e9)+60880896/62.5e6, fp16(60880896, 2, 1)),
 			// exposed = step time - 0.5 s: r = +1 over 16 intervals; tanh(1.96/sqrt(13))
 			"Step time and exposed communication (ms per step) over 16 intervals: Pearson r = **+1.00** (unrelated numbers give |r| up to 0.50, 19 times in 20). Steps are slower when more communication is exposed",
 			"`data/wmt16`: **1891.2 MB** on disk",
