@@ -95,10 +95,16 @@ func TestHierarchicalAllreduce(t *testing.T) {
 // blamed by name, though the phases talk to host-mates and to one rank per
 // other host only.
 func TestHierarchicalMismatch(t *testing.T) {
-	ts := withHosts(rank.NewLocalGroup(6, 2), "a", "a", "a", "b", "b", "b")
+	lengthMismatch(t, withHosts(rank.NewLocalGroup(6, 2), "a", "a", "a", "b", "b", "b"), 4)
+}
+
+// lengthMismatch: rank culprit's allreduce is one element short; every
+// rank must fail, blaming the culprit's length.
+func lengthMismatch(t *testing.T, ts []rank.Transport, culprit int) {
+	t.Helper()
 	errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
 		n := 1000
-		if c.Rank() == 4 {
+		if c.Rank() == culprit {
 			n = 999
 		}
 		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
@@ -110,8 +116,8 @@ func TestHierarchicalMismatch(t *testing.T) {
 		return err
 	})
 	for r, err := range errs {
-		if err == nil || !names(err, 4) || !strings.Contains(err.Error(), "length") {
-			t.Errorf("rank %d: want an error blaming rank 4's length, got %v", r, err)
+		if err == nil || !names(err, culprit) || !strings.Contains(err.Error(), "length") {
+			t.Errorf("rank %d: want an error blaming rank %d's length, got %v", r, culprit, err)
 		}
 	}
 }
@@ -164,6 +170,17 @@ func (g groupHosts) LocalGroup(ctx context.Context) (*rank.LocalGroup, error) {
 	}).LocalGroup(ctx)
 }
 
+// realHosts is a mesh of real ranks with shared memory, one per host
+// given, each fake host's ranks using their part of the one group segment.
+func realHosts(t *testing.T, hosts ...string) []rank.Transport {
+	real := loopback(t, len(hosts), "shm")
+	ts := make([]rank.Transport, len(hosts))
+	for r := range ts {
+		ts[r] = groupHosts{hostsTransport{real[r], hosts}}
+	}
+	return ts
+}
+
 // TestHierarchicalGroup: the phases within a host through the host's
 // group segment (real meshes with shared memory; the ranks of each fake
 // host use their part of one segment): exact results, bit-identical on
@@ -174,11 +191,7 @@ func TestHierarchicalGroup(t *testing.T) {
 	for _, hosts := range [][]string{{"a", "a", "b", "b"}, {"a", "b", "a", "b", "a", "b"}} {
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			n := len(hosts)
-			real := loopback(t, n, "shm")
-			ts := make([]rank.Transport, n)
-			for r := range ts {
-				ts[r] = groupHosts{hostsTransport{real[r], hosts}}
-			}
+			ts := realHosts(t, hosts...)
 			errs := group(ts, Config{}, func(c *Communicator) error {
 				if c.hg == nil || len(c.hg.members) != n/2 {
 					return fmt.Errorf("rank %d: hierarchical phases not on the group segment (%+v)", c.Rank(), c.hg)
@@ -228,28 +241,5 @@ func TestHierarchicalGroup(t *testing.T) {
 // whose call differs from its host-mates' fails every rank, blamed by
 // name.
 func TestHierarchicalGroupMismatch(t *testing.T) {
-	hosts := []string{"a", "a", "b", "b"}
-	real := loopback(t, 4, "shm")
-	ts := make([]rank.Transport, 4)
-	for r := range ts {
-		ts[r] = groupHosts{hostsTransport{real[r], hosts}}
-	}
-	errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
-		n := 1000
-		if c.Rank() == 1 {
-			n = 999
-		}
-		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
-		if err2 := c.Barrier(testCtx(t)); err2 == nil {
-			return fmt.Errorf("barrier after the mismatch succeeded (allreduce: %v)", err)
-		} else if err == nil {
-			return err2
-		}
-		return err
-	})
-	for r, err := range errs {
-		if err == nil || !names(err, 1) || !strings.Contains(err.Error(), "length") {
-			t.Errorf("rank %d: want an error blaming rank 1's length, got %v", r, err)
-		}
-	}
+	lengthMismatch(t, realHosts(t, "a", "a", "b", "b"), 1)
 }

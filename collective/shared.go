@@ -248,17 +248,21 @@ func (s *groupState) arrive(ctx context.Context, cl call) error {
 	return nil
 }
 
-// begin runs the epoch's first barrier, once: every rank has finished the
-// previous communicator's last round (and its reads of the slots) once it
-// arrives there. Call it between Enter and Leave.
-func (s *groupState) begin(ctx context.Context, cl call) error {
-	if s.entered {
-		return nil
-	}
-	if err := s.arrive(ctx, cl); err != nil {
+// enter enters the group segment (Leave ends it) and runs the epoch's
+// first barrier, once: every rank has finished the previous
+// communicator's last round (and its reads of the slots) once it arrives
+// there.
+func (s *groupState) enter(ctx context.Context, cl call) error {
+	if err := s.g.Enter(); err != nil {
 		return err
 	}
-	s.entered = true
+	if !s.entered {
+		if err := s.arrive(ctx, cl); err != nil {
+			s.g.Leave()
+			return err
+		}
+		s.entered = true
+	}
 	return nil
 }
 
@@ -281,14 +285,11 @@ func (s *groupState) compare(cl call) error {
 // elements each; they may be the same slice).
 func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int, cl call) error {
 	g := s.g
-	if err := g.Enter(); err != nil {
+	if err := s.enter(ctx, cl); err != nil {
 		return err
 	}
 	defer g.Leave()
 	n, me := len(s.members), s.me
-	if err := s.begin(ctx, cl); err != nil {
-		return err
-	}
 	// Float32 data with a 16-bit wire format goes into the slots in that
 	// format, as it would go on a wire: every contribution is rounded to
 	// it, the sums are float32, and the result is rounded to it once
@@ -430,13 +431,10 @@ func (r *reducer) get(a, w []byte) {
 // the others wrote into their slots (in the wire format).
 func (s *groupState) reduceScatter(ctx context.Context, acc, src []byte, parts []int, cl call) error {
 	g := s.g
-	if err := g.Enter(); err != nil {
+	if err := s.enter(ctx, cl); err != nil {
 		return err
 	}
 	defer g.Leave()
-	if err := s.begin(ctx, cl); err != nil {
-		return err
-	}
 	in := acc
 	if src != nil {
 		in = src
@@ -482,13 +480,10 @@ func (s *groupState) reduceScatter(ctx context.Context, acc, src []byte, parts [
 // the trip changes none.
 func (s *groupState) allgather(ctx context.Context, acc []byte, parts []int, cl call) error {
 	g := s.g
-	if err := g.Enter(); err != nil {
+	if err := s.enter(ctx, cl); err != nil {
 		return err
 	}
 	defer g.Leave()
-	if err := s.begin(ctx, cl); err != nil {
-		return err
-	}
 	p := s.partRounds(parts, cl)
 	n, me, es, ws := len(s.members), s.me, p.es, p.ws
 	red := newReducer(cl.dtype, cl.wire, cl.op, n)
