@@ -242,4 +242,16 @@ func TestHierarchicalGroup(t *testing.T) {
 // name.
 func TestHierarchicalGroupMismatch(t *testing.T) {
 	lengthMismatch(t, realHosts(t, "a", "a", "b", "b"), 1)
+	// Ranks 0 and 2 (local index 0 on each host) agree with each other,
+	// and 1 and 3 too, so the phase across the hosts sees nothing wrong:
+	// only the group segment's check between host-mates can tell.
+	errs := timed(t, realHosts(t, "a", "a", "b", "b"), Config{}, 10*time.Second, func(c *Communicator) error {
+		n := 1000 - c.Rank()%2
+		return c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+	})
+	for r, err := range errs {
+		if mate := r ^ 1; err == nil || !names(err, mate) || !strings.Contains(err.Error(), "length") {
+			t.Errorf("rank %d: want an error naming rank %d and the length, got %v", r, mate, err)
+		}
+	}
 }

@@ -110,10 +110,11 @@ func TestSharedCommunicatorsInTurn(t *testing.T) {
 	}
 }
 
-// TestSharedMismatch: on one host, a rank that makes another call than
-// the others (another length, algorithm, collective, or a skipped call)
-// makes every rank fail at once with an error naming it; so does a rank
-// that closes its mesh, or that never comes (at the deadline).
+// TestSharedMismatch: on one host, and on two hosts whose phases within a
+// host use the group segment, a rank that makes another call than the
+// others (another length, algorithm, collective, or a skipped call) makes
+// every rank fail at once with an error naming it; so does a rank that
+// closes its mesh, or that never comes (at the deadline).
 func TestSharedMismatch(t *testing.T) {
 	const bad = 2
 	for _, k := range []struct {
@@ -171,41 +172,56 @@ func TestSharedMismatch(t *testing.T) {
 			return c.Allreduce(ctx, nil, buf, Float32, Sum)
 		}, "deadline"},
 	} {
-		t.Run(k.name, func(t *testing.T) {
-			ts := loopback(t, 4, "shm")
-			start := time.Now()
-			errs := timed(t, ts, Config{Timeout: 8 * time.Second}, 20*time.Second, func(c *Communicator) error {
-				buf := make([]byte, 600_000)
-				if err := c.Allreduce(testCtx(t), nil, buf, Float32, Sum); err != nil {
-					return fmt.Errorf("first allreduce: %w", err)
-				}
-				return k.f(c, buf)
+		for _, layout := range []string{"one-host", "2x2"} {
+			t.Run(layout+"/"+k.name, func(t *testing.T) {
+				sharedMismatchCase(t, layout, bad, k.name, k.want, k.f)
 			})
-			took := time.Since(start)
-			for r, err := range errs {
-				if r == bad && (k.name == "closed" || k.name == "deadline" || k.name == "invalid") {
-					continue // it did not take part, or failed on its own arguments
-				}
-				if err == nil {
-					t.Errorf("rank %d: no error", r)
-					continue
-				}
-				if !names(err, bad) && k.name != "deadline" {
-					t.Errorf("rank %d: error does not name rank %d: %v", r, bad, err)
-				}
-				if !strings.Contains(err.Error(), k.want) && !(k.name == "deadline" && strings.Contains(err.Error(), "timed out waiting for rank 2")) {
-					t.Errorf("rank %d: error does not say %q: %v", r, k.want, err)
-				}
-				if strings.Contains(err.Error(), "first allreduce") {
-					t.Errorf("rank %d: the first (matching) call failed: %v", r, err)
-				}
-			}
-			if k.name != "deadline" && took > 5*time.Second {
-				t.Errorf("took %v: the ranks waited for a timeout instead of telling each other", took)
-			}
-			t.Logf("after %v: rank 0: %v", took.Round(time.Millisecond), errs[0])
-		})
+		}
 	}
+}
+
+// sharedMismatchCase runs one case of TestSharedMismatch: on one host
+// (the shm allreduce), or on 2 fake hosts of 2 (the hierarchical
+// allreduce, its phases within a host in the group segment). Rank bad
+// runs f's odd call; the others must fail at once, naming it.
+func sharedMismatchCase(t *testing.T, layout string, bad int, name, want string, f func(c *Communicator, buf []byte) error) {
+	var ts []rank.Transport
+	if layout == "2x2" {
+		ts = realHosts(t, "a", "a", "b", "b")
+	} else {
+		ts = loopback(t, 4, "shm")
+	}
+	start := time.Now()
+	errs := timed(t, ts, Config{Timeout: 8 * time.Second}, 20*time.Second, func(c *Communicator) error {
+		buf := make([]byte, 600_000)
+		if err := c.Allreduce(testCtx(t), nil, buf, Float32, Sum); err != nil {
+			return fmt.Errorf("first allreduce: %w", err)
+		}
+		return f(c, buf)
+	})
+	took := time.Since(start)
+	for r, err := range errs {
+		if r == bad && (name == "closed" || name == "deadline" || name == "invalid") {
+			continue // it did not take part, or failed on its own arguments
+		}
+		if err == nil {
+			t.Errorf("rank %d: no error", r)
+			continue
+		}
+		if !names(err, bad) && name != "deadline" {
+			t.Errorf("rank %d: error does not name rank %d: %v", r, bad, err)
+		}
+		if !strings.Contains(err.Error(), want) && !(name == "deadline" && strings.Contains(err.Error(), fmt.Sprintf("timed out waiting for rank %d", bad))) {
+			t.Errorf("rank %d: error does not say %q: %v", r, want, err)
+		}
+		if strings.Contains(err.Error(), "first allreduce") {
+			t.Errorf("rank %d: the first (matching) call failed: %v", r, err)
+		}
+	}
+	if name != "deadline" && took > 5*time.Second {
+		t.Errorf("took %v: the ranks waited for a timeout instead of telling each other", took)
+	}
+	t.Logf("after %v: rank 0: %v", took.Round(time.Millisecond), errs[0])
 }
 
 // TestSharedAllreduceCounted: the shared-memory allreduce counts what it
