@@ -216,6 +216,11 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo
 		dtype: cl.dtype, wire: cl.wire, op: cl.op, roundOwn: cl.wire != cl.dtype, div: div})
 }
 
+// HierarchicalInGroup reports whether the hierarchical allreduce's phases
+// within this rank's host go through the host's group segment (false:
+// the ring over the pair rings or sockets, or calls are flat).
+func (c *Communicator) HierarchicalInGroup() bool { return c.hg != nil }
+
 // Hierarchical reports the two-level layout Allreduce uses: the number of
 // hosts and of ranks per host, or 0, 0 when calls are flat.
 func (c *Communicator) Hierarchical() (hosts, perHost int) {

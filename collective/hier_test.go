@@ -193,7 +193,7 @@ func TestHierarchicalGroup(t *testing.T) {
 			n := len(hosts)
 			ts := realHosts(t, hosts...)
 			errs := group(ts, Config{}, func(c *Communicator) error {
-				if c.hg == nil || len(c.hg.members) != n/2 {
+				if !c.HierarchicalInGroup() || len(c.hg.members) != n/2 {
 					return fmt.Errorf("rank %d: hierarchical phases not on the group segment (%+v)", c.Rank(), c.hg)
 				}
 				return nil

@@ -267,7 +267,11 @@ func bench(o options, out io.Writer) error {
 	}
 	p("# GOMAXPROCS %d per rank (%s)\n", procs, procsFrom)
 	if h, m := comm.Hierarchical(); h > 0 {
-		p("# hierarchical allreduce: %d hosts x %d ranks (GORUN_HIERARCHICAL=0 turns it off)\n", h, m)
+		within := "by the ring over the pair rings (no group segment)"
+		if comm.HierarchicalInGroup() {
+			within = "through the group segment (GORUN_SHM_GROUP=0: the ring)"
+		}
+		p("# hierarchical allreduce: %d hosts x %d ranks, within rank 0's host %s; GORUN_HIERARCHICAL=0 turns it off\n", h, m, within)
 	}
 	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
 	if o.samples > 1 {

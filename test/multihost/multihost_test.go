@@ -192,6 +192,11 @@ func TestAllreduceShapedLink(t *testing.T) {
 				t.Fatalf("allreduce-perf %s on 4 ranks: exit status %d; output:\n%s", algo, code, out)
 			}
 			checkPerf(t, out, algo, []int{999996, 3999984})
+			// two ranks on each host: the phases within a host in its
+			// group segment (shared memory between the namespaces' ranks)
+			if !strings.Contains(out, "hierarchical allreduce: 2 hosts x 2 ranks, within rank 0's host through the group segment") {
+				t.Errorf("allreduce-perf %s on 4 ranks: not hierarchical through the group segment; output:\n%s", algo, out)
+			}
 		})
 	}
 	// Bandwidth: one rank per host, 64 MiB, best of 4 timed allreduces, up
