@@ -281,10 +281,8 @@ func (r *run) hdDrive(sp hdSpec, p hdPlan, io hdIO) error {
 			switch {
 			case st.reduce:
 				io.red.combine(a, it.buf)
-			case it.slot && sp.wire != sp.dtype:
-				io.red.fromWire(a, it.buf)
 			case it.slot:
-				copy(a, it.buf)
+				io.red.get(a, it.buf)
 			}
 			io.rcv[st.peer].release(it)
 		}

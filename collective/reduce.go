@@ -125,6 +125,24 @@ func (r *reducer) fromWire(acc, src []byte) {
 	decode(Float32s(acc), src, r.wire)
 }
 
+// put writes acc (dtype) into w in the wire format (a copy when they are
+// the same); get reads it back.
+func (r *reducer) put(w, acc []byte) {
+	if r.wire != r.dtype {
+		r.toWire(w, acc)
+	} else {
+		copy(w, acc)
+	}
+}
+
+func (r *reducer) get(acc, w []byte) {
+	if r.wire != r.dtype {
+		r.fromWire(acc, w)
+	} else {
+		copy(acc, w)
+	}
+}
+
 func apply(x, y []float32, op Op) {
 	y = y[:len(x)]
 	switch op {

@@ -339,11 +339,9 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 			}
 		}
 		red.finish(mine)
-		if conv {
-			red.toWire(wpart(me, me), mine)
+		red.put(wpart(me, me), mine)
+		if conv { // this rank keeps the rounded result, as the others get it
 			red.fromWire(mine, wpart(me, me))
-		} else {
-			copy(wpart(me, me), mine)
 		}
 		if err := s.arrive(ctx, cl); err != nil {
 			return err
@@ -352,12 +350,7 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 			if i == me {
 				continue
 			}
-			dst := piece[parts[i]*es : parts[i+1]*es]
-			if conv {
-				red.fromWire(dst, wpart(i, i))
-			} else {
-				copy(dst, wpart(i, i))
-			}
+			red.get(piece[parts[i]*es:parts[i+1]*es], wpart(i, i))
 		}
 		// Between this rank and i moved, each way, part i (of the
 		// contributions) and part me (of the results).
@@ -406,23 +399,6 @@ func (p partRounds) piece(j, rd int) (lo, hi int) {
 func (s *groupState) slotPiece(p partRounds, h uint64, i, j, n int) []byte {
 	off := int(h%2)*(rank.GroupSlotBytes/2) + j*p.per*p.ws
 	return s.g.Slot(s.members[i])[off : off+n*p.ws]
-}
-
-// put writes a (dtype) into w in the call's wire format; get reads it back.
-func (r *reducer) put(w, a []byte) {
-	if r.wire != r.dtype {
-		r.toWire(w, a)
-	} else {
-		copy(w, a)
-	}
-}
-
-func (r *reducer) get(a, w []byte) {
-	if r.wire != r.dtype {
-		r.fromWire(a, w)
-	} else {
-		copy(a, w)
-	}
 }
 
 // reduceScatter leaves in this rank's part of acc the host's partial
