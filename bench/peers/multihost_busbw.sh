@@ -48,6 +48,7 @@ SIZES=${SIZES:-"1048576 16777216 67108864"}
 ITERS=${ITERS:-5}
 ITER_BYTES=${ITER_BYTES:-1073741824}
 ROUNDS=${ROUNDS:-1}
+case $ROUNDS in '' | *[!0-9]* | 0) echo "multihost_busbw.sh: ROUNDS=$ROUNDS is not a whole number of rounds (1 or more)" >&2; exit 2 ;; esac
 ROUND=
 if [ -z "${CPUS+set}" ]; then
   c=$(nproc); CPUS=
