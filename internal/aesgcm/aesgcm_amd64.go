@@ -5,7 +5,8 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"errors"
-	"unsafe"
+
+	"github.com/gorun/gorun/internal/alias"
 
 	"golang.org/x/sys/cpu"
 )
@@ -100,8 +101,8 @@ func (g *vgcm) Seal(dst, nonce, plaintext, ad []byte) []byte {
 	if uint64(len(plaintext)) > maxText {
 		panic("aesgcm: message too large for GCM")
 	}
-	ret, out := sliceForAppend(dst, len(plaintext)+16)
-	if inexactOverlap(out, plaintext) {
+	ret, out := alias.SliceForAppend(dst, len(plaintext)+16)
+	if alias.InexactOverlap(out, plaintext) {
 		panic("aesgcm: invalid buffer overlap")
 	}
 	var y [16]byte
@@ -125,8 +126,8 @@ func (g *vgcm) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 		return nil, errOpen
 	}
 	ct, tag := ciphertext[:len(ciphertext)-16], ciphertext[len(ciphertext)-16:]
-	ret, out := sliceForAppend(dst, len(ct))
-	if inexactOverlap(out, ciphertext) {
+	ret, out := alias.SliceForAppend(dst, len(ct))
+	if alias.InexactOverlap(out, ciphertext) {
 		panic("aesgcm: invalid buffer overlap")
 	}
 	var y, want [16]byte
@@ -188,29 +189,6 @@ func (g *vgcm) tag(dst, y, j0 *[16]byte, adLen, textLen int) {
 	for i := range 16 {
 		dst[i] = ek[i] ^ y[15-i]
 	}
-}
-
-// sliceForAppend extends in by n bytes, returning the whole slice and the
-// n new bytes (reallocating when in lacks the capacity).
-func sliceForAppend(in []byte, n int) (head, tail []byte) {
-	if total := len(in) + n; cap(in) >= total {
-		head = in[:total]
-	} else {
-		head = make([]byte, total)
-		copy(head, in)
-	}
-	return head, head[len(in):]
-}
-
-// inexactOverlap: x and y share memory but do not start at the same byte
-// (in-place use starts both at the same byte).
-func inexactOverlap(x, y []byte) bool {
-	if len(x) == 0 || len(y) == 0 || &x[0] == &y[0] {
-		return false
-	}
-	x0, x1 := uintptr(unsafe.Pointer(&x[0])), uintptr(unsafe.Pointer(&x[len(x)-1]))
-	y0, y1 := uintptr(unsafe.Pointer(&y[0])), uintptr(unsafe.Pointer(&y[len(y)-1]))
-	return x0 <= y1 && y0 <= x1
 }
 
 //go:noescape
