@@ -121,7 +121,7 @@ var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.
 
 // tuningVars are forwarded from gorun's environment to every rank, remote
 // ones included, because the mesh needs them equal everywhere.
-var tuningVars = []string{rank.EnvTransport, rank.EnvConns, rank.EnvTimeout}
+var tuningVars = []string{rank.EnvTransport, rank.EnvConns, rank.EnvTimeout, rank.EnvTCPCipher}
 
 // Run runs the job and returns gorun's exit status. A non-nil error is a
 // one-line message about bad input or setup, found before any rank started

@@ -22,6 +22,13 @@ import (
 // clear error.
 const ALPN = "gorun/1"
 
+// ALPNAegis is the same protocol with the TLS/TCP lanes' records sealed
+// with AEGIS-128X4 instead of AES-128-GCM (sealed.go). A mesh offers it
+// first where this CPU runs AEGIS-128X4 and GORUN_TCP_CIPHER allows it;
+// the server takes the first of its protocols that the client offers, so
+// two such ends seal with AEGIS and every other pair with AES-GCM.
+const ALPNAegis = ALPN + "+aegis128x4"
+
 const serverName = "gorun"
 
 // caName is the common name of every job's CA (each job's is a different
@@ -35,6 +42,10 @@ type jobAuth struct {
 	pool  *x509.CertPool
 	leaf  tls.Certificate
 	label string
+	// protos are the application protocols offered, in order of
+	// preference: ALPN, and before it ALPNAegis where the mesh may seal
+	// with AEGIS (Mesh.Connect sets them).
+	protos []string
 }
 
 // deriveCA derives the job CA's key and certificate from the secret. The CA
@@ -98,9 +109,10 @@ func newJobAuth(secret []byte, label string) (*jobAuth, error) {
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
 	return &jobAuth{
-		pool:  pool,
-		leaf:  tls.Certificate{Certificate: [][]byte{der}, PrivateKey: priv},
-		label: label,
+		pool:   pool,
+		leaf:   tls.Certificate{Certificate: [][]byte{der}, PrivateKey: priv},
+		label:  label,
+		protos: []string{ALPN},
 	}, nil
 }
 
@@ -120,7 +132,7 @@ func (a *jobAuth) serverTLS(rec *refusals) *tls.Config {
 		ClientAuth: tls.RequestClientCert,
 		// No resumption: every connection shows its certificate.
 		SessionTicketsDisabled: true,
-		NextProtos:             []string{ALPN},
+		NextProtos:             a.protos,
 	}
 	verify := func(from string) func(tls.ConnectionState) error {
 		return func(cs tls.ConnectionState) error {
@@ -151,7 +163,7 @@ func (a *jobAuth) clientTLS() *tls.Config {
 		Certificates: []tls.Certificate{a.leaf},
 		RootCAs:      a.pool,
 		ServerName:   serverName,
-		NextProtos:   []string{ALPN},
+		NextProtos:   a.protos,
 	}
 }
 

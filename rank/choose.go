@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -39,14 +41,42 @@ type TransportChoice struct {
 	// probe), and GB/s each way with both directions busy.
 	Peer            int
 	QUICGBs, TCPGBs float64
+	// Cipher: what seals this rank's TLS/TCP lanes ("AEGIS-128X4",
+	// "AES-128-GCM", or both joined with " and " where peers differ);
+	// empty unless TLS/TCP carries the data to some peer.
+	Cipher string
 }
 
 func (c TransportChoice) String() string {
+	if c.Cipher != "" {
+		return fmt.Sprintf("transport %s (%s; records sealed with %s)", transportLabel(c.Transport), c.Why, c.Cipher)
+	}
 	return fmt.Sprintf("transport %s (%s)", transportLabel(c.Transport), c.Why)
 }
 
 // TransportChoice is which transport this mesh's socket lanes use, and why.
-func (m *Mesh) TransportChoice() TransportChoice { return m.choice }
+func (m *Mesh) TransportChoice() TransportChoice {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.choice
+	if c.Transport != "tcp" {
+		return c
+	}
+	var names []string
+	for _, ls := range m.sets[viaTCP] {
+		for _, l := range ls {
+			if l == nil {
+				continue
+			}
+			if sc, ok := l.c.(*sealedConn); ok && !slices.Contains(names, sc.out.cipher.name) {
+				names = append(names, sc.out.cipher.name)
+			}
+		}
+	}
+	slices.Sort(names)
+	c.Cipher = strings.Join(names, " and ")
+	return c
+}
 
 func transportLabel(t string) string {
 	if t == "tcp" {

@@ -26,6 +26,7 @@ const (
 	EnvTransport  = "GORUN_TRANSPORT"
 	EnvConns      = "GORUN_CONNS_PER_PEER"
 	EnvTimeout    = "GORUN_TIMEOUT"
+	EnvTCPCipher  = "GORUN_TCP_CIPHER"
 	// EnvRestart counts the times gorun --max-restarts started the job
 	// again after a failure (absent or 0: the first start).
 	EnvRestart = "GORUN_RESTART"

@@ -18,6 +18,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/internal/aegis"
 )
 
 // Options configures a Mesh. The zero value picks the defaults.
@@ -52,6 +54,12 @@ type Options struct {
 	// follows GORUN_SHM (default on); "on" or "off" overrides it.
 	// LoopbackGroup turns it off unless asked, to keep testing sockets.
 	SharedMemory string
+	// TCPCipher seals the TLS/TCP lanes' records: "auto" (default)
+	// seals with AEGIS-128X4 between two ranks whose CPUs have VAES on
+	// AVX-512, else with AES-128-GCM; "aes-gcm" always with AES-128-GCM
+	// (sealed.go). Ranks may differ: each lane takes what both ends
+	// offer. Env: GORUN_TCP_CIPHER.
+	TCPCipher string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -66,6 +74,15 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Iface == "" {
 		o.Iface = os.Getenv(EnvIface)
+	}
+	if o.TCPCipher == "" {
+		o.TCPCipher = os.Getenv(EnvTCPCipher)
+	}
+	if o.TCPCipher == "" {
+		o.TCPCipher = "auto"
+	}
+	if o.TCPCipher != "auto" && o.TCPCipher != "aes-gcm" {
+		return o, fmt.Errorf("%s=%q: want auto or aes-gcm", EnvTCPCipher, o.TCPCipher)
 	}
 	if o.ConnsPerPeer == 0 {
 		if v := os.Getenv(EnvConns); v != "" {
@@ -233,6 +250,9 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	auth, err := newJobAuth(id.Secret, rankLabel(id.Rank))
 	if err != nil {
 		return nil, err
+	}
+	if opt.TCPCipher == "auto" && aegis.Available() {
+		auth.protos = []string{ALPNAegis, ALPN}
 	}
 	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
 	defer cancel()

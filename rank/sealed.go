@@ -12,15 +12,18 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/gorun/gorun/internal/aegis"
 	"github.com/gorun/gorun/internal/aesgcm"
 )
 
 // A TLS/TCP lane authenticates with a TLS 1.3 handshake (the job's
 // certificates, auth.go) and then carries its bytes in records of its own,
-// sealed with AES-128-GCM under keys exported from that handshake (RFC
-// 8446 section 7.5); package aesgcm seals four blocks per instruction
-// where the CPU has VAES on AVX-512, two to three times crypto/cipher's
-// rate. crypto/tls caps a record at 16 KiB, copies every byte it sends
+// sealed under keys exported from that handshake (RFC 8446 section 7.5)
+// with the AEAD the handshake's application protocol names: AEGIS-128X4
+// (ALPNAegis; package aegis, about three times AES-GCM's rate) where both
+// ends' CPUs have VAES on AVX-512, else AES-128-GCM (package aesgcm, four
+// blocks per instruction where the CPU has VAES on AVX-512, two to three
+// times crypto/cipher's rate). crypto/tls caps a record at 16 KiB, copies every byte it sends
 // into the record before sealing it and every byte it receives out of its
 // buffer after opening it; at 10 Gbit/s on one core those copies, not the
 // network, were what a large Send cost (docs/performance.md). A sealed
@@ -31,10 +34,11 @@ import (
 // follows), the ciphertext and the 16-byte GCM tag. The length is the
 // additional data; the nonce is the record's number in its direction,
 // which both sides count, so a record dropped, repeated, reordered or
-// altered fails to open. Each direction has its own exported secret and
-// takes a fresh key from it (HKDF-SHA256) every epochRecords records:
-// at most 64 GiB under one key, far inside GCM's limits for 96-bit
-// counter nonces.
+// altered fails to open (AES-GCM's 12-byte nonce and AEGIS's 16-byte one
+// both end in the record's number, big-endian, after zeros). Each
+// direction has its own exported secret and takes a fresh key from it
+// (HKDF-SHA256) every epochRecords records: at most 64 GiB under one key,
+// far inside GCM's limits for 96-bit counter nonces.
 const (
 	sealRecord   = 256 << 10 // the most plaintext one record carries
 	tagBytes     = 16
@@ -43,13 +47,25 @@ const (
 	exportLabel  = "EXPORTER-gorun-lane-keys"
 )
 
+// laneCipher is an AEAD that seals a lane's records.
+type laneCipher struct {
+	name string // for messages: "AES-128-GCM", "AEGIS-128X4"
+	new  func(key []byte) (cipher.AEAD, error)
+}
+
+var (
+	cipherGCM   = laneCipher{"AES-128-GCM", aesgcm.New}
+	cipherAegis = laneCipher{"AEGIS-128X4", aegis.New}
+)
+
 // sealer is one direction's keys and record count.
 type sealer struct {
+	cipher laneCipher
 	secret []byte
 	epoch  uint64 // records per key (epochRecords; smaller in tests)
 	seq    uint64 // records sealed or opened so far
 	aead   cipher.AEAD
-	nonce  [12]byte
+	nonce  [16]byte // the record's number in the last 8 bytes of the AEAD's nonce
 }
 
 // next returns the AEAD and nonce for the next record, taking the next
@@ -60,13 +76,14 @@ func (s *sealer) next() (cipher.AEAD, []byte, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if s.aead, err = aesgcm.New(key); err != nil {
+		if s.aead, err = s.cipher.new(key); err != nil {
 			return nil, nil, err
 		}
 	}
-	binary.BigEndian.PutUint64(s.nonce[4:], s.seq)
+	nonce := s.nonce[:s.aead.NonceSize()]
+	binary.BigEndian.PutUint64(nonce[len(nonce)-8:], s.seq)
 	s.seq++
-	return s.aead, s.nonce[:], nil
+	return s.aead, nonce, nil
 }
 
 // sealedConn is a lane over TCP whose bytes go in sealed records. Writes
@@ -111,9 +128,13 @@ func sealLane(tc *tls.Conn, raw net.Conn, client bool) (*sealedConn, error) {
 		return nil, fmt.Errorf("exporting lane keys: %v", err)
 	}
 	toServer, toClient := km[:32], km[32:]
+	c := cipherGCM
+	if cs.NegotiatedProtocol == ALPNAegis {
+		c = cipherAegis
+	}
 	s := &sealedConn{Conn: raw}
-	s.out = sealer{secret: toServer, epoch: epochRecords}
-	s.in = sealer{secret: toClient, epoch: epochRecords}
+	s.out = sealer{cipher: c, secret: toServer, epoch: epochRecords}
+	s.in = sealer{cipher: c, secret: toClient, epoch: epochRecords}
 	if !client {
 		s.out.secret, s.in.secret = toClient, toServer
 	}

@@ -2,6 +2,7 @@ package rank
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -10,8 +11,11 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/aegis"
 )
 
 // heldConn is a TCP connection whose writes are held in a buffer instead
@@ -28,8 +32,27 @@ func (h *heldConn) Write(p []byte) (int, error) { return h.held.Write(p) }
 // then, before the server reads the hello, a first sealed message: the
 // server's handshake must leave that message on the socket
 // (recordReader), or it fails to open. clientRaw, if set, wraps the
-// client's connection under its sealed lane.
-func sealedPair(t *testing.T, clientRaw func(net.Conn) net.Conn) (cli, srv *sealedConn, first []byte) {
+// client's connection under its sealed lane. Both ends offer protos
+// (laneOffers).
+func sealedPair(t *testing.T, protos []string, clientRaw func(net.Conn) net.Conn) (cli, srv *sealedConn, first []byte) {
+	t.Helper()
+	return sealedPairOffering(t, protos, protos, clientRaw)
+}
+
+// laneOffers are the offers of a mesh with GORUN_TCP_CIPHER=aes-gcm and,
+// where this CPU runs AEGIS-128X4, of one with auto; the subtest of the
+// other is skipped with its reason.
+func laneOffers(t *testing.T, run func(t *testing.T, protos []string)) {
+	t.Run("AES-128-GCM", func(t *testing.T) { run(t, []string{ALPN}) })
+	t.Run("AEGIS-128X4", func(t *testing.T) {
+		if !aegis.Available() {
+			t.Skip("this CPU has no VAES on AVX-512: a mesh here never offers AEGIS-128X4")
+		}
+		run(t, []string{ALPNAegis, ALPN})
+	})
+}
+
+func sealedPairOffering(t *testing.T, server, client []string, clientRaw func(net.Conn) net.Conn) (cli, srv *sealedConn, first []byte) {
 	t.Helper()
 	secret := secretBytes(t)
 	sa, err := newJobAuth(secret, rankLabel(1))
@@ -40,6 +63,7 @@ func sealedPair(t *testing.T, clientRaw func(net.Conn) net.Conn) (cli, srv *seal
 	if err != nil {
 		t.Fatal(err)
 	}
+	sa.protos, ca.protos = server, client
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -133,8 +157,10 @@ func readCheck(c *sealedConn, want []byte, step int) error {
 // size cross both ways at once, read whole, then in small pieces and in
 // pieces that straddle records, over key epochs of 3 records (a side
 // that took the wrong key fails to open).
-func TestSealedLaneCarriesBytes(t *testing.T) {
-	cli, srv, first := sealedPair(t, nil)
+func TestSealedLaneCarriesBytes(t *testing.T) { laneOffers(t, sealedLaneCarriesBytes) }
+
+func sealedLaneCarriesBytes(t *testing.T, protos []string) {
+	cli, srv, first := sealedPair(t, protos, nil)
 	readAll(t, srv, first, 0)
 	for _, c := range []*sealedConn{cli, srv} {
 		c.out.epoch, c.in.epoch = 3, 3
@@ -187,6 +213,10 @@ func TestSealedLaneCarriesBytes(t *testing.T) {
 // and a length no record has each end the stream with an error that says
 // so, and the error stays.
 func TestSealedLaneRefusesAlteredRecords(t *testing.T) {
+	laneOffers(t, sealedLaneRefusesAlteredRecords)
+}
+
+func sealedLaneRefusesAlteredRecords(t *testing.T, protos []string) {
 	for _, c := range []struct {
 		name  string
 		alter func(rec []byte) []byte
@@ -198,7 +228,7 @@ func TestSealedLaneRefusesAlteredRecords(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var h *heldConn
-			cli, srv, first := sealedPair(t, func(raw net.Conn) net.Conn { h = &heldConn{Conn: raw}; return h })
+			cli, srv, first := sealedPair(t, protos, func(raw net.Conn) net.Conn { h = &heldConn{Conn: raw}; return h })
 			h.Conn.Write(h.held.Bytes()) // the first message, as it was
 			readAll(t, srv, first, 0)
 			h.held.Reset()
@@ -223,7 +253,7 @@ func TestSealedLaneRefusesAlteredRecords(t *testing.T) {
 // off inside a record, carry on where they stopped; the read carries on
 // into another buffer.
 func TestSealedLaneResumes(t *testing.T) {
-	cli, srv, first := sealedPair(t, nil)
+	cli, srv, first := sealedPair(t, []string{ALPN}, nil)
 	readAll(t, srv, first, 0)
 	big := make([]byte, 64<<20) // more than both socket buffers hold
 	rand.New(rand.NewSource(2)).Read(big)
@@ -247,7 +277,7 @@ func TestSealedLaneResumes(t *testing.T) {
 	}
 
 	var h *heldConn
-	cli, srv, first = sealedPair(t, func(raw net.Conn) net.Conn { h = &heldConn{Conn: raw}; return h })
+	cli, srv, first = sealedPair(t, []string{ALPN}, func(raw net.Conn) net.Conn { h = &heldConn{Conn: raw}; return h })
 	h.Conn.Write(h.held.Bytes())
 	readAll(t, srv, first, 0)
 	h.held.Reset()
@@ -264,4 +294,111 @@ func TestSealedLaneResumes(t *testing.T) {
 	srv.SetReadDeadline(time.Time{})
 	h.Conn.Write(rec[len(rec)/2:])
 	readAll(t, srv, msg, 0) // another buffer
+}
+
+// TestLaneCipherNegotiation: a lane seals with AEGIS-128X4 only when both
+// ends offer it; when either offers AES-GCM alone, both ends seal with
+// AES-128-GCM; either way the bytes cross.
+func TestLaneCipherNegotiation(t *testing.T) {
+	both, gcm := []string{ALPNAegis, ALPN}, []string{ALPN}
+	for _, c := range []struct {
+		name           string
+		server, client []string
+		want           string
+	}{
+		{"both offer AEGIS", both, both, "AEGIS-128X4"},
+		{"the server does not", gcm, both, "AES-128-GCM"},
+		{"the client does not", both, gcm, "AES-128-GCM"},
+		{"neither does", gcm, gcm, "AES-128-GCM"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.want == "AEGIS-128X4" && !aegis.Available() {
+				t.Skip("this CPU has no VAES on AVX-512: a mesh here never offers AEGIS-128X4")
+			}
+			cli, srv, first := sealedPairOffering(t, c.server, c.client, nil)
+			for _, s := range []*sealer{&cli.out, &cli.in, &srv.out, &srv.in} {
+				if s.cipher.name != c.want {
+					t.Fatalf("an end seals with %s, want %s", s.cipher.name, c.want)
+				}
+			}
+			readAll(t, srv, first, 0)
+			msg := []byte("back the other way")
+			go func() { cli.Write(msg); cli.Flush(); srv.Write(msg); srv.Flush() }()
+			readAll(t, srv, msg, 0)
+			readAll(t, cli, msg, 0)
+		})
+	}
+}
+
+// TestMeshTCPCipher: three ranks over TLS/TCP, rank 1 set to aes-gcm. Its
+// lanes, both ways, seal with AES-128-GCM; those between ranks 0 and 2
+// with AEGIS-128X4 where this CPU runs it. Messages cross every pair, and
+// TransportChoice names what seals each rank's lanes.
+func TestMeshTCPCipher(t *testing.T) {
+	secret := secretBytes(t)
+	rdv, err := ListenRendezvous("127.0.0.1:0", 3, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdv.Close()
+	set := []string{"auto", "aes-gcm", "auto"}
+	ms := make([]*Mesh, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for r := range ms {
+		wg.Go(func() {
+			ms[r], errs[r] = Connect(context.Background(), Identity{Rank: r, Size: 3, Rendezvous: rdv.Addr(), Secret: secret, Launcher: "gorun"},
+				Options{Transport: "tcp", TCPCipher: set[r], SharedMemory: "off", Timeout: 10 * time.Second})
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	defer CloseAll([]Transport{ms[0], ms[1], ms[2]})
+	fast := "AES-128-GCM"
+	if aegis.Available() {
+		fast = "AEGIS-128X4"
+	}
+	for r, m := range ms {
+		for p := range ms {
+			if p == r {
+				continue
+			}
+			want := fast
+			if r == 1 || p == 1 {
+				want = "AES-128-GCM"
+			}
+			for ch, l := range m.sets[viaTCP][p] {
+				if got := l.c.(*sealedConn).out.cipher.name; got != want {
+					t.Errorf("rank %d's channel %d to rank %d seals with %s, want %s", r, ch, p, got, want)
+				}
+			}
+			msg := fmt.Appendf(nil, "from %d to %d", r, p)
+			errc := make(chan error, 1)
+			go func() { errc <- m.Send(context.Background(), p, 0, Tag{Seq: 7}, msg) }()
+			got := make([]byte, len(msg))
+			if err := ms[p].Recv(context.Background(), r, 0, Tag{Seq: 7}, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("rank %d to %d: %q, %v", r, p, got, err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := []string{fast + " and AES-128-GCM", "AES-128-GCM", fast + " and AES-128-GCM"}
+	if fast == "AES-128-GCM" {
+		want = []string{fast, fast, fast}
+	}
+	for r, m := range ms {
+		c := m.TransportChoice()
+		if c.Cipher != want[r] || !strings.Contains(c.String(), "records sealed with "+want[r]) {
+			t.Errorf("rank %d: cipher %q (%v), want %q", r, c.Cipher, c, want[r])
+		}
+	}
+	if _, err := (Options{TCPCipher: "chacha"}).withDefaults(); err == nil || err.Error() != `GORUN_TCP_CIPHER="chacha": want auto or aes-gcm` {
+		t.Errorf("an unknown cipher: %v", err)
+	}
 }
