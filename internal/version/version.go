@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/cpu"
 
 	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/internal/aegis"
 	"github.com/gorun/gorun/internal/aesgcm"
 )
 
@@ -65,7 +66,8 @@ func orNone(s string) string {
 
 // Features lists the SIMD features of this CPU that gorun's kernels use
 // (SGEMM, the half-precision conversions, and vaes: the sealed records'
-// AES-GCM four blocks at a time, package aesgcm).
+// AEGIS-128X4, package aegis, and AES-GCM four blocks at a time, package
+// aesgcm, both on VAES with AVX-512).
 func Features() []string {
 	var f []string
 	add := func(ok bool, name string) {
@@ -79,7 +81,7 @@ func Features() []string {
 		add(cpu.X86.HasFMA, "fma")
 		add(cpu.X86.HasAVX512F, "avx512f")
 		add(slices.Contains(half.Vectorized(), "f16c"), "f16c") // as package half detects it
-		add(aesgcm.Vector(), "vaes")
+		add(aesgcm.Vector() || aegis.Available(), "vaes")
 	case "arm64":
 		add(cpu.ARM64.HasASIMD, "neon")
 	}
