@@ -94,12 +94,12 @@ func (r *run) fail(err error) {
 
 func (r *run) goFn(f func() error) {
 	r.wg.Add(1)
-	go func() {
+	spawn(func() {
 		defer r.wg.Done()
 		if err := f(); err != nil {
 			r.fail(err)
 		}
-	}()
+	})
 }
 
 // wait waits for every goroutine and returns the first error. It sends
