@@ -53,6 +53,17 @@
 	VPTERNLOGQ $0x96, Z5, Z2, x \
 	VPTERNLOGQ $0x78, Z7, Z6, x
 
+// BLOCKSARGS loads encBlocks's and decBlocks's arguments (the state in
+// DI and Z0..Z7, dst in DX, src in SI, the block count in CX) and sets
+// the flags for a count of zero.
+#define BLOCKSARGS \
+	MOVQ  s+0(FP), DI \
+	MOVQ  dst+8(FP), DX \
+	MOVQ  src+16(FP), SI \
+	MOVQ  blocks+24(FP), CX \
+	LOADSTATE(DI) \
+	TESTQ CX, CX
+
 // func update(s *state, m *[128]byte)
 TEXT ·update(SB), NOSPLIT, $0-16
 	MOVQ s+0(FP), DI
@@ -81,13 +92,8 @@ TEXT ·keystream(SB), NOSPLIT, $0-16
 
 // func encBlocks(s *state, dst, src *byte, blocks int)
 TEXT ·encBlocks(SB), NOSPLIT, $0-32
-	MOVQ s+0(FP), DI
-	MOVQ dst+8(FP), DX
-	MOVQ src+16(FP), SI
-	MOVQ blocks+24(FP), CX
-	LOADSTATE(DI)
-	TESTQ CX, CX
-	JZ    encdone
+	BLOCKSARGS
+	JZ encdone
 
 encloop:
 	VMOVDQU64 0(SI), Z8
@@ -111,13 +117,8 @@ encdone:
 
 // func decBlocks(s *state, dst, src *byte, blocks int)
 TEXT ·decBlocks(SB), NOSPLIT, $0-32
-	MOVQ s+0(FP), DI
-	MOVQ dst+8(FP), DX
-	MOVQ src+16(FP), SI
-	MOVQ blocks+24(FP), CX
-	LOADSTATE(DI)
-	TESTQ CX, CX
-	JZ    decdone
+	BLOCKSARGS
+	JZ decdone
 
 decloop:
 	VMOVDQU64 0(SI), Z8

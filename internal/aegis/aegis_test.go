@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // The reference: the draft's pseudocode in plain Go, for any degree,
@@ -184,15 +186,6 @@ func refSeal(d int, key, nonce, msg, ad []byte) (ct, tag []byte) {
 	return ct[:len(msg)], g[:]
 }
 
-func unhex(t *testing.T, s string) []byte {
-	t.Helper()
-	b, err := hex.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 type kat struct{ key, nonce, ad, msg, ct, tag string }
 
 // The draft's AEGIS-128X4 and AEGIS-128X2 test vectors
@@ -250,7 +243,7 @@ func TestReference(t *testing.T) {
 		vs   []kat
 	}{{4, initState, vectors}, {2, initStateX2, vectorsX2}} {
 		v := c.vs[0]
-		r := newRef(c.d, unhex(t, v.key), unhex(t, v.nonce))
+		r := newRef(c.d, testenv.Unhex(t, v.key), testenv.Unhex(t, v.nonce))
 		for i, want := range c.init {
 			var got []byte
 			for l := range c.d {
@@ -261,7 +254,7 @@ func TestReference(t *testing.T) {
 			}
 		}
 		for i, v := range c.vs {
-			ct, tag := refSeal(c.d, unhex(t, v.key), unhex(t, v.nonce), unhex(t, v.msg), unhex(t, v.ad))
+			ct, tag := refSeal(c.d, testenv.Unhex(t, v.key), testenv.Unhex(t, v.nonce), testenv.Unhex(t, v.msg), testenv.Unhex(t, v.ad))
 			if hex.EncodeToString(ct) != v.ct || hex.EncodeToString(tag) != v.tag {
 				t.Errorf("X%d vector %d: reference gives %x tag %x, the draft %s tag %s", c.d, i+1, ct, tag, v.ct, v.tag)
 			}
@@ -279,29 +272,29 @@ func need(t *testing.T) {
 func TestVectors(t *testing.T) {
 	need(t)
 	v := vectors[0]
-	a, err := New(unhex(t, v.key))
+	a, err := New(testenv.Unhex(t, v.key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var s state
-	a.(*aead).begin(&s, unhex(t, v.nonce), nil)
+	a.(*aead).begin(&s, testenv.Unhex(t, v.nonce), nil)
 	for i, want := range initState {
 		if hex.EncodeToString(s[i][:]) != want {
 			t.Fatalf("state S%d after initialisation %x, the draft's %s", i, s[i], want)
 		}
 	}
 	for i, v := range vectors {
-		a, err := New(unhex(t, v.key))
+		a, err := New(testenv.Unhex(t, v.key))
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := unhex(t, v.ct+v.tag)
-		got := a.Seal(nil, unhex(t, v.nonce), unhex(t, v.msg), unhex(t, v.ad))
+		want := testenv.Unhex(t, v.ct+v.tag)
+		got := a.Seal(nil, testenv.Unhex(t, v.nonce), testenv.Unhex(t, v.msg), testenv.Unhex(t, v.ad))
 		if !bytes.Equal(got, want) {
 			t.Errorf("vector %d: sealed %x, the draft's %x", i+1, got, want)
 		}
-		msg, err := a.Open(nil, unhex(t, v.nonce), want, unhex(t, v.ad))
-		if err != nil || !bytes.Equal(msg, unhex(t, v.msg)) {
+		msg, err := a.Open(nil, testenv.Unhex(t, v.nonce), want, testenv.Unhex(t, v.ad))
+		if err != nil || !bytes.Equal(msg, testenv.Unhex(t, v.msg)) {
 			t.Errorf("vector %d: opened %x, %v; want %s", i+1, msg, err, v.msg)
 		}
 	}
@@ -356,40 +349,16 @@ func TestAgainstReference(t *testing.T) {
 	}
 }
 
-// TestTamper: any changed bit of the ciphertext, the tag, the additional
-// data or the nonce fails to open, and the output is left zero.
+// TestTamper: any changed bit of the ciphertext, the tag or the
+// additional data, another nonce or a record cut short fails to open, and
+// the output is left zero.
 func TestTamper(t *testing.T) {
 	need(t)
-	key := bytes.Repeat([]byte{7}, 16)
-	nonce := bytes.Repeat([]byte{9}, 16)
-	a, _ := New(key)
-	for _, n := range []int{0, 1, 63, 64, 65, 300} {
-		msg := bytes.Repeat([]byte{0xa5}, n)
-		ad := []byte{1, 2, 3, 4}
-		sealed := a.Seal(nil, nonce, msg, ad)
-		for bit := 0; bit < 8*len(sealed); bit += 5 {
-			c := append([]byte{}, sealed...)
-			c[bit/8] ^= 1 << (bit % 8)
-			out := make([]byte, n)
-			if _, err := a.Open(out[:0], nonce, c, ad); err == nil {
-				t.Fatalf("%d bytes: bit %d flipped, and it opened", n, bit)
-			}
-			if !bytes.Equal(out, make([]byte, n)) {
-				t.Fatalf("%d bytes: a failed open left text in its output", n)
-			}
-		}
-		if _, err := a.Open(nil, nonce, sealed, []byte{1, 2, 3, 5}); err == nil {
-			t.Fatalf("%d bytes: other additional data, and it opened", n)
-		}
-		other := append([]byte{}, nonce...)
-		other[15] ^= 1
-		if _, err := a.Open(nil, other, sealed, ad); err == nil {
-			t.Fatalf("%d bytes: another nonce, and it opened", n)
-		}
-		if _, err := a.Open(nil, nonce, sealed[:len(sealed)-1], ad); err == nil {
-			t.Fatalf("%d bytes: one byte short, and it opened", n)
-		}
+	a, err := New(bytes.Repeat([]byte{7}, 16))
+	if err != nil {
+		t.Fatal(err)
 	}
+	testenv.AEADRefusesTampering(t, a, bytes.Repeat([]byte{9}, 16), []int{0, 1, 63, 64, 65, 127, 128, 129, 300, 4096})
 }
 
 func TestNewRefusesBadKey(t *testing.T) {
