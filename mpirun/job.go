@@ -120,7 +120,8 @@ var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.
 	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart, rank.EnvRestartCause, EnvProgressLine}
 
 // tuningVars are forwarded from gorun's environment to every rank, remote
-// ones included, because the mesh needs them equal everywhere.
+// ones included, because the mesh needs them equal everywhere (the TCP
+// cipher need not be, but whoever sets it means the whole job).
 var tuningVars = []string{rank.EnvTransport, rank.EnvConns, rank.EnvTimeout, rank.EnvTCPCipher}
 
 // Run runs the job and returns gorun's exit status. A non-nil error is a
