@@ -37,6 +37,9 @@
 #                8 ranks, each with cores/N cores, TLS/TCP and QUIC forced and
 #                GORUN_SHM=0 (ranks on one host use shared memory otherwise),
 #                1-256 MiB, -S 5
+#     net-tcp-np2-aesgcm  np 2 over TLS/TCP with the records sealed by AES-128-GCM
+#                (GORUN_TCP_CIPHER=aes-gcm), beside the default's AEGIS-128X4
+#                where the CPU has VAES on AVX-512 (the transport line says which)
 #     net-tcp-np2-1core  the same, one core per rank (GOMAXPROCS=1)
 #     net-gloo-npN  torch gloo on loopback (bench/peers/gloo_allreduce.py;
 #                PYTHON names the interpreter, python3 by default)
@@ -160,14 +163,15 @@ net() {
 	}
 	export -f brief ar gl
 	export bin
-	# limits add up to 555 s, inside one device call
+	# limits add up to 590 s, inside one device call
 	for np in 2 4 8; do
 		c="$np ranks on $(nproc) cores"
 		step net-tcp-np$np 45 bash -c 'ar "$@"' _ "$np" "TLS/TCP, $c" -x GORUN_TRANSPORT=tcp
 		step net-quic-np$np 75 bash -c 'ar "$@"' _ "$np" "QUIC, $c" -x GORUN_TRANSPORT=quic
 		step net-gloo-np$np 50 bash -c 'gl "$@"' _ "$np"
 	done
-	step net-tcp-np2-1core 45 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
+	step net-tcp-np2-aesgcm 40 bash -c 'ar "$@"' _ 2 "TLS/TCP sealed with AES-128-GCM, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=tcp -x GORUN_TCP_CIPHER=aes-gcm
+	step net-tcp-np2-1core 40 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
 }
 
 step env 30 bash -c 'nvidia-smi; uname -a; lscpu | grep -E "Model name|^CPU\(s\)"; "$1" --version; ls /usr/local/nvidia/lib64 2>/dev/null | head; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"; echo ok' _ "$bin/allreduce-perf"
