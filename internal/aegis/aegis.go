@@ -3,11 +3,12 @@
 // round function with a 128-bit key, a 128-bit nonce and a 128-bit tag. It
 // runs four AEGIS-128L states side by side, one in each 128-bit lane of a
 // 512-bit register, so on x86-64 CPUs with VAES on AVX-512 (Intel Ice
-// Lake and later, AMD Zen 4 and later) eight AES rounds and six logic
-// instructions move 128 bytes, where AES-GCM spends eight AES rounds and
-// two GHASH multiplications of four blocks each; here that is three times
-// the rate of package aesgcm's vector code (docs/performance.md, "AEGIS on
-// the lanes").
+// Lake and later, AMD Zen 4 and later) eight AES-round instructions and
+// six logic instructions move 128 bytes, where AES-GCM four blocks per
+// instruction spends twenty (AES-128's ten rounds on two registers of four
+// blocks) and the GHASH of eight blocks; here that is three times the rate
+// of package aesgcm's vector code (docs/performance.md, "AEGIS on the
+// lanes").
 //
 // There is no portable version: Available says whether this CPU has it,
 // and the mesh uses it only where both ends of a lane do (rank/sealed.go).
