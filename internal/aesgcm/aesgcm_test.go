@@ -35,34 +35,35 @@ func vec(t testing.TB, key []byte) cipher.AEAD {
 // TestKnownAnswers: test cases 1 to 4 of McGrew and Viega's GCM
 // specification (AES-128), through New (vector or not).
 func TestKnownAnswers(t *testing.T) {
-	for i, c := range []struct{ key, nonce, plain, ad, cipher, tag string }{
-		{"00000000000000000000000000000000", "000000000000000000000000", "", "", "", "58e2fccefa7e3061367f1d57a4e7455a"},
-		{"00000000000000000000000000000000", "000000000000000000000000", "00000000000000000000000000000000", "",
-			"0388dace60b6a392f328c2b971b2fe78", "ab6e47d42cec13bdf53a67b21257bddf"},
-		{"feffe9928665731c6d6a8f9467308308", "cafebabefacedbaddecaf888",
-			"d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b391aafd255", "",
-			"42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091473f5985",
-			"4d5c2af327cd64a62cf35abd2ba6fab4"},
-		{"feffe9928665731c6d6a8f9467308308", "cafebabefacedbaddecaf888",
-			"d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39",
-			"feedfacedeadbeeffeedfacedeadbeefabaddad2",
-			"42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091",
-			"5bc94fbc3221a5db94fae95ae7121a47"},
-	} {
-		g, err := New(testenv.Unhex(t, c.key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := testenv.Unhex(t, c.cipher+c.tag)
-		got := g.Seal(nil, testenv.Unhex(t, c.nonce), testenv.Unhex(t, c.plain), testenv.Unhex(t, c.ad))
-		if !bytes.Equal(got, want) {
-			t.Errorf("case %d (vector code: %v): sealed %x, want %x", i+1, Vector(), got, want)
-		}
-		plain, err := g.Open(nil, testenv.Unhex(t, c.nonce), want, testenv.Unhex(t, c.ad))
-		if err != nil || !bytes.Equal(plain, testenv.Unhex(t, c.plain)) {
-			t.Errorf("case %d: opened %x, %v; want %s", i+1, plain, err, c.plain)
-		}
-	}
+	testenv.AEADKnownAnswers(t, New, []testenv.AEADVector{
+		{
+			Key:   "00000000000000000000000000000000",
+			Nonce: "000000000000000000000000",
+			Tag:   "58e2fccefa7e3061367f1d57a4e7455a",
+		},
+		{
+			Key:    "00000000000000000000000000000000",
+			Nonce:  "000000000000000000000000",
+			Plain:  "00000000000000000000000000000000",
+			Cipher: "0388dace60b6a392f328c2b971b2fe78",
+			Tag:    "ab6e47d42cec13bdf53a67b21257bddf",
+		},
+		{
+			Key:    "feffe9928665731c6d6a8f9467308308",
+			Nonce:  "cafebabefacedbaddecaf888",
+			Plain:  "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b391aafd255",
+			Cipher: "42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091473f5985",
+			Tag:    "4d5c2af327cd64a62cf35abd2ba6fab4",
+		},
+		{
+			Key:    "feffe9928665731c6d6a8f9467308308",
+			Nonce:  "cafebabefacedbaddecaf888",
+			Plain:  "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39",
+			AD:     "feedfacedeadbeeffeedfacedeadbeefabaddad2",
+			Cipher: "42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091",
+			Tag:    "5bc94fbc3221a5db94fae95ae7121a47",
+		},
+	})
 }
 
 // TestAgainstCryptoCipher: the vector code seals to crypto/cipher's bytes

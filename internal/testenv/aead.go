@@ -58,3 +58,28 @@ func Unhex(t testing.TB, s string) []byte {
 	}
 	return b
 }
+
+// AEADVector is a known answer: under Key and Nonce, Plain with additional
+// data AD seals to Cipher and then Tag (all hex).
+type AEADVector struct{ Key, Nonce, Plain, AD, Cipher, Tag string }
+
+// AEADKnownAnswers checks that the AEAD newAEAD makes under each vector's
+// key seals its text to its ciphertext and tag and opens them back.
+func AEADKnownAnswers(t *testing.T, newAEAD func(key []byte) (cipher.AEAD, error), vs []AEADVector) {
+	t.Helper()
+	for i, v := range vs {
+		a, err := newAEAD(Unhex(t, v.Key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Unhex(t, v.Cipher+v.Tag)
+		got := a.Seal(nil, Unhex(t, v.Nonce), Unhex(t, v.Plain), Unhex(t, v.AD))
+		if !bytes.Equal(got, want) {
+			t.Errorf("vector %d: sealed %x, want %x", i+1, got, want)
+		}
+		plain, err := a.Open(nil, Unhex(t, v.Nonce), want, Unhex(t, v.AD))
+		if err != nil || !bytes.Equal(plain, Unhex(t, v.Plain)) {
+			t.Errorf("vector %d: opened %x, %v; want %s", i+1, plain, err, v.Plain)
+		}
+	}
+}
