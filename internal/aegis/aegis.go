@@ -68,10 +68,37 @@ func New(key []byte) (cipher.AEAD, error) {
 	}
 	a := &aead{}
 	copy(a.key[:], key)
+	// What initialisation takes from the key alone, once: S1, S2, S3 and
+	// S5, S6, S7 in every lane (S0 and S4 are key xor nonce), and the
+	// key as M1.
+	var kc0, kc1 [16]byte
+	subtle.XORBytes(kc0[:], key, c0[:])
+	subtle.XORBytes(kc1[:], key, c1[:])
+	for l := 0; l < 16*lanes; l += 16 {
+		for i, b := range [8]*[16]byte{1: &c1, 2: &c0, 3: &c1, 5: &kc0, 6: &kc1, 7: &kc0} {
+			if b != nil {
+				copy(a.init[i][l:], b[:])
+			}
+		}
+		copy(a.m[rate/2+l:], key)
+	}
 	return a, nil
 }
 
-type aead struct{ key [KeySize]byte }
+type aead struct {
+	key  [KeySize]byte
+	init state      // the state before initialisation but for S0 and S4
+	m    [rate]byte // initialisation's message but for M0 (the nonce)
+}
+
+// laneContexts are xored into S3 and S7 before each update of
+// initialisation: each lane's index, then the degree less one.
+var laneContexts = func() (ctx [16 * lanes]byte) {
+	for l := range lanes {
+		ctx[16*l], ctx[16*l+1] = byte(l), lanes-1
+	}
+	return ctx
+}()
 
 func (a *aead) NonceSize() int { return NonceSize }
 func (a *aead) Overhead() int  { return TagSize }
@@ -82,26 +109,14 @@ func (a *aead) begin(s *state, nonce, ad []byte) {
 	if len(nonce) != NonceSize {
 		panic("aegis: incorrect nonce length")
 	}
-	var kn, kc0, kc1 [16]byte
-	subtle.XORBytes(kn[:], a.key[:], nonce)
-	subtle.XORBytes(kc0[:], a.key[:], c0[:])
-	subtle.XORBytes(kc1[:], a.key[:], c1[:])
-	for lane := 0; lane < 16*lanes; lane += 16 {
-		for i, b := range [8]*[16]byte{&kn, &c1, &c0, &c1, &kn, &kc0, &kc1, &kc0} {
-			copy(s[i][lane:], b[:])
-		}
+	*s = a.init
+	m := a.m // M0 = the nonce in each lane, M1 = the key in each
+	for l := 0; l < 16*lanes; l += 16 {
+		subtle.XORBytes(s[0][l:l+16], a.key[:], nonce)
+		copy(s[4][l:], s[0][l:l+16])
+		copy(m[l:], nonce)
 	}
-	var m [rate]byte // M0 = the nonce in each lane, M1 = the key in each
-	for l := range lanes {
-		copy(m[16*l:], nonce)
-		copy(m[16*(lanes+l):], a.key[:])
-	}
-	// Each lane's context: its index, then the degree less one.
-	var ctx [16 * lanes]byte
-	for l := range lanes {
-		ctx[16*l], ctx[16*l+1] = byte(l), lanes-1
-	}
-	start(s, &m, &ctx)
+	start(s, &m, &laneContexts)
 	for len(ad) >= rate {
 		update(s, (*[rate]byte)(ad))
 		ad = ad[rate:]
