@@ -138,10 +138,7 @@ func (s *state) finalize(tag *[TagSize]byte, adLen, textLen int) {
 }
 
 func (a *aead) Seal(dst, nonce, plaintext, ad []byte) []byte {
-	ret, out := alias.SliceForAppend(dst, len(plaintext)+TagSize)
-	if alias.InexactOverlap(out, plaintext) {
-		panic("aegis: invalid buffer overlap")
-	}
+	ret, out := alias.Output(dst, plaintext, len(plaintext)+TagSize)
 	var s state
 	a.begin(&s, nonce, ad)
 	n := len(plaintext) &^ (rate - 1)
@@ -163,10 +160,7 @@ func (a *aead) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 		return nil, errOpen
 	}
 	ct, tag := ciphertext[:len(ciphertext)-TagSize], ciphertext[len(ciphertext)-TagSize:]
-	ret, out := alias.SliceForAppend(dst, len(ct))
-	if alias.InexactOverlap(out, ciphertext) {
-		panic("aegis: invalid buffer overlap")
-	}
+	ret, out := alias.Output(dst, ciphertext, len(ct))
 	var s state
 	a.begin(&s, nonce, ad)
 	n := len(ct) &^ (rate - 1)

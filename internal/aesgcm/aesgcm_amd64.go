@@ -101,10 +101,7 @@ func (g *vgcm) Seal(dst, nonce, plaintext, ad []byte) []byte {
 	if uint64(len(plaintext)) > maxText {
 		panic("aesgcm: message too large for GCM")
 	}
-	ret, out := alias.SliceForAppend(dst, len(plaintext)+16)
-	if alias.InexactOverlap(out, plaintext) {
-		panic("aesgcm: invalid buffer overlap")
-	}
+	ret, out := alias.Output(dst, plaintext, len(plaintext)+16)
 	var y [16]byte
 	j0, ctr := counters(nonce)
 	g.ghash(&y, ad)
@@ -126,10 +123,7 @@ func (g *vgcm) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 		return nil, errOpen
 	}
 	ct, tag := ciphertext[:len(ciphertext)-16], ciphertext[len(ciphertext)-16:]
-	ret, out := alias.SliceForAppend(dst, len(ct))
-	if alias.InexactOverlap(out, ciphertext) {
-		panic("aesgcm: invalid buffer overlap")
-	}
+	ret, out := alias.Output(dst, ciphertext, len(ct))
 	var y, want [16]byte
 	j0, ctr := counters(nonce)
 	g.ghash(&y, ad)

@@ -5,9 +5,20 @@ package alias
 
 import "unsafe"
 
-// SliceForAppend extends in by n bytes, returning the whole slice and the
+// Output is where Seal or Open of in writes n bytes: dst extended by n
+// (ret, the whole, and out, the new bytes). It panics, as crypto/cipher's
+// AEADs do, when out overlaps in other than exactly.
+func Output(dst, in []byte, n int) (ret, out []byte) {
+	ret, out = sliceForAppend(dst, n)
+	if inexactOverlap(out, in) {
+		panic("alias: invalid buffer overlap (Seal or Open into a buffer that overlaps its input other than exactly)")
+	}
+	return ret, out
+}
+
+// sliceForAppend extends in by n bytes, returning the whole slice and the
 // n new bytes (reallocating when in lacks the capacity).
-func SliceForAppend(in []byte, n int) (head, tail []byte) {
+func sliceForAppend(in []byte, n int) (head, tail []byte) {
 	if total := len(in) + n; cap(in) >= total {
 		head = in[:total]
 	} else {
@@ -17,9 +28,9 @@ func SliceForAppend(in []byte, n int) (head, tail []byte) {
 	return head, head[len(in):]
 }
 
-// InexactOverlap reports whether x and y share memory but do not start at
+// inexactOverlap reports whether x and y share memory but do not start at
 // the same byte (in-place use starts both at the same byte).
-func InexactOverlap(x, y []byte) bool {
+func inexactOverlap(x, y []byte) bool {
 	if len(x) == 0 || len(y) == 0 || &x[0] == &y[0] {
 		return false
 	}
