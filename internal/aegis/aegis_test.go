@@ -373,3 +373,29 @@ func TestNewRefusesBadKey(t *testing.T) {
 		t.Fatal("a 15-byte key was taken")
 	}
 }
+
+// TestBadUse: a wrong nonce size and an overlap that is not exact panic,
+// as crypto/cipher's AEADs do.
+func TestBadUse(t *testing.T) {
+	need(t)
+	a, err := New(make([]byte, 16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]func(){
+		"nonce": func() { a.Seal(nil, make([]byte, 12), nil, nil) },
+		"overlap": func() {
+			b := make([]byte, 300)
+			a.Seal(b[1:1], make([]byte, 16), b[:200], nil)
+		},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}
