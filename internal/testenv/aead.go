@@ -83,3 +83,18 @@ func AEADKnownAnswers(t *testing.T, newAEAD func(key []byte) (cipher.AEAD, error
 		}
 	}
 }
+
+// Panics checks that each function of cases panics.
+func Panics(t *testing.T, cases map[string]func()) {
+	t.Helper()
+	for name, f := range cases {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}
