@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 
+	"gonum.org/v1/gonum/blas/blas32"
+
 	"github.com/gorun/gorun/rank"
 )
 
@@ -86,11 +88,32 @@ func TestModelChoice(t *testing.T) {
 	}
 }
 
+// BenchmarkApplySum is the reduction's sum on one pipeline slice (96 KiB of
+// float32, in cache) and on 4 MiB (out of L2), beside gonum's float32 axpy
+// (x += 1*y, SSE), which it replaced, and the plain Go loop.
 func BenchmarkApplySum(b *testing.B) {
-	x := make([]float32, 32768)
-	y := make([]float32, 32768)
-	b.SetBytes(4 * 32768)
-	for i := 0; i < b.N; i++ {
-		apply(x, y, Sum)
+	for _, n := range []int{DefaultSliceBytes / 4, 1 << 20} {
+		x, y := make([]float32, n), make([]float32, n)
+		for _, k := range []struct {
+			name string
+			sum  func()
+		}{
+			{"gorun", func() { apply(x, y, Sum) }},
+			{"gonum-axpy", func() {
+				blas32.Axpy(1, blas32.Vector{N: n, Inc: 1, Data: y}, blas32.Vector{N: n, Inc: 1, Data: x})
+			}},
+			{"go-loop", func() {
+				for i := range x {
+					x[i] += y[i]
+				}
+			}},
+		} {
+			b.Run(fmt.Sprintf("%s/%dKiB", k.name, 4*n>>10), func(b *testing.B) {
+				b.SetBytes(int64(4 * n))
+				for i := 0; i < b.N; i++ {
+					k.sum()
+				}
+			})
+		}
 	}
 }
