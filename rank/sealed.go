@@ -110,7 +110,17 @@ type sealedConn struct {
 	rbuf   []byte         // the connection's own room for one record (made when first needed)
 	rplain []byte         // opened bytes in rbuf not yet read
 	rerr   error          // a record that failed: the stream is unusable
+
+	ahead []byte // bytes read from the connection past what was asked for (in abuf)
+	abuf  []byte // aheadBytes of room for reads of less than that (made when first needed)
 }
+
+// aheadBytes is the least a read from the connection asks for: a short
+// read (a record's length, a small record, the last bytes of a large
+// one) takes what has come behind it too, so that a message's frame
+// header, its record's length and the payload's record's length, which
+// come together, cost one system call, not three (docs/performance.md).
+const aheadBytes = 4 << 10
 
 // errTampered is a record that does not open: altered on the way, or the
 // stream is out of step.
@@ -225,7 +235,7 @@ func (s *sealedConn) Read(p []byte) (int, error) {
 // rplain what does not fit p). It returns how many bytes landed in p.
 func (s *sealedConn) readRecord(p []byte) (int, error) {
 	for s.rhn < lenBytes {
-		n, err := s.Conn.Read(s.rh[s.rhn:])
+		n, err := s.readConn(s.rh[s.rhn:])
 		s.rhn += n
 		if err != nil {
 			if err == io.EOF && s.rhn > 0 {
@@ -261,7 +271,7 @@ func (s *sealedConn) readRecord(p []byte) (int, error) {
 		s.rrec, s.rown = s.rbuf[:size], true
 	}
 	for s.rgot < size {
-		n, err := s.Conn.Read(s.rrec[s.rgot:size])
+		n, err := s.readConn(s.rrec[s.rgot:size])
 		s.rgot += n
 		if err != nil {
 			if err == io.EOF {
@@ -292,6 +302,30 @@ func (s *sealedConn) readRecord(p []byte) (int, error) {
 	n := copy(p, rec[:k])
 	s.rplain = rec[n:k]
 	return n, nil
+}
+
+// readConn reads from the connection into p, first what an earlier read
+// took ahead; a p shorter than aheadBytes is filled through abuf, which
+// keeps what came beyond it.
+func (s *sealedConn) readConn(p []byte) (int, error) {
+	if len(s.ahead) > 0 {
+		n := copy(p, s.ahead)
+		s.ahead = s.ahead[n:]
+		return n, nil
+	}
+	if len(p) >= aheadBytes {
+		return s.Conn.Read(p)
+	}
+	if s.abuf == nil {
+		s.abuf = make([]byte, aheadBytes)
+	}
+	n, err := s.Conn.Read(s.abuf)
+	k := copy(p, s.abuf[:n])
+	s.ahead = s.abuf[k:n]
+	if k > 0 {
+		return k, nil // an error with bytes comes again at the next read
+	}
+	return 0, err
 }
 
 // recordReader sits under a TLS handshake and never reads past the end of
