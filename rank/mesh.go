@@ -145,10 +145,23 @@ type lane struct {
 	dmu  sync.Mutex // orders deadline changes: a wait's extension, a cancelled context's and Close's cut
 	rw   laneWait   // the Recv in progress (under rmu)
 	ww   laneWait   // the Send in progress (under wmu)
-	gen  [2]uint64  // [write]: waits started (under dmu), so that a late cut hits no later wait
+	cut  [2]laneCut // [write]: the cut armed on the latest wait's context (under dmu)
 	rh   [headerBytes]byte
 	wh   [headerBytes]byte
 	wbuf []byte // header and a small payload, written at once
+}
+
+// laneCut cuts one direction's wait short when its context is done. It
+// is armed once per context (context.AfterFunc), not once per wait: a
+// collective's call sends and receives all its messages under one, and
+// arming and disarming for each message was 2-3 % of a rank's CPU at 1
+// MiB, np 2 (docs/performance.md). It stays armed after the wait, until
+// a wait under another context replaces it; when its context ends
+// between waits it cuts nothing.
+type laneCut struct {
+	done <-chan struct{} // the context's Done: contexts that share it end together
+	stop func() bool
+	busy bool // a wait under it is in progress
 }
 
 // coalesceBytes is the largest payload that Send copies behind its header
@@ -744,32 +757,44 @@ type laneWait struct {
 	write   bool
 	timeout time.Duration
 	last    time.Time // the last progress (or the start)
-	stop    func() bool
+	cut     *laneCut
 }
 
+// startWait begins a Send's or Recv's wait on l; w.end ends it.
 func (m *Mesh) startWait(ctx context.Context, l *lane, peer int, write bool) *laneWait {
-	w := &l.rw
+	w, c := &l.rw, &l.cut[0]
 	if write {
-		w = &l.ww
+		w, c = &l.ww, &l.cut[1]
 	}
-	*w = laneWait{m: m, l: l, ctx: ctx, peer: peer, write: write, timeout: timeoutFrom(ctx, m.opt.Timeout), last: time.Now()}
-	d := 0
-	if write {
-		d = 1
-	}
+	*w = laneWait{m: m, l: l, ctx: ctx, peer: peer, write: write, timeout: timeoutFrom(ctx, m.opt.Timeout), last: time.Now(), cut: c}
+	done := ctx.Done()
 	l.dmu.Lock()
-	l.gen[d]++
-	gen := l.gen[d]
+	if c.done != done {
+		if c.stop != nil {
+			c.stop()
+		}
+		*c = laneCut{done: done}
+		if done != nil {
+			c.stop = context.AfterFunc(ctx, func() {
+				l.dmu.Lock()
+				if c.done == done && c.busy { // a wait under this context, not another's
+					setDeadline(l, write, time.Unix(1, 0))
+				}
+				l.dmu.Unlock()
+			})
+		}
+	}
+	c.busy = true
 	l.dmu.Unlock()
 	w.extend(w.last.Add(w.timeout))
-	w.stop = context.AfterFunc(ctx, func() {
-		l.dmu.Lock()
-		if l.gen[d] == gen { // a cut meant for this wait, not a later one
-			setDeadline(l, write, time.Unix(1, 0))
-		}
-		l.dmu.Unlock()
-	})
 	return w
+}
+
+// end ends the wait: a cut for its context no longer touches the lane.
+func (w *laneWait) end() {
+	w.l.dmu.Lock()
+	w.cut.busy = false
+	w.l.dmu.Unlock()
 }
 
 func setDeadline(l *lane, write bool, t time.Time) {
@@ -927,7 +952,7 @@ func (m *Mesh) sendOn(ctx context.Context, l *lane, peer, ch int, tag Tag, paylo
 	defer l.wmu.Unlock()
 	putHeader(l.wh[:], tag, len(payload))
 	w := m.startWait(ctx, l, peer, true)
-	defer w.stop()
+	defer w.end()
 	if len(payload) <= coalesceBytes {
 		l.wbuf = append(append(l.wbuf[:0], l.wh[:]...), payload...)
 		err = w.writeAll(l.wbuf)
@@ -961,7 +986,7 @@ func (m *Mesh) recvOn(ctx context.Context, l *lane, peer, ch int, want Tag, dst 
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	w := m.startWait(ctx, l, peer, false)
-	defer w.stop()
+	defer w.end()
 	if err := w.readFull(l.rh[:]); err != nil {
 		return m.ioError(ctx, "recv", peer, ch, want, err, w)
 	}

@@ -154,3 +154,54 @@ func TestMeshPeerClosedIsAnError(t *testing.T) {
 		})
 	}
 }
+
+// TestMeshCancelAfterWaitsUnderOneContext: a lane arms its cut once per
+// context, so a wait that blocks after others under the same context
+// completed still ends as soon as that context is cancelled, and a
+// context cancelled after its waits leaves a later wait under another
+// context alone.
+func TestMeshCancelAfterWaitsUnderOneContext(t *testing.T) {
+	for _, tr := range []string{"quic", "tcp"} {
+		t.Run(tr, func(t *testing.T) {
+			g := group(t, 2, Options{Transport: tr, Timeout: time.Minute})
+			exchange := func(ctx context.Context, seq uint64) error {
+				errc := make(chan error, 1)
+				go func() { errc <- g[1].Send(ctx, 0, 0, Tag{Seq: seq}, make([]byte, 100<<10)) }()
+				if err := g[0].Recv(ctx, 1, 0, Tag{Seq: seq}, make([]byte, 100<<10)); err != nil {
+					return err
+				}
+				return <-errc
+			}
+			first, cancelFirst := context.WithCancel(context.Background())
+			for seq := range uint64(3) {
+				if err := exchange(first, seq); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- g[0].Recv(first, 1, 0, Tag{Seq: 3}, make([]byte, 4)) }()
+			time.Sleep(50 * time.Millisecond)
+			cancelFirst()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("want context.Canceled, got %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("a Recv under a cancelled context went on waiting")
+			}
+			// The cancelled context's cut stays armed on the lane until a wait
+			// under another context replaces it; this one completes.
+			second, cancelSecond := context.WithCancel(context.Background())
+			defer cancelSecond()
+			go func() {
+				time.Sleep(100 * time.Millisecond)
+				g[1].Send(second, 0, 0, Tag{Seq: 4}, []byte("late"))
+			}()
+			b := make([]byte, 4)
+			if err := g[0].Recv(second, 1, 0, Tag{Seq: 4}, b); err != nil || string(b) != "late" {
+				t.Fatalf("a Recv under a live context after another was cancelled: %v %q", err, b)
+			}
+		})
+	}
+}
