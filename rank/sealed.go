@@ -10,7 +10,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/internal/aegis"
 	"github.com/gorun/gorun/internal/aesgcm"
@@ -111,15 +115,20 @@ type sealedConn struct {
 	rplain []byte         // opened bytes in rbuf not yet read
 	rerr   error          // a record that failed: the stream is unusable
 
-	ahead []byte // bytes read from the connection past what was asked for (in abuf)
-	abuf  []byte // aheadBytes of room for reads of less than that (made when first needed)
+	sock   syscall.RawConn       // the TCP socket, read with readv(2) (nil: plain reads)
+	ahead  []byte                // bytes it read past what was asked for (in abuf)
+	abuf   []byte                // aheadBytes of room for them (made when first needed)
+	iov    [2][]byte             // the buffers of the readv in progress
+	got    int                   // what it read
+	gotErr error                 // and its error
+	readv  func(fd uintptr) bool // s.readvOnce, made once
 }
 
-// aheadBytes is the least a read from the connection asks for: a short
-// read (a record's length, a small record, the last bytes of a large
-// one) takes what has come behind it too, so that a message's frame
-// header, its record's length and the payload's record's length, which
-// come together, cost one system call, not three (docs/performance.md).
+// aheadBytes is how much a read from the connection takes beyond what was
+// asked for, when it has come: a read of a record reads the next record's
+// length too, and when that record is a message's frame header, it and
+// the payload record's length behind it. One system call a message where
+// there were four (docs/performance.md).
 const aheadBytes = 4 << 10
 
 // errTampered is a record that does not open: altered on the way, or the
@@ -143,6 +152,11 @@ func sealLane(tc *tls.Conn, raw net.Conn, client bool) (*sealedConn, error) {
 		c = cipherAegis
 	}
 	s := &sealedConn{Conn: raw}
+	if sc, ok := raw.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			s.sock, s.readv = rc, s.readvOnce
+		}
+	}
 	s.out = sealer{cipher: c, secret: toServer, epoch: epochRecords}
 	s.in = sealer{cipher: c, secret: toClient, epoch: epochRecords}
 	if !client {
@@ -305,27 +319,55 @@ func (s *sealedConn) readRecord(p []byte) (int, error) {
 }
 
 // readConn reads from the connection into p, first what an earlier read
-// took ahead; a p shorter than aheadBytes is filled through abuf, which
-// keeps what came beyond it.
+// took ahead. On a TCP socket it is one readv(2) into p and abuf, which
+// keeps what has come beyond p, up to aheadBytes, for the next read; a
+// connection that is not a socket (tests wrap some) is read plainly.
 func (s *sealedConn) readConn(p []byte) (int, error) {
 	if len(s.ahead) > 0 {
 		n := copy(p, s.ahead)
 		s.ahead = s.ahead[n:]
 		return n, nil
 	}
-	if len(p) >= aheadBytes {
+	if s.sock == nil {
 		return s.Conn.Read(p)
 	}
 	if s.abuf == nil {
 		s.abuf = make([]byte, aheadBytes)
 	}
-	n, err := s.Conn.Read(s.abuf)
-	k := copy(p, s.abuf[:n])
-	s.ahead = s.abuf[k:n]
+	s.iov, s.got, s.gotErr = [2][]byte{p, s.abuf}, 0, nil
+	err := s.sock.Read(s.readv)
+	s.iov = [2][]byte{} // holds p no longer
+	if err == nil {
+		err = s.gotErr
+	}
+	if s.got == 0 && err == nil {
+		err = io.EOF // readv(2) reads nothing only at the end of the stream
+	}
+	k := min(s.got, len(p))
+	s.ahead = s.abuf[:s.got-k]
 	if k > 0 {
 		return k, nil // an error with bytes comes again at the next read
 	}
 	return 0, err
+}
+
+// readvOnce is syscall.RawConn.Read's function for readConn: false (wait
+// for the socket) while nothing has come.
+func (s *sealedConn) readvOnce(fd uintptr) bool {
+	for {
+		n, err := unix.Readv(int(fd), s.iov[:])
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		case nil:
+			s.got = n
+		default:
+			s.gotErr = os.NewSyscallError("readv", err)
+		}
+		return true
+	}
 }
 
 // recordReader sits under a TLS handshake and never reads past the end of

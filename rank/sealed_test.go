@@ -135,6 +135,8 @@ func readAll(t *testing.T, c *sealedConn, want []byte, step int) {
 }
 
 func readCheck(c *sealedConn, want []byte, step int) error {
+	c.SetReadDeadline(time.Now().Add(20 * time.Second)) // a lost or extra byte fails, not hangs
+	defer c.SetReadDeadline(time.Time{})
 	got := make([]byte, len(want))
 	for off := 0; off < len(got); {
 		end := len(got)
