@@ -212,6 +212,7 @@ func (r *run) newSender(peer, ch, queue int) *sender {
 				return err
 			}
 		}
+		more, _ := r.t.(rank.MoreSender)
 		k := 0
 		for it := range s.q {
 			if r.ctx.Err() != nil { // the run failed: send nothing new
@@ -219,7 +220,11 @@ func (r *run) newSender(peer, ch, queue int) *sender {
 				}
 				return nil
 			}
-			if err := r.t.Send(r.sctx, peer, ch, r.c.tag(k), it.buf); err != nil {
+			send := r.t.Send
+			if more != nil && len(s.q) > 0 { // the next is here: it goes out with this one
+				send = more.SendMore
+			}
+			if err := send(r.sctx, peer, ch, r.c.tag(k), it.buf); err != nil {
 				for range s.q { // let producers finish
 				}
 				return err

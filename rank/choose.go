@@ -232,7 +232,7 @@ func (m *Mesh) probe(ctx context.Context, v, peer, round int) (float64, error) {
 				if last {
 					buf[0] = 1
 				}
-				if err := m.sendOn(ctx, l, peer, ch, Tag{Kind: chooseKind, Aux: uint16(v), Seq: uint64(round), Chunk: uint32(i)}, buf); err != nil {
+				if err := m.sendOn(ctx, l, peer, ch, Tag{Kind: chooseKind, Aux: uint16(v), Seq: uint64(round), Chunk: uint32(i)}, buf, false); err != nil {
 					fail(err)
 					return
 				}

@@ -213,7 +213,8 @@ func (s *sealedConn) drain() (bool, error) {
 }
 
 // CloseWrite ends the sending side (a TCP FIN). The mesh flushes every
-// Send before it returns, so nothing gathered is left behind.
+// Send before it returns; records a SendMore gathered are left behind
+// only when no next Send came, that is when the caller's pipeline failed.
 func (s *sealedConn) CloseWrite() error {
 	if cw, ok := s.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()

@@ -45,6 +45,15 @@ type Transport interface {
 	Close() error
 }
 
+// MoreSender is a Transport that can hold a message back to go out with
+// the next one to the same peer and channel: SendMore is Send, except
+// that the message may wait, gathered, until the next Send or SendMore
+// there. The caller must make that call: a pipeline that already holds its
+// next message uses SendMore, and Send for the last.
+type MoreSender interface {
+	SendMore(ctx context.Context, peer, ch int, tag Tag, payload []byte) error
+}
+
 // PeerStats counts the bytes exchanged with one peer: the payload and
 // framing bytes of messages (over whatever transport reaches the peer:
 // QUIC, TCP or a shared-memory ring), and the bytes that moved between
