@@ -107,6 +107,12 @@ func (s *subTransport) Channels() int { return s.t.Channels() }
 func (s *subTransport) Send(ctx context.Context, peer, ch int, tag rank.Tag, p []byte) error {
 	return s.t.Send(ctx, s.members[peer], ch, tag, p)
 }
+func (s *subTransport) SendMore(ctx context.Context, peer, ch int, tag rank.Tag, p []byte) error {
+	if m, ok := s.t.(rank.MoreSender); ok {
+		return m.SendMore(ctx, s.members[peer], ch, tag, p)
+	}
+	return s.t.Send(ctx, s.members[peer], ch, tag, p)
+}
 func (s *subTransport) Recv(ctx context.Context, peer, ch int, want rank.Tag, dst []byte) error {
 	return s.t.Recv(ctx, s.members[peer], ch, want, dst)
 }
