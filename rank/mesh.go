@@ -763,9 +763,9 @@ type laneWait struct {
 
 // startWait begins a Send's or Recv's wait on l; w.end ends it.
 func (m *Mesh) startWait(ctx context.Context, l *lane, peer int, write bool) *laneWait {
-	w, c := &l.rw, &l.cut[0]
+	w, c := &l.rw, &l.cut[side(write)]
 	if write {
-		w, c = &l.ww, &l.cut[1]
+		w = &l.ww
 	}
 	*w = laneWait{m: m, l: l, ctx: ctx, peer: peer, write: write, timeout: timeoutFrom(ctx, m.opt.Timeout), last: time.Now(), cut: c}
 	done := ctx.Done()
@@ -798,13 +798,20 @@ func (w *laneWait) end() {
 	w.l.dmu.Unlock()
 }
 
+// side indexes a lane's per-direction state: 0 receiving, 1 sending.
+func side(write bool) int {
+	if write {
+		return 1
+	}
+	return 0
+}
+
 // setDeadline sets a direction's deadline; the caller holds l.dmu.
 func setDeadline(l *lane, write bool, t time.Time) {
+	l.dl[side(write)] = t
 	if write {
-		l.dl[1] = t
 		l.c.SetWriteDeadline(t)
 	} else {
-		l.dl[0] = t
 		l.c.SetReadDeadline(t)
 	}
 }
@@ -827,10 +834,7 @@ func (w *laneWait) extend(t time.Time, keep bool) bool {
 	if !ok {
 		t = time.Unix(1, 0)
 	}
-	d := w.l.dl[0]
-	if w.write {
-		d = w.l.dl[1]
-	}
+	d := w.l.dl[side(w.write)]
 	if keep && ok && !d.After(t) && t.Sub(d) < w.timeout/16 {
 		return true
 	}
