@@ -41,6 +41,9 @@
 #                (GORUN_TCP_CIPHER=aes-gcm), beside the default's AEGIS-128X4
 #                where the CPU has VAES on AVX-512 (the transport line says which)
 #     net-tcp-np2-1core  the same, one core per rank (GOMAXPROCS=1)
+#     net-quic-np2-conns8, net-tcp-np2-conns8  np 2 with 8 connections (QUIC)
+#                or lanes (TLS/TCP) and 8 rings per peer pair
+#                (GORUN_CONNS_PER_PEER=8 GORUN_RINGS=8): scaling with cores
 #     net-gloo-npN  torch gloo on loopback (bench/peers/gloo_allreduce.py;
 #                PYTHON names the interpreter, python3 by default)
 # Everything lands in $OUT (the device tool's) or bench/gpu/results/<date>/:
@@ -138,27 +141,31 @@ torch() {
 	step torch 300 python3 bench/peers/torch_transformer.py --sweep --json "$res/torch.jsonl"
 }
 net() {
-	# brief OUT LABEL COLUMN: OUT, then one line: busbw by size (GB/s, the
-	# medians in COLUMN of OUT's rows)
+	# brief FILE LABEL COLUMN: one line, busbw by size (GB/s, the medians in
+	# COLUMN of FILE's rows). ar and gl print their rows as they come, so a
+	# step cut off at its limit still leaves the sizes it finished in its log.
 	brief() {
-		echo "$1"
-		echo "$1" | awk -v t="$2" -v c="$3" '{ sub(/^\[0\] */, "") } $1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $c }
-			END { print "busbw GB/s (" t "):" l }'
+		awk -v t="$2" -v c="$3" '{ sub(/^\[0\] */, "") } $1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $c }
+			END { print "busbw GB/s (" t "):" l }' "$1"
 	}
 	ar() {
-		local out rc
-		out=$("$bin/gorun" -np "$1" -x GORUN_SHM=0 "${@:3}" "$bin/allreduce-perf" -a ring -b 1M -e 256M -f 4 -n 10 -w 2 -S 5 \
-			-I 0 -c 1 -t 60s 2>&1)
-		rc=$?
-		brief "$out" "$2" 8
+		local f rc
+		f=$(mktemp)
+		"$bin/gorun" -np "$1" -x GORUN_SHM=0 "${@:3}" "$bin/allreduce-perf" -a ring -b 1M -e 256M -f 4 -n 10 -w 2 -S 5 \
+			-I 0 -c 1 -t 60s 2>&1 | tee "$f"
+		rc=${PIPESTATUS[0]}
+		brief "$f" "$2" 8
+		rm -f "$f"
 		return $rc
 	}
 	gl() {
-		local out rc
-		out=$("${PYTHON:-python3}" bench/peers/gloo_allreduce.py --np "$1" --budget 1 --timeout 45 \
-			--sizes 1048576 4194304 16777216 67108864 268435456 2>&1)
-		rc=$?
-		brief "$out" gloo 7
+		local f rc
+		f=$(mktemp)
+		"${PYTHON:-python3}" bench/peers/gloo_allreduce.py --np "$1" --budget 1 --timeout 45 \
+			--sizes 1048576 4194304 16777216 67108864 268435456 2>&1 | tee "$f"
+		rc=${PIPESTATUS[0]}
+		brief "$f" gloo 7
+		rm -f "$f"
 		return $rc
 	}
 	export -f brief ar gl
@@ -166,10 +173,14 @@ net() {
 	# limits add up to 590 s, inside one device call
 	for np in 2 4 8; do
 		c="$np ranks on $(nproc) cores"
-		step net-tcp-np$np 45 bash -c 'ar "$@"' _ "$np" "TLS/TCP, $c" -x GORUN_TRANSPORT=tcp
-		step net-quic-np$np 75 bash -c 'ar "$@"' _ "$np" "QUIC, $c" -x GORUN_TRANSPORT=quic
-		step net-gloo-np$np 50 bash -c 'gl "$@"' _ "$np"
+		step net-tcp-np$np 40 bash -c 'ar "$@"' _ "$np" "TLS/TCP, $c" -x GORUN_TRANSPORT=tcp
+		step net-quic-np$np 60 bash -c 'ar "$@"' _ "$np" "QUIC, $c" -x GORUN_TRANSPORT=quic
+		step net-gloo-np$np 45 bash -c 'gl "$@"' _ "$np"
 	done
+	# one peer pair over more connections and rings: does QUIC (one
+	# goroutine per quic-go connection) or TLS/TCP scale with the cores?
+	step net-quic-np2-conns8 40 bash -c 'ar "$@"' _ 2 "QUIC, 8 connections and 8 rings per peer pair, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=quic -x GORUN_CONNS_PER_PEER=8 -x GORUN_RINGS=8
+	step net-tcp-np2-conns8 35 bash -c 'ar "$@"' _ 2 "TLS/TCP, 8 lanes and 8 rings per peer pair, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=tcp -x GORUN_CONNS_PER_PEER=8 -x GORUN_RINGS=8
 	step net-tcp-np2-aesgcm 40 bash -c 'ar "$@"' _ 2 "TLS/TCP sealed with AES-128-GCM, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=tcp -x GORUN_TCP_CIPHER=aes-gcm
 	step net-tcp-np2-1core 40 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
 }
