@@ -9,14 +9,7 @@ package collective
 // in cache; docs/performance.md).
 func addF32(x, y []float32) {
 	y = y[:len(x)]
-	n := 0
-	if addAVX2OK {
-		n = len(x) &^ 31
-		if n > 0 {
-			addAVX2(&x[0], &y[0], n)
-		}
-	}
-	for i := n; i < len(x); i++ {
+	for i := addVector(x, y); i < len(x); i++ {
 		x[i] += y[i]
 	}
 }

@@ -2,6 +2,6 @@
 
 package collective
 
-const addAVX2OK = false
-
-func addAVX2(x, y *float32, n int) { panic("unreachable") }
+// addVector adds nothing where there is no vector loop: addF32's scalar
+// loop does it all.
+func addVector(x, y []float32) int { return 0 }
