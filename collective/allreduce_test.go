@@ -147,7 +147,7 @@ func TestAllreduceProperty(t *testing.T) {
 			for _, l := range lengths(n) {
 				for _, op := range ops {
 					for _, v := range variants {
-						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling} {
+						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
 							i++
 							if l > 1000 && (op == Min || v.dt == Float16) {
 								continue // the long length for a subset (test time under -race)
@@ -177,6 +177,9 @@ func TestAllreduceLarge(t *testing.T) {
 		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: HalvingDoubling},
 		{count: 150_001, op: Average, v: variant{Float32, Float16}, algo: HalvingDoubling, inPlace: true},
 		{count: 100_003, op: Max, v: variant{BFloat16, BFloat16}, algo: HalvingDoubling},
+		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: RecursiveDoubling},
+		{count: 150_001, op: Average, v: variant{Float32, Float16}, algo: RecursiveDoubling, inPlace: true},
+		{count: 100_003, op: Min, v: variant{Float16, Float16}, algo: RecursiveDoubling},
 		// Direct asked for on more than DirectLimit bytes runs the ring or tree
 		{count: 100_003, op: Sum, v: variant{Float32, Float32}, algo: Direct},
 		// the largest direct call, and one just above the limit
@@ -212,7 +215,7 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 			var cases []tc
 			for _, op := range ops {
 				for _, v := range variants {
-					for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling} {
+					for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
 						cases = append(cases, tc{op, v, a})
 					}
 				}
@@ -289,7 +292,7 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 	if os.Getenv("GORUN_FP16_TINY_CHILD") == "1" {
 		for np := 2; np <= 4; np++ {
-			for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling} {
+			for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
 				for count := 1; count <= 4; count++ {
 					ts := rank.NewLocalGroup(np, 2)
 					errs := group(ts, Config{Timeout: 20 * time.Second}, func(c *Communicator) error {

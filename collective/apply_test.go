@@ -9,7 +9,8 @@ import (
 // apply's Sum is x[i]+y[i] rounded once for every element and length, with
 // specials, bit for bit, NaNs included (it runs on a SIMD kernel: a fused
 // or reordered operation, or operands swapped, would show here), at every
-// alignment, and y is left as it was.
+// alignment, and y is left as it was; the same into a third buffer, and
+// into y with y the first operand (recursive doubling's order).
 func TestApplySumIsElementwiseAdd(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	nanX, nanY := math.Float32frombits(0x7fc0_1234), math.Float32frombits(0xffc0_0042) // quiet NaNs, payloads told apart
@@ -32,8 +33,27 @@ func TestApplySumIsElementwiseAdd(t *testing.T) {
 			x[36], y[36] = nanY, nanX
 			want[35], want[36] = nanX, nanY
 		}
-		y0 := append([]float32(nil), y...)
-		apply(x, y, Sum)
+		y0, x0 := append([]float32(nil), y...), append([]float32(nil), x...)
+		// the other operand order into y (dst = b; y's NaN wins), then into
+		// a third buffer, then x += y
+		yb2 := append([]float32(nil), yb...)
+		y2 := yb2[off:]
+		apply(y2[:n], y2, x0, Sum)
+		d := make([]float32, n)
+		apply(d, x0, y0, Sum)
+		for i := range d {
+			if math.Float32bits(d[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("n=%d: into a third buffer: element %d: %#08x, want %#08x", n, i, math.Float32bits(d[i]), math.Float32bits(want[i]))
+			}
+			w2 := want[i]
+			if n > 40 && (i == 35 || i == 36) {
+				w2 = y0[i] // both NaN: the first operand's, y's here
+			}
+			if math.Float32bits(y2[i]) != math.Float32bits(w2) {
+				t.Fatalf("n=%d: y = y + x: element %d: %#08x, want %#08x", n, i, math.Float32bits(y2[i]), math.Float32bits(w2))
+			}
+		}
+		apply(x, x, y, Sum)
 		for i := range x {
 			if math.Float32bits(x[i]) != math.Float32bits(want[i]) {
 				t.Fatalf("n=%d: element %d: %g (%#08x), want %g (%#08x)", n, i, x[i], math.Float32bits(x[i]), want[i], math.Float32bits(want[i]))

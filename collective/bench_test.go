@@ -98,7 +98,7 @@ func BenchmarkApplySum(b *testing.B) {
 			name string
 			sum  func()
 		}{
-			{"gorun", func() { apply(x, y, Sum) }},
+			{"gorun", func() { apply(x, x, y, Sum) }},
 			{"gonum-axpy", func() {
 				blas32.Axpy(1, blas32.Vector{N: n, Inc: 1, Data: y}, blas32.Vector{N: n, Inc: 1, Data: x})
 			}},

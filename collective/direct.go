@@ -94,7 +94,7 @@ func (c *Communicator) directAllreduce(ctx context.Context, buf []byte, count in
 		} else {
 			decode(tmp, get(r), cl.wire)
 		}
-		apply(acc, y, cl.op)
+		apply(acc, acc, y, cl.op)
 	}
 	if cl.op == Average {
 		d := float32(n)

@@ -141,6 +141,13 @@ func TestMismatch(t *testing.T) {
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
 		}},
+		{"rd-vs-hd", "algorithm", func(c *Communicator, odd bool) error {
+			a := RecursiveDoubling
+			if odd {
+				a = HalvingDoubling
+			}
+			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+		}},
 		{"hd-vs-direct", "algorithm", func(c *Communicator, odd bool) error {
 			a := HalvingDoubling
 			if odd {
@@ -243,7 +250,7 @@ func TestMismatch(t *testing.T) {
 // TestPeerClosed: rank 3 closes its transport instead of calling; every
 // other rank fails at once, blaming rank 3 (ring and tree).
 func TestPeerClosed(t *testing.T) {
-	for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling} {
+	for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			size := 4 << 20
@@ -269,12 +276,13 @@ func TestPeerClosed(t *testing.T) {
 // TestDeadline: rank 2 never calls; the others return by their context's
 // deadline (or the Config's Timeout, on each wait), with an error, and rank
 // 0 blames rank 2 (ring: rank 0 waits on 2... every rank is blocked behind
-// it; halving-doubling: rank 1, which exchanges with 2).
+// it; halving-doubling and recursive doubling: rank 1, which exchanges
+// with 2).
 func TestDeadline(t *testing.T) {
 	for _, k := range []struct {
 		viaCfg bool
 		algo   Algorithm
-	}{{false, Ring}, {true, Ring}, {false, Direct}, {true, Direct}, {false, HalvingDoubling}, {true, HalvingDoubling}} {
+	}{{false, Ring}, {true, Ring}, {false, Direct}, {true, Direct}, {false, HalvingDoubling}, {true, HalvingDoubling}, {false, RecursiveDoubling}, {true, RecursiveDoubling}} {
 		viaCfg := k.viaCfg
 		t.Run(fmt.Sprint("config-timeout=", viaCfg, "/", k.algo), func(t *testing.T) {
 			t.Parallel()
@@ -312,7 +320,7 @@ func TestDeadline(t *testing.T) {
 			// waits for rank 1 (in process, whose liveness is unknown, so it
 			// may name rank 1 at the timeout), and rank 1 exchanges with 2
 			w := 0
-			if k.algo == HalvingDoubling {
+			if k.algo == HalvingDoubling || k.algo == RecursiveDoubling {
 				w = 1
 			}
 			if !names(errs[w], 2) {

@@ -43,6 +43,10 @@ type hdStep struct {
 	send, recv   span
 	sends, recvs bool
 	reduce       bool
+	// exchange: send and recv are the same range (recursive doubling):
+	// each slice has left before the peer's is combined into it, and the
+	// lower rank's value is the first operand on both ends.
+	exchange bool
 }
 
 // hdPlan is one rank's halving-doubling allreduce of count elements.
@@ -58,6 +62,20 @@ type hdPlan struct {
 // world ranks. It is a pure function: every rank computes every peer's
 // plan alike, so the two ends of each step agree on the ranges.
 func hdPlanFor(rank, world, count int) hdPlan {
+	return foldedPlan(rank, world, count, halvingDoublingSteps)
+}
+
+// rdPlanFor returns rank's plan for the recursive-doubling allreduce of
+// count elements over world ranks (see rdSteps); pure, as hdPlanFor.
+func rdPlanFor(rank, world, count int) hdPlan {
+	return foldedPlan(rank, world, count, rdSteps)
+}
+
+// foldedPlan is the plan of an algorithm for a power of two of ranks
+// (steps: the plan of virtual rank v of pof2, whose peers real names)
+// on any world size: with extra ranks, the first 2*extra fold into
+// partners first and get the result back last.
+func foldedPlan(rank, world, count int, steps func(p *hdPlan, v, pof2 int, all span, real func(int) int)) hdPlan {
 	all := span{0, count}
 	if world <= 1 {
 		return hdPlan{own: all}
@@ -85,6 +103,16 @@ func hdPlanFor(rank, world, count int) hdPlan {
 		}
 		return v + extra
 	}
+	steps(&p, v, pof2, all, real)
+	if rank < 2*extra {
+		p.steps = append(p.steps, hdStep{peer: rank - 1, send: all, sends: true})
+	}
+	return p
+}
+
+// halvingDoublingSteps appends the halving-doubling steps of virtual rank
+// v among pof2 to p and sets p.rs and p.own.
+func halvingDoublingSteps(p *hdPlan, v, pof2 int, all span, real func(int) int) {
 	// reduce-scatter: at distance mask, keep the lower half of the current
 	// range if bit mask of v is clear, else the upper; give the other half.
 	// The peer v^mask has the same current range (they differ only in bits
@@ -108,10 +136,30 @@ func hdPlanFor(rank, world, count int) hdPlan {
 		p.steps = append(p.steps, hdStep{peer: p.steps[i].peer, send: cur, recv: got, sends: true, recvs: true})
 		cur = span{min(cur.lo, got.lo), max(cur.hi, got.hi)}
 	}
-	if rank < 2*extra {
-		p.steps = append(p.steps, hdStep{peer: rank - 1, send: all, sends: true})
+}
+
+// rdSteps appends the recursive-doubling steps of virtual rank v among
+// pof2 to p: at distance 1, 2, 4, ... it exchanges its whole buffer with
+// peer v^mask and combines the peer's into it, the lower rank's value the
+// first operand on both ends, so the two compute the same bits. log2(p)
+// steps where halving-doubling takes 2 log2(p), each moving the whole
+// buffer where halving-doubling moves halves, quarters, ...: at p = 2 the
+// same bytes in one exchange instead of two.
+func rdSteps(p *hdPlan, v, pof2 int, all span, real func(int) int) {
+	for mask := 1; mask < pof2; mask <<= 1 {
+		p.steps = append(p.steps, hdStep{peer: real(v ^ mask), send: all, recv: all, sends: true, recvs: true, reduce: true, exchange: true})
 	}
-	return p
+	p.rs, p.own = len(p.steps), all
+}
+
+// exchanges reports whether the plan is recursive doubling's.
+func (p hdPlan) exchanges() bool {
+	for _, st := range p.steps {
+		if st.exchange {
+			return true
+		}
+	}
+	return false
 }
 
 type hdSpec struct {
@@ -123,10 +171,13 @@ type hdSpec struct {
 	wire       DType
 	op         Op
 	div        int // Average divides by this (0: the transport's size)
+	// plan is the algorithm: hdPlanFor or rdPlanFor.
+	plan func(rank, world, count int) hdPlan
 }
 
-// halvingDoubling runs the halving-doubling allreduce of acc[lo:hi] on
-// nch channels in parallel, each on its part of the elements.
+// halvingDoubling runs sp.plan's allreduce (halving-doubling or recursive
+// doubling) of acc[lo:hi] on nch channels in parallel, each on its part
+// of the elements.
 func (r *run) halvingDoubling(sp hdSpec) {
 	n, me := r.t.Size(), r.t.Rank()
 	if n == 1 {
@@ -137,7 +188,7 @@ func (r *run) halvingDoubling(sp hdSpec) {
 	}
 	parts := split(sp.hi-sp.lo, sp.nch)
 	for c := 0; c < sp.nch; c++ {
-		r.hdChannel(sp, c, sp.lo+parts[c], hdPlanFor(me, n, parts[c+1]-parts[c]))
+		r.hdChannel(sp, c, sp.lo+parts[c], sp.plan(me, n, parts[c+1]-parts[c]))
 	}
 }
 
@@ -193,6 +244,9 @@ func (r *run) hdChannel(sp hdSpec, c, base int, p hdPlan) {
 	direct := sp.wire == sp.dtype
 	accOf := func(lo, hi int) []byte { return sp.acc[(base+lo)*es : (base+hi)*es : (base+hi)*es] }
 	depth := ringGroup + 2
+	if p.exchanges() {
+		depth = 4
+	}
 	rcv := map[int]*receiver{}
 	for peer, msgs := range rmsgs {
 		s := snd[peer]
@@ -228,16 +282,18 @@ func (r *run) hdChannel(sp hdSpec, c, base int, p hdPlan) {
 				s.close()
 			}
 		}()
-		return r.hdDrive(sp, p, hdIO{snd: snd, rcv: rcv, sendB: sendB, recvB: recvB, red: red, pool: pool, acc: accOf})
+		return r.hdDrive(sp, p, hdIO{snd: snd, rcv: rcv, sendB: sendB, recvB: recvB, sentBefore: sentBefore, red: red, pool: pool, acc: accOf})
 	})
 }
 
 // hdIO is what hdDrive works with: the channel's senders and receivers by
-// peer, each step's slice bounds, the reducer and the send buffers.
+// peer, each step's slice bounds and the messages sent to its peer before
+// it, the reducer and the send buffers.
 type hdIO struct {
 	snd          map[int]*sender
 	rcv          map[int]*receiver
 	sendB, recvB [][]int
+	sentBefore   []int
 	red          *reducer
 	pool         *bufPool
 	acc          func(lo, hi int) []byte
@@ -249,6 +305,7 @@ type hdIO struct {
 // run's error).
 func (r *run) hdDrive(sp hdSpec, p hdPlan, io hdIO) error {
 	ws := sp.wire.Size()
+	// send pushes elements [lo, hi) of acc in the wire format.
 	send := func(s *sender, lo, hi int) bool {
 		a := io.acc(lo, hi)
 		if sp.wire == sp.dtype {
@@ -264,6 +321,12 @@ func (r *run) hdDrive(sp hdSpec, p hdPlan, io hdIO) error {
 	for t, st := range p.steps {
 		if t == p.rs && !r.hdFinish(sp, p.own, io) {
 			return nil
+		}
+		if st.exchange {
+			if !r.rdExchange(sp, t, st, io, send) {
+				return nil
+			}
+			continue
 		}
 		sb, rb := io.sendB[t], io.recvB[t]
 		for k := 0; k+1 < max(len(sb), len(rb)); k++ {
@@ -287,7 +350,53 @@ func (r *run) hdDrive(sp hdSpec, p hdPlan, io hdIO) error {
 			io.rcv[st.peer].release(it)
 		}
 	}
+	if p.rs == len(p.steps) { // recursive doubling: no allgather after
+		r.hdFinish(sp, p.own, io)
+	}
 	return nil
+}
+
+// rdExchange runs exchange step t: it sends every slice of the range
+// while combining the peer's slices into it as they come, at most
+// ringGroup slices ahead (the send queue and the slots hold that many).
+// A slice is combined once it has left (it is sent from acc itself when
+// the wire is the data type); on a 16-bit wire this rank first rounds its
+// own slice through the wire format, so that both ends combine the same
+// two values, the lower rank's first.
+func (r *run) rdExchange(sp hdSpec, t int, st hdStep, io hdIO, send func(*sender, int, int) bool) bool {
+	b := io.sendB[t]
+	n := len(b) - 1
+	s, rv := io.snd[st.peer], io.rcv[st.peer]
+	peerFirst := st.peer < r.t.Rank()
+	pushed := 0
+	for k := 0; k < n; k++ {
+		for ; pushed < n && pushed <= k+ringGroup; pushed++ {
+			if !send(s, b[pushed], b[pushed+1]) {
+				return false
+			}
+		}
+		it, ok := rv.next()
+		if !ok {
+			return false
+		}
+		a := io.acc(b[k], b[k+1])
+		if sp.wire == sp.dtype {
+			if s.waitSent(io.sentBefore[t]+k+1) != nil {
+				return false
+			}
+		} else {
+			w, ok := io.pool.get(r.ctx, (b[k+1]-b[k])*sp.wire.Size())
+			if !ok {
+				return false
+			}
+			io.red.toWire(w, a)
+			io.red.fromWire(a, w)
+			io.pool.put(w)
+		}
+		io.red.combineOrdered(a, it.buf, peerFirst)
+		rv.release(it)
+	}
+	return true
 }
 
 // hdFinish applies the last step to the rank's own fully reduced range

@@ -8,18 +8,18 @@ import (
 	"github.com/gorun/gorun/rank"
 )
 
-// hdSim executes the plans of every rank of a world of n on count
+// hdSim executes the plans (hdPlanFor or rdPlanFor) of every rank of a world of n on count
 // elements, with buffered sends and blocking receives, as the executor
 // does: each element holds how many times each rank's contribution went
 // into it. It checks that the two ends of every step agree on the ranges,
 // that no rank waits forever, and returns the final buffers, the elements
 // each rank finished (own) and the elements each rank sent.
-func hdSim(t *testing.T, n, count int) (bufs [][][]int, owns []span, sent []int) {
+func hdSim(t *testing.T, planFor func(rank, world, count int) hdPlan, n, count int) (bufs [][][]int, owns []span, sent []int) {
 	t.Helper()
 	plans := make([]hdPlan, n)
 	bufs = make([][][]int, n)
 	for r := range plans {
-		plans[r] = hdPlanFor(r, n, count)
+		plans[r] = planFor(r, n, count)
 		bufs[r] = make([][]int, count)
 		for i := range bufs[r] {
 			bufs[r][i] = make([]int, n)
@@ -108,7 +108,7 @@ func TestHalvingDoublingPlan(t *testing.T) {
 			if count < 0 {
 				continue
 			}
-			bufs, owns, sent := hdSim(t, n, count)
+			bufs, owns, sent := hdSim(t, hdPlanFor, n, count)
 			for r := range bufs {
 				for i, c := range bufs[r] {
 					for j, x := range c {

@@ -170,7 +170,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc, src []byte, count
 func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo, hi int, cl call, div, slice int) {
 	n := t.Size()
 	es := cl.dtype.Size()
-	if src != nil && (n == 1 || cl.algo == Tree || cl.algo == HalvingDoubling) {
+	if src != nil && (n == 1 || cl.algo == Tree || cl.algo == HalvingDoubling || cl.algo == RecursiveDoubling) {
 		copy(acc[lo*es:hi*es], src[lo*es:hi*es])
 		src = nil
 	}
@@ -203,14 +203,18 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo
 		}
 		return
 	}
-	if cl.algo == HalvingDoubling {
+	if cl.algo == HalvingDoubling || cl.algo == RecursiveDoubling {
+		plan := hdPlanFor
+		if cl.algo == RecursiveDoubling {
+			plan = rdPlanFor
+		}
 		// Whole slices (not sliceFor's smaller ones): a step's slices only
 		// overlap its receives with its reductions, nothing across steps,
 		// so small calls gain nothing from more messages: over QUIC at np
 		// 4, one message per step made 64 KiB 1.31 ms against 1.82 with
 		// 8 KiB slices (docs/collective.md).
 		r.halvingDoubling(hdSpec{acc: acc, lo: lo, hi: hi, nch: c.channelsFor(count * es),
-			sliceBytes: slice, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
+			sliceBytes: slice, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div, plan: plan})
 		return
 	}
 	chunks := split(count, n)

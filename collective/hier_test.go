@@ -63,7 +63,7 @@ func TestHierarchicalAllreduce(t *testing.T) {
 					for _, v := range variants {
 						// Auto: never Direct across hosts (the byte check below
 						// would see it: Direct sends to every rank)
-						for _, a := range []Algorithm{Ring, Tree, HalvingDoubling, Auto} {
+						for _, a := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling, Auto} {
 							i++
 							cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: i%2 == 0})
 						}

@@ -34,8 +34,9 @@ func (l Link) GBs() float64 {
 // channel, reduce up and broadcast down at once) moves TreeLoad(n) buffers
 // through its busiest rank's link, which CostModel's B / TreeGBs cannot
 // say for every n, so TreeGBs = l.GBs() / TreeLoad(n) for this n. Every
-// step or hop costs l.StepUs. Direct keeps DefaultModel's limits (they
-// come from the transports' buffers, direct.go).
+// step or hop costs l.StepUs. Direct and RecursiveDoubling keep
+// DefaultModel's limits (Direct's come from the transports' buffers,
+// direct.go).
 func LinkModel(l Link, n int) CostModel {
 	r := l.GBs()
 	tree := r
@@ -43,7 +44,8 @@ func LinkModel(l Link, n int) CostModel {
 		tree = r / load
 	}
 	return CostModel{RingStepUs: l.StepUs, TreeHopUs: l.StepUs, RingGBs: r, TreeGBs: tree,
-		DirectMaxBytes: DefaultModel.DirectMaxBytes, DirectMaxSent: DefaultModel.DirectMaxSent}
+		DirectMaxBytes: DefaultModel.DirectMaxBytes, DirectMaxSent: DefaultModel.DirectMaxSent,
+		DoublingMaxBytes: DefaultModel.DoublingMaxBytes}
 }
 
 // TreeLoad is the number of buffers the busiest rank of gorun's double

@@ -42,7 +42,7 @@ func TestLoopback(t *testing.T) {
 			for _, l := range []int{0, 1, k.n + 1, 1031, 100_003} {
 				for _, op := range ops {
 					for _, v := range []variant{{Float32, Float32}, {Float32, Float16}, {BFloat16, BFloat16}} {
-						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling} {
+						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
 							if a == Direct { // small lengths only (larger ones run the ring or tree)
 								if l <= 2000 {
 									cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: (i+int(op))%2 == 0})

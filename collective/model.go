@@ -6,6 +6,7 @@ package collective
 //	tree: 2*ceil(log2(N+1))-ish depth * TreeHopUs + B / TreeGBs
 //	hd:   2*log2(p) * RingStepUs  +  2(p-1)/p * B / RingGBs  on p = 2^k ranks;
 //	      N > p: 2 more steps and 2B more bytes (the fold)
+//	rd:   log2(p) * RingStepUs  +  log2(p) * B / RingGBs, the same fold
 //
 // (times in microseconds, bandwidths in GB/s = 1e3 bytes per microsecond),
 // and Choose picks the cheaper. The constants come from allreduce-perf runs
@@ -22,6 +23,12 @@ type CostModel struct {
 	// over QUIC, 8 ranks on 2 cores, Direct lost to the tree from 16 KiB
 	// per message (docs/collective.md); 0: no bound.
 	DirectMaxSent int
+	// DoublingMaxBytes: on two ranks, calls above DirectMaxBytes and of
+	// at most this many bytes on the wire use RecursiveDoubling (one
+	// exchange of the whole buffer, where the ring takes two of halves);
+	// 0 never picks it. Above it the ring wins: the exchange combines the
+	// whole buffer where the ring combines half (docs/collective.md).
+	DoublingMaxBytes int
 }
 
 // DefaultModel was fitted (weighted least squares on relative error) to
@@ -33,7 +40,7 @@ type CostModel struct {
 // within 2 %: the choice at large sizes is a coin toss the data cannot
 // settle); two ranks always use the ring.
 var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374,
-	DirectMaxBytes: DirectLimit, DirectMaxSent: 128 << 10}
+	DirectMaxBytes: DirectLimit, DirectMaxSent: 128 << 10, DoublingMaxBytes: 256 << 10}
 
 // DirectLimit is the largest DirectMaxBytes New accepts (see direct.go for
 // why direct messages must stay small).
@@ -59,6 +66,9 @@ func (m CostModel) Predict(a Algorithm, bytes, n int) float64 {
 	case HalvingDoubling:
 		steps, moved := hdCost(n)
 		return float64(steps)*m.RingStepUs + moved*b/(m.RingGBs*1e3)
+	case RecursiveDoubling:
+		steps, moved := rdCost(n)
+		return float64(steps)*m.RingStepUs + moved*b/(m.RingGBs*1e3)
 	default:
 		return 2*float64(n-1)*m.RingStepUs + 2*float64(n-1)/float64(n)*b/(m.RingGBs*1e3)
 	}
@@ -81,14 +91,33 @@ func hdCost(n int) (steps int, moved float64) {
 	return steps, moved
 }
 
-// Choose returns Direct, Ring or Tree for an allreduce of bytes (on the
-// wire) over n ranks. It never returns HalvingDoubling: measured on the
+// rdCost is recursive doubling's critical path on n ranks, as hdCost's:
+// log2(p) steps of the whole buffer each, and the fold's 2 steps and 2
+// buffers when n is not a power of two.
+func rdCost(n int) (steps int, moved float64) {
+	p, k := 1, 0
+	for p*2 <= n {
+		p, k = p*2, k+1
+	}
+	steps, moved = k, float64(k)
+	if n > p {
+		steps, moved = steps+2, moved+2
+	}
+	return steps, moved
+}
+
+// Choose returns Direct, RecursiveDoubling, Ring or Tree for an allreduce
+// of bytes (on the wire) over n ranks: RecursiveDoubling only on two
+// ranks, up to DoublingMaxBytes. It never returns HalvingDoubling: measured on the
 // development box it lost to the tree at 16-256 KiB, where its Predict
 // (the ring's step cost) says it wins, and won from 1 MiB, where Predict
 // gives it to the tree (docs/collective.md).
 func (m CostModel) Choose(bytes, n int) Algorithm {
 	if n > 1 && bytes <= m.DirectMaxBytes && (m.DirectMaxSent == 0 || (n-1)*bytes <= m.DirectMaxSent) {
 		return Direct
+	}
+	if n == 2 && bytes <= m.DoublingMaxBytes {
+		return RecursiveDoubling
 	}
 	if n <= 2 {
 		return Ring

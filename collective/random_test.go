@@ -217,17 +217,17 @@ func TestRandomFloats(t *testing.T) {
 	const count = 1031
 	cfg := Config{SliceBytes: 256}
 	t.Run("quic-N3", func(t *testing.T) {
-		checkRandom(t, loopback(t, 3, "quic"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling), [2]int{})
+		checkRandom(t, loopback(t, 3, "quic"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling), [2]int{})
 	})
 	t.Run("tcp-N3", func(t *testing.T) {
-		checkRandom(t, loopback(t, 3, "tcp"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling), [2]int{})
+		checkRandom(t, loopback(t, 3, "tcp"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling), [2]int{})
 	})
 	t.Run("shm-N3", func(t *testing.T) {
 		// the shm allreduce over the group segment, and the message-passing
 		// ones over the pair segments; the last cases take two rounds of the
 		// shm allreduce (float32) and several in the wire format
 		ts := loopback(t, 3, "shm")
-		cases := randomCases(count, Shared, Ring, Tree, Direct, HalvingDoubling)
+		cases := randomCases(count, Shared, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling)
 		for _, op := range ops {
 			cases = append(cases, randomCase{SharedRoundBytes/4 + 4099, op, variant{Float32, Float32}, Shared},
 				randomCase{SharedRoundBytes/4 + 4099, op, variant{Float32, BFloat16}, Shared})
@@ -239,12 +239,12 @@ func TestRandomFloats(t *testing.T) {
 	// hosts (ring or tree), an allgather on each host
 	t.Run("hier-quic-2x2", func(t *testing.T) {
 		ts := withHosts(loopback(t, 4, "quic"), "a", "a", "b", "b")
-		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling), [2]int{2, 2})
+		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling, RecursiveDoubling), [2]int{2, 2})
 	})
 	t.Run("hier-shm-2x2", func(t *testing.T) {
 		// every pair through shared memory (the group segment hidden, so
 		// the hierarchical allreduce runs on the pair segments)
 		ts := withHosts(loopback(t, 4, "shm"), "a", "b", "a", "b")
-		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling), [2]int{2, 2})
+		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling, RecursiveDoubling), [2]int{2, 2})
 	})
 }

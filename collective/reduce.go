@@ -59,7 +59,13 @@ func encode(dst []byte, src []float32, t DType) {
 
 // combine sets acc = acc (op) in, elementwise. acc holds dtype elements, in
 // holds wire elements.
-func (r *reducer) combine(acc, in []byte) {
+func (r *reducer) combine(acc, in []byte) { r.combineOrdered(acc, in, false) }
+
+// combineOrdered is combine with in as the first operand when inFirst:
+// the two ends of an exchange (recursive doubling) each combine the lower
+// rank's value first, so that both compute the same bits even where the
+// operation's operand order shows (two NaNs: the first one's payload).
+func (r *reducer) combineOrdered(acc, in []byte, inFirst bool) {
 	ne := len(acc) / r.dtype.Size()
 	if ne == 0 {
 		return
@@ -74,13 +80,21 @@ func (r *reducer) combine(acc, in []byte) {
 			decode(b, in, r.wire)
 			y = b
 		}
-		apply(x, y, r.op)
+		if inFirst {
+			apply(x, y, x, r.op)
+		} else {
+			apply(x, x, y, r.op)
+		}
 		return
 	}
 	a, b := r.scratch(&r.a, ne), r.scratch(&r.b, ne)
 	decode(a, acc, r.dtype)
 	decode(b, in, r.wire)
-	apply(a, b, r.op)
+	if inFirst {
+		apply(a, b, a, r.op)
+	} else {
+		apply(a, a, b, r.op)
+	}
 	encode(acc, a, r.dtype)
 }
 
@@ -139,18 +153,20 @@ func (r *reducer) get(acc, w []byte) {
 	}
 }
 
-func apply(x, y []float32, op Op) {
-	y = y[:len(x)]
+// apply sets dst = a (op) b elementwise, a the first operand (a NaN in a
+// wins in a Sum); dst may be a or b, and a and b are at least as long.
+func apply(dst, a, b []float32, op Op) {
+	a, b = a[:len(dst)], b[:len(dst)]
 	switch op {
 	case Sum, Average:
-		addF32(x, y)
+		addF32(dst, a, b)
 	case Min:
-		for i := range x {
-			x[i] = min(x[i], y[i])
+		for i := range dst {
+			dst[i] = min(a[i], b[i])
 		}
 	case Max:
-		for i := range x {
-			x[i] = max(x[i], y[i])
+		for i := range dst {
+			dst[i] = max(a[i], b[i])
 		}
 	}
 }

@@ -25,7 +25,7 @@ func TestScratchReused(t *testing.T) {
 	}
 	for _, tc := range cases {
 		v := tc.v
-		for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling} {
+		for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
 			var perCall uint64
 			errs := group(ts, Config{}, func(c *Communicator) error {
 				buf := make([]byte, tc.count*v.dt.Size())

@@ -122,6 +122,12 @@ const (
 	// that are not a power of two fold the extra ranks into partners
 	// first.
 	HalvingDoubling Algorithm = 5
+	// RecursiveDoubling: log2(N) exchanges of the whole buffer with the
+	// peer at distance 1, 2, 4, ... (halving.go's rdSteps): at two ranks
+	// one exchange where the ring and halving-doubling take two, the same
+	// bytes; world sizes that are not a power of two fold as
+	// HalvingDoubling does.
+	RecursiveDoubling Algorithm = 6
 )
 
 func (a Algorithm) String() string {
@@ -138,12 +144,14 @@ func (a Algorithm) String() string {
 		return "shm"
 	case HalvingDoubling:
 		return "hd"
+	case RecursiveDoubling:
+		return "rd"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
 // ParseAlgorithm accepts auto, ring, tree, direct, shm, hd (or
-// halving-doubling).
+// halving-doubling), rd (or recursive-doubling).
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
 	case "auto", "":
@@ -158,8 +166,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return Shared, nil
 	case "hd", "halving-doubling":
 		return HalvingDoubling, nil
+	case "rd", "recursive-doubling":
+		return RecursiveDoubling, nil
 	}
-	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree, direct, shm or hd)", s)
+	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree, direct, shm, hd or rd)", s)
 }
 
 // kind is the collective, carried in every message's Tag.Kind.

@@ -63,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	app := &cli.App{
 		Name:            "allreduce-perf",
 		Usage:           "measure Allreduce bandwidth like nccl-tests' all_reduce_perf",
-		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-S 1] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree|direct|shm|hd] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
+		UsageText:       "allreduce-perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-S 1] [-d float|half|bfloat16] [-o sum|avg|min|max] [-a auto|ring|tree|direct|shm|hd|rd] [-c 1] [-C allreduce|sendrecv]\n\nRun under a launcher: gorun -np 4 allreduce-perf ...",
 		HideHelpCommand: true,
 		Writer:          stdout,
 		ErrWriter:       stderr,
@@ -76,7 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.IntFlag{Name: "samples", Aliases: []string{"S"}, Value: 1, Usage: "time the -n iterations as this many samples between barriers and report the median sample, each the slowest rank's (OpenMPI's and gloo's peers in bench/peers measure so); 1: one batch, the mean over the ranks, as nccl-tests"},
 			&cli.StringFlag{Name: "datatype", Aliases: []string{"d"}, Value: "float", Usage: "float, half or bfloat16"},
 			&cli.StringFlag{Name: "op", Aliases: []string{"o"}, Value: "sum", Usage: "sum, avg, min or max"},
-			&cli.StringFlag{Name: "algo", Aliases: []string{"a"}, Value: "auto", Usage: "auto, ring, tree, direct, shm or hd (halving-doubling) (auto: the cost model, or GORUN_ALLREDUCE)"},
+			&cli.StringFlag{Name: "algo", Aliases: []string{"a"}, Value: "auto", Usage: "auto, ring, tree, direct, shm, hd (halving-doubling) or rd (recursive doubling) (auto: the cost model, or GORUN_ALLREDUCE)"},
 			&cli.StringFlag{Name: "wire", Aliases: []string{"W"}, Value: "", Usage: "send float data as half or bfloat16 (default: the data type)"},
 			&cli.IntFlag{Name: "check", Aliases: []string{"c"}, Value: 1, Usage: "1: check the results and count wrong elements; 0: do not"},
 			&cli.IntFlag{Name: "inplace", Aliases: []string{"I"}, Value: 2, Usage: "0: out of place only, 1: in place only, 2: both"},

@@ -98,7 +98,7 @@ func launchOK(t *testing.T, n int, args []string, extraEnv func(r int) []string)
 	return outs
 }
 
-var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree|direct|shm)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
+var rowRE = regexp.MustCompile(`(?m)^\s+(\d+)\s+(\d+)\s+(float|half|bfloat16)\s+(sum|avg|min|max)\s+(ring|tree|direct|shm|hd|rd)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$`)
 
 func TestRanksAsProcesses(t *testing.T) {
 	for _, k := range []struct {
