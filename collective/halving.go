@@ -384,14 +384,8 @@ func (r *run) rdExchange(sp hdSpec, t int, st hdStep, io hdIO, send func(*sender
 			if s.waitSent(io.sentBefore[t]+k+1) != nil {
 				return false
 			}
-		} else {
-			w, ok := io.pool.get(r.ctx, (b[k+1]-b[k])*sp.wire.Size())
-			if !ok {
-				return false
-			}
-			io.red.toWire(w, a)
-			io.red.fromWire(a, w)
-			io.pool.put(w)
+		} else if !r.roundThroughWire(sp, io, b[k], b[k+1]) {
+			return false
 		}
 		io.red.combineOrdered(a, it.buf, peerFirst)
 		rv.release(it)
@@ -407,16 +401,23 @@ func (r *run) hdFinish(sp hdSpec, own span, io hdIO) bool {
 	for k := 0; k+1 < len(b); k++ {
 		a := io.acc(b[k], b[k+1])
 		io.red.finish(a)
-		if sp.wire == sp.dtype {
-			continue
-		}
-		w, ok := io.pool.get(r.ctx, (b[k+1]-b[k])*sp.wire.Size())
-		if !ok {
+		if sp.wire != sp.dtype && !r.roundThroughWire(sp, io, b[k], b[k+1]) {
 			return false
 		}
-		io.red.toWire(w, a)
-		io.red.fromWire(a, w)
-		io.pool.put(w)
 	}
+	return true
+}
+
+// roundThroughWire rounds elements [lo, hi) of acc (float32) through the
+// 16-bit wire format in place, by way of a send buffer.
+func (r *run) roundThroughWire(sp hdSpec, io hdIO, lo, hi int) bool {
+	w, ok := io.pool.get(r.ctx, (hi-lo)*sp.wire.Size())
+	if !ok {
+		return false
+	}
+	a := io.acc(lo, hi)
+	io.red.toWire(w, a)
+	io.red.fromWire(a, w)
+	io.pool.put(w)
 	return true
 }

@@ -8,16 +8,18 @@ import (
 	"github.com/gorun/gorun/rank"
 )
 
-// hdSim executes the plans (hdPlanFor or rdPlanFor) of every rank of a world of n on count
-// elements, with buffered sends and blocking receives, as the executor
-// does: each element holds how many times each rank's contribution went
-// into it. It checks that the two ends of every step agree on the ranges,
-// that no rank waits forever, and returns the final buffers, the elements
-// each rank finished (own) and the elements each rank sent.
-func hdSim(t *testing.T, planFor func(rank, world, count int) hdPlan, n, count int) (bufs [][][]int, owns []span, sent []int) {
+// hdSim executes the plans (hdPlanFor or rdPlanFor) of every rank of a
+// world of n on count elements, with buffered sends and blocking
+// receives, as the executor does: each element holds how many times each
+// rank's contribution went into it. It checks that the two ends of every
+// step agree on the ranges, that no rank waits forever and that every
+// rank ends with every contribution exactly once in every element, and
+// returns the elements each rank finished (own) and the elements each
+// rank sent.
+func hdSim(t *testing.T, planFor func(rank, world, count int) hdPlan, n, count int) (owns []span, sent []int) {
 	t.Helper()
 	plans := make([]hdPlan, n)
-	bufs = make([][][]int, n)
+	bufs := make([][][]int, n)
 	for r := range plans {
 		plans[r] = planFor(r, n, count)
 		bufs[r] = make([][]int, count)
@@ -91,7 +93,16 @@ func hdSim(t *testing.T, planFor func(rank, world, count int) hdPlan, n, count i
 			t.Fatalf("n=%d count=%d: %d messages from rank %d to %d never received", n, count, len(q), k[0], k[1])
 		}
 	}
-	return bufs, owns, sent
+	for r := range bufs {
+		for i, c := range bufs[r] {
+			for j, x := range c {
+				if x != 1 {
+					t.Fatalf("n=%d count=%d: rank %d element %d has rank %d's contribution %d times", n, count, r, i, j, x)
+				}
+			}
+		}
+	}
+	return owns, sent
 }
 
 // TestHalvingDoublingPlan simulates the plan on every world size 1..16
@@ -108,16 +119,7 @@ func TestHalvingDoublingPlan(t *testing.T) {
 			if count < 0 {
 				continue
 			}
-			bufs, owns, sent := hdSim(t, hdPlanFor, n, count)
-			for r := range bufs {
-				for i, c := range bufs[r] {
-					for j, x := range c {
-						if x != 1 {
-							t.Fatalf("n=%d count=%d: rank %d element %d has rank %d's contribution %d times", n, count, r, i, j, x)
-						}
-					}
-				}
-			}
+			owns, sent := hdSim(t, hdPlanFor, n, count)
 			owner := make([]int, count)
 			for r, o := range owns {
 				for i := o.lo; i < o.hi; i++ {
@@ -203,39 +205,50 @@ func TestHalvingDoublingBytes(t *testing.T) {
 	const count = 4096
 	for n := 2; n <= 8; n++ {
 		for _, v := range []variant{{Float32, Float32}, {Float32, BFloat16}} {
-			ts := rank.NewLocalGroup(n, 2)
-			errs := group(ts, Config{SliceBytes: 1024}, func(c *Communicator) error {
-				buf := make([]byte, count*v.dt.Size())
-				o := []CallOption{WithAlgorithm(HalvingDoubling)}
-				if v.wire != v.dt {
-					o = append(o, WithWire(v.wire))
-				}
-				return c.Allreduce(testCtx(t), nil, buf, v.dt, Sum, o...)
-			})
-			if err := firstErr(errs); err != nil {
-				t.Fatal(err)
-			}
-			ws := v.wire.Size()
-			for r, tr := range ts {
-				want := make([]uint64, n)
-				want[(r+1)%n] += uint64(len(settings(0, 0, 0, 0, false)))
-				var total uint64
-				for _, st := range hdPlanFor(r, n, count).steps {
-					if st.sends {
-						want[st.peer] += uint64(st.send.len() * ws)
-						total += uint64(st.send.len() * ws)
-					}
-				}
-				for p, s := range tr.Stats() {
-					if p != r && s.BytesSent != want[p] {
-						t.Errorf("N=%d wire %s: rank %d sent %d bytes to rank %d, the plan %d", n, v.wire, r, s.BytesSent, p, want[p])
-					}
-				}
-				if n&(n-1) == 0 && total != uint64(2*(n-1)*count/n*ws) {
-					t.Errorf("N=%d: rank %d sent %d bytes, want 2(N-1)/N of %d", n, r, total, count*ws)
+			for r, total := range checkPlanBytes(t, HalvingDoubling, hdPlanFor, n, count, v) {
+				if n&(n-1) == 0 && total != uint64(2*(n-1)*count/n*v.wire.Size()) {
+					t.Errorf("N=%d: rank %d sent %d bytes, want 2(N-1)/N of %d", n, r, total, count*v.wire.Size())
 				}
 			}
-			rank.CloseAll(ts)
 		}
 	}
+}
+
+// checkPlanBytes runs an allreduce of count elements with algorithm a on
+// n ranks in process and checks that every rank sent each peer what its
+// plan (planFor) says, plus the call's header to its ring successor. It
+// returns the bytes each rank's plan sends.
+func checkPlanBytes(t *testing.T, a Algorithm, planFor func(rank, world, count int) hdPlan, n, count int, v variant) []uint64 {
+	t.Helper()
+	ts := rank.NewLocalGroup(n, 2)
+	defer rank.CloseAll(ts)
+	errs := group(ts, Config{SliceBytes: 1024}, func(c *Communicator) error {
+		buf := make([]byte, count*v.dt.Size())
+		o := []CallOption{WithAlgorithm(a)}
+		if v.wire != v.dt {
+			o = append(o, WithWire(v.wire))
+		}
+		return c.Allreduce(testCtx(t), nil, buf, v.dt, Sum, o...)
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	ws := v.wire.Size()
+	totals := make([]uint64, n)
+	for r, tr := range ts {
+		want := make([]uint64, n)
+		want[(r+1)%n] += uint64(len(settings(0, 0, 0, 0, false)))
+		for _, st := range planFor(r, n, count).steps {
+			if st.sends {
+				want[st.peer] += uint64(st.send.len() * ws)
+				totals[r] += uint64(st.send.len() * ws)
+			}
+		}
+		for p, s := range tr.Stats() {
+			if p != r && s.BytesSent != want[p] {
+				t.Errorf("%v N=%d wire %s: rank %d sent %d bytes to rank %d, the plan %d", a, n, v.wire, r, s.BytesSent, p, want[p])
+			}
+		}
+	}
+	return totals
 }
