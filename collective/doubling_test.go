@@ -178,7 +178,8 @@ func TestRecursiveDoublingBytes(t *testing.T) {
 
 // TestRecursiveDoublingChosen: the cost model picks it on two ranks only,
 // above Direct's limit and up to DoublingMaxBytes; its prediction is
-// log2(p) steps of the whole buffer, plus the fold.
+// log2(p) steps of the whole buffer, plus the fold, and DoublingLoad the
+// same buffers.
 func TestRecursiveDoublingChosen(t *testing.T) {
 	m := DefaultModel
 	for n := 1; n <= 16; n++ {
@@ -201,6 +202,11 @@ func TestRecursiveDoublingChosen(t *testing.T) {
 	}{{2, 1000, 100 + 1}, {4, 4000, 2*100 + 8}, {8, 8000, 3*100 + 24}, {3, 1000, 3*100 + 3}, {6, 4000, 4*100 + 16}} {
 		if got := p.Predict(RecursiveDoubling, k.bytes, k.n); math.Abs(got-k.want) > 1e-9 {
 			t.Errorf("N=%d %d bytes: %v us, want %v", k.n, k.bytes, got, k.want)
+		}
+	}
+	for n, want := range map[int]float64{1: 0, 2: 1, 3: 3, 4: 2, 6: 4, 8: 3, 16: 4} {
+		if got := DoublingLoad(n); got != want {
+			t.Errorf("DoublingLoad(%d) = %v, want %v", n, got, want)
 		}
 	}
 	for _, s := range []string{"rd", "recursive-doubling", RecursiveDoubling.String()} {

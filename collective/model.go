@@ -38,7 +38,8 @@ type CostModel struct {
 // each other at 4 ranks from 1 MiB up, and the tree 10-15 % faster below,
 // so Auto picks the tree at 3 ranks and more (the two per-byte terms are
 // within 2 %: the choice at large sizes is a coin toss the data cannot
-// settle); two ranks always use the ring.
+// settle); two ranks use the ring, apart from recursive doubling's range
+// (DoublingMaxBytes, measured between two test hosts over TLS/TCP and QUIC).
 var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374,
 	DirectMaxBytes: DirectLimit, DirectMaxSent: 128 << 10, DoublingMaxBytes: 256 << 10}
 
@@ -104,6 +105,14 @@ func rdCost(n int) (steps int, moved float64) {
 		steps, moved = steps+2, moved+2
 	}
 	return steps, moved
+}
+
+// DoublingLoad is the number of buffers recursive doubling on n ranks
+// sends through its busiest rank's link (as TreeLoad): log2(p) on p = 2^k
+// ranks, and 2 more on a folded pair; 0 for one rank.
+func DoublingLoad(n int) float64 {
+	_, moved := rdCost(n)
+	return moved
 }
 
 // Choose returns Direct, RecursiveDoubling, Ring or Tree for an allreduce

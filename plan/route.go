@@ -92,7 +92,8 @@ func (p *planner) link(sharing int) collective.Link {
 
 // moved is the bytes an allreduce of bytes on n ranks sends from its
 // busiest rank (and receives there): 2(n-1)/n buffers around a ring,
-// TreeLoad(n) in gorun's double tree, (n-1) for Direct.
+// TreeLoad(n) in gorun's double tree, DoublingLoad(n) for recursive
+// doubling, (n-1) for Direct.
 func (p *planner) moved(a collective.Algorithm, bytes, n int) float64 {
 	b := float64(bytes)
 	switch a {
@@ -100,6 +101,8 @@ func (p *planner) moved(a collective.Algorithm, bytes, n int) float64 {
 		return collective.TreeLoad(n) * b
 	case collective.Direct:
 		return float64(n-1) * b
+	case collective.RecursiveDoubling:
+		return collective.DoublingLoad(n) * b
 	}
 	return 2 * float64(n-1) / float64(n) * b
 }
