@@ -107,174 +107,202 @@ type treeSpec struct {
 // reduced into this rank's, in the order of shape.children, and the sum
 // goes to the parent. The root finishes the slice (Average) and sends it
 // down; every rank forwards what it receives from its parent to its
-// children. Slices flow up and down at the same time.
+// children. Slices flow up and down at the same time: treeUp and treeDown
+// run as goroutines of their own, over the senders and receivers this
+// wires.
 func (r *run) tree(sp treeSpec) {
 	es, ws := sp.dtype.Size(), sp.wire.Size()
 	ns := slices(sp.hi-sp.lo, ws, sp.sliceBytes)
 	bounds := split(sp.hi-sp.lo, ns)
-	sl := func(k int) []byte {
-		return sp.acc[(sp.lo+bounds[k])*es : (sp.lo+bounds[k+1])*es : (sp.lo+bounds[k+1])*es]
-	}
-	wlen := func(k int) int { return (bounds[k+1] - bounds[k]) * ws }
-	depth := ringGroup + 2
-	slotBytes := min(sp.sliceBytes, (sp.hi-sp.lo)*ws+1)
 	div := sp.div
 	if div == 0 {
 		div = r.t.Size()
 	}
-	red := r.newReducer(sp.dtype, sp.wire, sp.op, div)
+	depth := ringGroup + 2
 	sh := sp.shape
-	root := sh.parent < 0
-	kids := make([]*sender, len(sh.children))
-	for i, c := range sh.children {
-		kids[i] = r.newSender(c, sp.ch, depth+8)
+	io := &treeIO{
+		ns:   ns,
+		root: sh.parent < 0,
+		sl: func(k int) []byte {
+			return sp.acc[(sp.lo+bounds[k])*es : (sp.lo+bounds[k+1])*es : (sp.lo+bounds[k+1])*es]
+		},
+		wlen: func(k int) int { return (bounds[k+1] - bounds[k]) * ws },
+		red:  r.newReducer(sp.dtype, sp.wire, sp.op, div),
+		pool: r.newBufPool(depth),
 	}
-	pool := r.newBufPool(depth)
-	// down sends acc slice k (or, if wire, the wire bytes w, released by
-	// done once every child's sender is done with them) to the children.
-	down := func(k int, wire bool, w []byte, done func()) bool {
-		if len(kids) == 0 {
-			if done != nil {
-				done()
-			}
-			return true
-		}
-		b := sl(k)
-		if wire {
-			b = w
-			done = refDone(len(kids), done)
-		}
-		for _, s := range kids {
-			if !s.push(b, done) {
-				return false
-			}
-		}
-		return true
+	slotBytes := min(sp.sliceBytes, (sp.hi-sp.lo)*ws+1)
+	for _, c := range sh.children {
+		io.kids = append(io.kids, r.newSender(c, sp.ch, depth+8))
 	}
-	closeKids := func() {
-		for _, s := range kids {
-			s.close()
-		}
-	}
-	// up: reduce the children's slices, then send to the parent (or, at the
-	// root, finish and send down).
-	var upSnd *sender
-	if !root && sp.up {
-		upSnd = r.newSender(sh.parent, sp.ch, depth+8)
+	if !io.root && sp.up {
+		io.upSnd = r.newSender(sh.parent, sp.ch, depth+8)
 	}
 	if sp.up {
 		rvs := make([]*receiver, len(sh.children))
 		for i, c := range sh.children {
-			rvs[i] = r.newReceiver(c, sp.ch, recvPlan{count: ns, size: wlen, slotBytes: slotBytes, depth: depth})
+			rvs[i] = r.newReceiver(c, sp.ch, recvPlan{count: ns, size: io.wlen, slotBytes: slotBytes, depth: depth})
 		}
+		r.goFn(func() error { return r.treeUp(sp, io, rvs) })
+	} else if io.root {
 		r.goFn(func() error {
-			if upSnd != nil {
-				defer upSnd.close()
-			} else {
-				defer closeKids()
-			}
+			defer io.closeKids()
 			for k := 0; k < ns; k++ {
-				a := sl(k)
-				for _, rv := range rvs {
-					it, ok := rv.next()
-					if !ok {
-						return nil
-					}
-					red.combine(a, it.buf)
-					rv.release(it)
-				}
-				if root {
-					red.finish(a)
-					if sp.wire != sp.dtype {
-						w, ok := pool.get(r.ctx, wlen(k))
-						if !ok {
-							return nil
-						}
-						red.toWire(w, a)
-						red.fromWire(a, w)
-						if !down(k, true, w, func() { pool.put(w) }) {
-							return nil
-						}
-					} else if !down(k, false, nil, nil) {
-						return nil
-					}
-					continue
-				}
-				if sp.wire == sp.dtype {
-					if !upSnd.push(a, nil) {
-						return nil
-					}
-					continue
-				}
-				w, ok := pool.get(r.ctx, wlen(k))
-				if !ok {
-					return nil
-				}
-				red.toWire(w, a)
-				if !upSnd.push(w, func() { pool.put(w) }) {
-					return nil
-				}
-			}
-			return nil
-		})
-	} else if root {
-		r.goFn(func() error {
-			defer closeKids()
-			for k := 0; k < ns; k++ {
-				if !down(k, false, nil, nil) {
+				if !io.down(k, false, nil, nil) {
 					return nil
 				}
 			}
 			return nil
 		})
 	}
-	if root {
+	if io.root {
 		return
 	}
 	// down: receive from the parent, forward to the children.
 	direct := sp.wire == sp.dtype
 	prv := r.newReceiver(sh.parent, sp.ch, recvPlan{
-		count: ns, size: wlen, slotBytes: slotBytes, depth: depth,
+		count: ns, size: io.wlen, slotBytes: slotBytes, depth: depth,
 		dst: func(k int) []byte {
 			if direct {
-				return sl(k)
+				return io.sl(k)
 			}
 			return nil
 		},
 		before: func(k int) error {
-			if direct && upSnd != nil {
-				return upSnd.waitSent(k + 1) // our slice k has left for the parent
+			if direct && io.upSnd != nil {
+				return io.upSnd.waitSent(k + 1) // our slice k has left for the parent
 			}
 			return nil
 		},
 	})
-	r.goFn(func() error {
-		defer closeKids()
-		for k := 0; k < ns; k++ {
-			it, ok := prv.next()
+	r.goFn(func() error { return r.treeDown(io, prv) })
+}
+
+// treeIO is one tree's slices and the ends of its links: the senders to
+// the children (kids) and to the parent (upSnd; nil at the root or when
+// only broadcasting), the reducer and the wire buffers.
+type treeIO struct {
+	ns    int
+	root  bool
+	sl    func(k int) []byte // acc's slice k
+	wlen  func(k int) int    // slice k's bytes on the wire
+	red   *reducer
+	pool  *bufPool
+	kids  []*sender
+	upSnd *sender
+}
+
+// down sends acc slice k (or, if wire, the wire bytes w, released by done
+// once every child's sender is done with them) to the children.
+func (io *treeIO) down(k int, wire bool, w []byte, done func()) bool {
+	if len(io.kids) == 0 {
+		if done != nil {
+			done()
+		}
+		return true
+	}
+	b := io.sl(k)
+	if wire {
+		b = w
+		done = refDone(len(io.kids), done)
+	}
+	for _, s := range io.kids {
+		if !s.push(b, done) {
+			return false
+		}
+	}
+	return true
+}
+
+func (io *treeIO) closeKids() {
+	for _, s := range io.kids {
+		s.close()
+	}
+}
+
+// treeUp reduces the children's slices (from rvs, in the shape's order)
+// into this rank's and sends each to the parent, or, at the root,
+// finishes it and sends it down. It returns nil when the run fails (the
+// failure is the run's error).
+func (r *run) treeUp(sp treeSpec, io *treeIO, rvs []*receiver) error {
+	if io.upSnd != nil {
+		defer io.upSnd.close()
+	} else {
+		defer io.closeKids()
+	}
+	for k := 0; k < io.ns; k++ {
+		a := io.sl(k)
+		for _, rv := range rvs {
+			it, ok := rv.next()
 			if !ok {
 				return nil
 			}
-			if !it.slot {
-				if !down(k, false, nil, nil) {
+			io.red.combine(a, it.buf)
+			rv.release(it)
+		}
+		if io.root {
+			io.red.finish(a)
+			if sp.wire != sp.dtype {
+				w, ok := io.pool.get(r.ctx, io.wlen(k))
+				if !ok {
 					return nil
 				}
-				continue
-			}
-			if upSnd != nil {
-				// Our slice k went up before the parent's result for it
-				// could come down, so this hardly ever waits; it makes that
-				// order visible to the race detector, which cannot see it
-				// through a shared-memory transport.
-				if upSnd.waitSent(k+1) != nil {
+				io.red.toWire(w, a)
+				io.red.fromWire(a, w)
+				if !io.down(k, true, w, func() { io.pool.put(w) }) {
 					return nil
 				}
+			} else if !io.down(k, false, nil, nil) {
+				return nil
 			}
-			red.fromWire(sl(k), it.buf)
-			if !down(k, true, it.buf, func() { prv.release(it) }) {
+			continue
+		}
+		if sp.wire == sp.dtype {
+			if !io.upSnd.push(a, nil) {
+				return nil
+			}
+			continue
+		}
+		w, ok := io.pool.get(r.ctx, io.wlen(k))
+		if !ok {
+			return nil
+		}
+		io.red.toWire(w, a)
+		if !io.upSnd.push(w, func() { io.pool.put(w) }) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// treeDown takes each slice from the parent (prv: landed in acc, or in a
+// slot on a 16-bit wire) and forwards it to the children. It returns nil
+// when the run fails.
+func (r *run) treeDown(io *treeIO, prv *receiver) error {
+	defer io.closeKids()
+	for k := 0; k < io.ns; k++ {
+		it, ok := prv.next()
+		if !ok {
+			return nil
+		}
+		if !it.slot {
+			if !io.down(k, false, nil, nil) {
+				return nil
+			}
+			continue
+		}
+		if io.upSnd != nil {
+			// Our slice k went up before the parent's result for it
+			// could come down, so this hardly ever waits; it makes that
+			// order visible to the race detector, which cannot see it
+			// through a shared-memory transport.
+			if io.upSnd.waitSent(k+1) != nil {
 				return nil
 			}
 		}
-		return nil
-	})
+		io.red.fromWire(io.sl(k), it.buf)
+		if !io.down(k, true, it.buf, func() { prv.release(it) }) {
+			return nil
+		}
+	}
+	return nil
 }
