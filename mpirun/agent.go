@@ -136,8 +136,8 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gorun agent: malformed job secret on stdin")
 		return 127
 	}
-	out := &frameWriter{w: stdout}
-	out.line("hello %d", os.Getpid())
+	ag := &agent{cfg: cfg, out: &frameWriter{w: stdout}, ranks: map[int]*agentRank{}}
+	ag.out.line("hello %d", os.Getpid())
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -145,179 +145,208 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 
 	// A reaper of its own stops the ranks' process groups if the agent
 	// itself is killed (SIGKILL, the OOM killer) and cannot.
-	var rp *reaper
 	if self, err := os.Executable(); err == nil {
-		if rp, err = startReaper(self, cfg.Grace); err == nil {
-			defer rp.done()
+		if ag.rp, err = startReaper(self, cfg.Grace); err == nil {
+			defer ag.rp.done()
 		}
 	}
 	host, _ := os.Hostname()
-	var mu sync.Mutex // guards ranks' cmd.Process use against the waiters
-	ranks := map[int]*agentRank{}
-	var all []*agentRank
 	gpus := HostGPUs()
 	for _, ar := range cfg.Ranks {
-		a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
-		env := append(os.Environ(),
-			rank.EnvRank+"="+strconv.Itoa(ar.Rank),
-			rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
-			rank.EnvSecret+"="+secret)
-		if cfg.CUDALocal {
-			env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(ar.Local, gpus))
-		}
-		cmd := exec.Command(cfg.Prog, cfg.Args...)
-		cmd.Env = env
-		cmd.SysProcAttr = procAttr(syscall.SIGKILL)
-		outR, outW, err1 := os.Pipe()
-		errR, errW, err2 := os.Pipe()
-		if err1 != nil || err2 != nil {
-			out.line("error %d %v", ar.Rank, firstErr(err1, err2))
-			continue
-		}
-		cmd.Stdout, cmd.Stderr = outW, errW
-		var inR *os.File
-		if ar.Rank == cfg.StdinRank {
-			if inR, a.stdin, err = os.Pipe(); err == nil {
-				cmd.Stdin = inR
-			}
-		}
-		err := cmd.Start()
-		closeAll(outW, errW)
-		if inR != nil {
-			inR.Close()
-		}
-		if err != nil {
-			closeAll(outR, errR)
-			out.line("error %d cannot start %s on %s: %v", ar.Rank, cfg.Prog, host, unwrapExec(err))
-			continue
-		}
-		a.cmd = cmd
-		rp.send("g", cmd.Process.Pid)
-		out.line("started %d %d", ar.Rank, cmd.Process.Pid)
-		for _, p := range []struct {
-			r      *os.File
-			stream byte
-		}{{outR, 'o'}, {errR, 'e'}} {
-			a.pumps.Add(1)
-			go func(r *os.File, stream byte) {
-				defer a.pumps.Done()
-				defer r.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := r.Read(buf)
-					if n > 0 {
-						out.data(stream, a.Rank, buf[:n])
-					}
-					if err != nil {
-						return
-					}
-				}
-			}(p.r, p.stream)
-		}
-		ranks[ar.Rank] = a
-		all = append(all, a)
-	}
-
-	kill := func(a *agentRank, sig syscall.Signal) {
-		mu.Lock()
-		defer mu.Unlock()
-		select {
-		case <-a.exited:
-		default:
-			_ = syscall.Kill(-a.cmd.Process.Pid, sig)
+		if a := ag.start(ar, secret, host, gpus); a != nil {
+			ag.ranks[ar.Rank] = a
+			ag.all = append(ag.all, a)
 		}
 	}
-	var stopOnce sync.Once
-	stopAll := func(sig syscall.Signal) { // sig now, SIGKILL after the grace period
-		for _, a := range all {
-			kill(a, sig)
-		}
-		stopOnce.Do(func() {
-			time.AfterFunc(cfg.Grace, func() {
-				for _, a := range all {
-					kill(a, syscall.SIGKILL)
-				}
-			})
-		})
-	}
-	go func() {
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				stopAll(syscall.SIGTERM)
-				for _, a := range all {
-					if a.stdin != nil {
-						a.stdin.Close()
-					}
-				}
-				return
-			}
-			f := strings.Fields(line)
-			if len(f) < 2 {
-				continue
-			}
-			r, err := strconv.Atoi(f[1])
-			if err != nil {
-				continue
-			}
-			switch {
-			case f[0] == "s" && len(f) == 3:
-				n, err := strconv.Atoi(f[2])
-				if err != nil || n <= 0 || n >= 65 {
-					continue
-				}
-				for _, a := range all {
-					if r == -1 || a.Rank == r {
-						kill(a, syscall.Signal(n))
-					}
-				}
-			case f[0] == "i" && len(f) == 3:
-				if a := ranks[r]; a != nil && a.stdin != nil {
-					if b, err := base64.StdEncoding.DecodeString(f[2]); err == nil {
-						_, _ = a.stdin.Write(b)
-					}
-				}
-			case f[0] == "e":
-				if a := ranks[r]; a != nil && a.stdin != nil {
-					a.stdin.Close()
-				}
-			}
-		}
-	}()
+	go ag.control(br)
 	go func() {
 		for s := range sigs {
-			stopAll(s.(syscall.Signal))
+			ag.stopAll(s.(syscall.Signal))
 		}
 	}()
-
 	var wg sync.WaitGroup
-	for _, a := range all {
+	for _, a := range ag.all {
 		wg.Add(1)
 		go func(a *agentRank) {
 			defer wg.Done()
-			_ = a.cmd.Wait()
-			mu.Lock()
-			close(a.exited)
-			// Nothing the rank left in its process group outlives it.
-			_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
-			mu.Unlock()
-			rp.send("x", a.cmd.Process.Pid)
-			done := make(chan struct{})
-			go func() { a.pumps.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(2 * time.Second): // a process outside the group holds the pipe
-			}
-			ws, _ := a.cmd.ProcessState.Sys().(syscall.WaitStatus)
-			if ws.Signaled() {
-				out.line("signal %d %d", a.Rank, int(ws.Signal()))
-			} else {
-				out.line("exit %d %d", a.Rank, ws.ExitStatus())
-			}
+			ag.wait(a)
 		}(a)
 	}
 	wg.Wait()
 	return 0
+}
+
+// agent is the remote agent's state: its ranks, the frames it writes to
+// gorun, its reaper.
+type agent struct {
+	cfg      AgentConfig
+	out      *frameWriter
+	rp       *reaper
+	mu       sync.Mutex // guards ranks' cmd.Process use against the waiters
+	ranks    map[int]*agentRank
+	all      []*agentRank
+	stopOnce sync.Once
+}
+
+// start starts rank ar with its own variables and pumps its output to
+// gorun; it reports a rank it cannot start to gorun and returns nil.
+func (ag *agent) start(ar AgentRank, secret, host string, gpus int) *agentRank {
+	cfg, out := ag.cfg, ag.out
+	a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
+	env := append(os.Environ(),
+		rank.EnvRank+"="+strconv.Itoa(ar.Rank),
+		rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
+		rank.EnvSecret+"="+secret)
+	if cfg.CUDALocal {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(ar.Local, gpus))
+	}
+	cmd := exec.Command(cfg.Prog, cfg.Args...)
+	cmd.Env = env
+	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
+	outR, outW, err1 := os.Pipe()
+	errR, errW, err2 := os.Pipe()
+	if err1 != nil || err2 != nil {
+		out.line("error %d %v", ar.Rank, firstErr(err1, err2))
+		return nil
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	var inR *os.File
+	if ar.Rank == cfg.StdinRank {
+		var err error
+		if inR, a.stdin, err = os.Pipe(); err == nil {
+			cmd.Stdin = inR
+		}
+	}
+	err := cmd.Start()
+	closeAll(outW, errW)
+	if inR != nil {
+		inR.Close()
+	}
+	if err != nil {
+		closeAll(outR, errR)
+		out.line("error %d cannot start %s on %s: %v", ar.Rank, cfg.Prog, host, unwrapExec(err))
+		return nil
+	}
+	a.cmd = cmd
+	ag.rp.send("g", cmd.Process.Pid)
+	out.line("started %d %d", ar.Rank, cmd.Process.Pid)
+	for _, p := range []struct {
+		r      *os.File
+		stream byte
+	}{{outR, 'o'}, {errR, 'e'}} {
+		a.pumps.Add(1)
+		go func(r *os.File, stream byte) {
+			defer a.pumps.Done()
+			defer r.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := r.Read(buf)
+				if n > 0 {
+					out.data(stream, a.Rank, buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}(p.r, p.stream)
+	}
+	return a
+}
+
+// kill signals a's process group unless a has exited.
+func (ag *agent) kill(a *agentRank, sig syscall.Signal) {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	select {
+	case <-a.exited:
+	default:
+		_ = syscall.Kill(-a.cmd.Process.Pid, sig)
+	}
+}
+
+// stopAll sends every rank sig now, and SIGKILL after the grace period.
+func (ag *agent) stopAll(sig syscall.Signal) {
+	for _, a := range ag.all {
+		ag.kill(a, sig)
+	}
+	ag.stopOnce.Do(func() {
+		time.AfterFunc(ag.cfg.Grace, func() {
+			for _, a := range ag.all {
+				ag.kill(a, syscall.SIGKILL)
+			}
+		})
+	})
+}
+
+// control reads gorun's requests (signal a rank, its stdin, the end of its
+// stdin) until gorun goes away, and then stops every rank.
+func (ag *agent) control(br *bufio.Reader) {
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			ag.stopAll(syscall.SIGTERM)
+			for _, a := range ag.all {
+				if a.stdin != nil {
+					a.stdin.Close()
+				}
+			}
+			return
+		}
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		r, err := strconv.Atoi(f[1])
+		if err != nil {
+			continue
+		}
+		switch {
+		case f[0] == "s" && len(f) == 3:
+			n, err := strconv.Atoi(f[2])
+			if err != nil || n <= 0 || n >= 65 {
+				continue
+			}
+			for _, a := range ag.all {
+				if r == -1 || a.Rank == r {
+					ag.kill(a, syscall.Signal(n))
+				}
+			}
+		case f[0] == "i" && len(f) == 3:
+			if a := ag.ranks[r]; a != nil && a.stdin != nil {
+				if b, err := base64.StdEncoding.DecodeString(f[2]); err == nil {
+					_, _ = a.stdin.Write(b)
+				}
+			}
+		case f[0] == "e":
+			if a := ag.ranks[r]; a != nil && a.stdin != nil {
+				a.stdin.Close()
+			}
+		}
+	}
+}
+
+// wait waits for a to end, kills what it left in its process group, and
+// reports how it ended once its output has been pumped.
+func (ag *agent) wait(a *agentRank) {
+	_ = a.cmd.Wait()
+	ag.mu.Lock()
+	close(a.exited)
+	// Nothing the rank left in its process group outlives it.
+	_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
+	ag.mu.Unlock()
+	ag.rp.send("x", a.cmd.Process.Pid)
+	done := make(chan struct{})
+	go func() { a.pumps.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second): // a process outside the group holds the pipe
+	}
+	ws, _ := a.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		ag.out.line("signal %d %d", a.Rank, int(ws.Signal()))
+	} else {
+		ag.out.line("exit %d %d", a.Rank, ws.ExitStatus())
+	}
 }
 
 func firstErr(errs ...error) error {

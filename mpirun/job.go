@@ -151,76 +151,17 @@ func Run(cfg Config) (int, error) {
 	}
 }
 
+// prepare checks cfg and works out the job: where every rank runs, with
+// which environment and command, and how each remote host is reached. It
+// starts nothing.
 func prepare(cfg Config) (*plan, error) {
-	if cfg.Stdout == nil {
-		cfg.Stdout = os.Stdout
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
-	if cfg.Stderr == nil {
-		cfg.Stderr = os.Stderr
-	}
-	if cfg.Program == "" {
-		return nil, usagef("no program to run (usage: gorun [flags] PROGRAM [ARGS...])")
-	}
-	if cfg.Grace <= 0 {
-		cfg.Grace = DefaultGrace
-	}
-	if cfg.Timeout < 0 {
-		return nil, usagef("--timeout %s is negative", cfg.Timeout)
-	}
-	switch cfg.Tag {
-	case "":
-		cfg.Tag = TagRank
-	case TagRank, TagMPI, TagNone:
-	default:
-		return nil, usagef("output tag style %q: want rank, mpi or none", cfg.Tag)
-	}
-	if cfg.NP < 0 {
-		return nil, usagef("-np %d: need at least 1 rank", cfg.NP)
-	}
-	if cfg.PerNode < 0 {
-		return nil, usagef("-N %d: need at least 1 rank per host", cfg.PerNode)
-	}
-	hosts := cfg.Hosts
-	if len(hosts) == 0 {
-		n := cfg.NP
-		if cfg.PerNode > 0 {
-			n = cfg.PerNode
-		}
-		if n == 0 {
-			n = runtime.NumCPU()
-		}
-		hosts = []Host{{Name: "localhost", Slots: n, Where: "default"}}
-	}
-	hosts = mergeLocalHosts(hosts)
-	if cfg.PerNode > 0 {
-		// mpirun -N / torchrun --nproc-per-node: every host gets exactly
-		// that many ranks, whatever its slots say (within max_slots)
-		hosts = append([]Host(nil), hosts...)
-		for i := range hosts {
-			if hosts[i].MaxSlots > 0 && hosts[i].MaxSlots < cfg.PerNode {
-				return nil, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
-			}
-			hosts[i].Slots = cfg.PerNode
-		}
-		if cfg.NP > 0 && cfg.NP != cfg.PerNode*len(hosts) {
-			return nil, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
-		}
-		cfg.MapBy = MapBySlot
-	}
-	np := cfg.NP
-	if np == 0 {
-		for _, h := range hosts {
-			np += h.Slots
-		}
-	}
-	slots, err := Place(hosts, np, cfg.MapBy, cfg.Oversubscribe)
+	slots, np, err := placeRanks(cfg)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, err
 	}
-	if cfg.StdinRank >= np {
-		return nil, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
-	}
-
 	// Which hosts are this machine.
 	local := map[string]bool{}
 	var remoteHosts []string
@@ -235,42 +176,15 @@ func prepare(cfg Config) (*plan, error) {
 			remoteHosts = append(remoteHosts, s.Host)
 		}
 	}
-
+	anyLocal := len(remoteHosts) < len(local)
 	exports, userCUDA, err := exportVars(cfg.Export)
 	if err != nil {
 		return nil, err
 	}
-
-	dir := cfg.Dir
-	if dir == "" {
-		if dir, err = os.Getwd(); err != nil {
-			return nil, fmt.Errorf("cannot find the working directory: %v", err)
-		}
-	} else if len(remoteHosts) < len(local) { // some local rank: the directory must exist here
-		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return nil, usagef("working directory %s does not exist", dir)
-		}
+	dir, prog, remoteProg, err := locateProgram(cfg, anyLocal)
+	if err != nil {
+		return nil, err
 	}
-	if !filepath.IsAbs(dir) {
-		if dir, err = filepath.Abs(dir); err != nil {
-			return nil, err
-		}
-	}
-
-	// The program: checked here when any rank is local.
-	prog, remoteProg := cfg.Program, cfg.Program
-	if strings.Contains(cfg.Program, "/") {
-		if !filepath.IsAbs(prog) {
-			prog = filepath.Join(dir, prog)
-		}
-		remoteProg = prog
-	}
-	if len(remoteHosts) < len(local) {
-		if prog, err = checkProgram(cfg.Program, prog); err != nil {
-			return nil, err
-		}
-	}
-
 	// How to reach remote hosts.
 	var launcher []string
 	agentPath := cfg.RemoteGorun
@@ -284,46 +198,12 @@ func prepare(cfg Config) (*plan, error) {
 			}
 		}
 	}
-
-	// Where the rendezvous is served.
 	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: usedHosts, rdvPort: "0"}
 	p.pl, p.plErr = newProgressLine(cfg.Stdout, cfg.Stderr)
-	ifaceEnv, ifaceLocalOnly := "", false
-	switch {
-	case cfg.RendezvousAddr != "":
-		h, port, err := net.SplitHostPort(cfg.RendezvousAddr)
-		if err != nil {
-			h, port = cfg.RendezvousAddr, "0"
-		}
-		if ip := net.ParseIP(h); ip == nil || ip.IsUnspecified() {
-			return nil, usagef("--rendezvous-addr %q: want an IP address the ranks can reach, optionally with :port", cfg.RendezvousAddr)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			return nil, usagef("--rendezvous-addr %q: bad port", cfg.RendezvousAddr)
-		}
-		p.rdvIP, p.rdvPort = h, port
-	case cfg.Iface != "":
-		ip, isName, err := ifaceIP(cfg.Iface)
-		if err != nil {
-			return nil, usagef("%v", err)
-		}
-		p.rdvIP = ip
-		ifaceEnv, ifaceLocalOnly = cfg.Iface, !isName
-	default:
-		var sshWords []string
-		if cfg.LaunchAgent == "" {
-			sshWords = launcher
-		}
-		p.rdvIP = rendezvousIP(remoteHosts, sshWords)
+	iface, err := p.chooseRendezvous(remoteHosts, launcher)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Iface != "" && ifaceEnv == "" {
-		if _, isName, err := ifaceIP(cfg.Iface); err == nil {
-			ifaceEnv, ifaceLocalOnly = cfg.Iface, !isName
-		} else {
-			return nil, usagef("%v", err)
-		}
-	}
-
 	// The environment and command of every rank, and of every remote host.
 	_, inheritedCUDA := os.LookupEnv("CUDA_VISIBLE_DEVICES")
 	cudaLocal := !userCUDA && !inheritedCUDA
@@ -333,28 +213,7 @@ func prepare(cfg Config) (*plan, error) {
 	for _, s := range slots {
 		sp := rankSpec{slot: s, remote: !local[s.Host]}
 		if !sp.remote {
-			env := append([]string(nil), exports...)
-			if ifaceEnv != "" && !hasVar(exports, rank.EnvIface) {
-				env = append(env, rank.EnvIface+"="+ifaceEnv)
-			}
-			env = append(env,
-				rank.EnvRank+"="+strconv.Itoa(s.Rank),
-				rank.EnvSize+"="+strconv.Itoa(np),
-				rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank),
-				rank.EnvLocalSize+"="+strconv.Itoa(s.LocalSize),
-				rank.EnvNodeRank+"="+strconv.Itoa(s.NodeRank),
-				rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
-				rank.EnvJobID+"="+p.jobID,
-				rank.EnvHost+"="+s.Host,
-				rank.EnvRestart+"="+restartPlaceholder,
-			)
-			if cudaLocal {
-				env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
-			}
-			if p.pl != nil {
-				env = append(env, EnvProgressLine+"=1")
-			}
-			sp.env = env
+			sp.env = p.localEnv(s, np, exports, iface, cudaLocal, localGPUs)
 			sp.argv = append([]string{prog}, cfg.Args...)
 		} else {
 			hi, ok := hostIndex[s.Host]
@@ -368,58 +227,262 @@ func prepare(cfg Config) (*plan, error) {
 		p.specs = append(p.specs, sp)
 	}
 	for _, hs := range p.remote {
-		first := p.specs[hs.ranks[0]].slot
-		env := append([]string(nil), exports...)
-		for _, k := range tuningVars {
-			if v, ok := os.LookupEnv(k); ok && !hasVar(exports, k) {
-				env = append(env, k+"="+v)
-			}
-		}
-		if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
-			env = append(env, "CUDA_VISIBLE_DEVICES="+v)
-		}
-		if ifaceEnv != "" && !ifaceLocalOnly && !hasVar(exports, rank.EnvIface) {
-			env = append(env, rank.EnvIface+"="+ifaceEnv)
-		}
-		env = append(env,
-			rank.EnvSize+"="+strconv.Itoa(np),
-			rank.EnvLocalSize+"="+strconv.Itoa(first.LocalSize),
-			rank.EnvNodeRank+"="+strconv.Itoa(first.NodeRank),
-			rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
-			rank.EnvJobID+"="+p.jobID,
-			rank.EnvHost+"="+hs.name,
-			rank.EnvRestart+"="+restartPlaceholder,
-		)
-		if cfg.MaxRestarts > 0 {
-			env = append(env, rank.EnvRestartCause+"="+causePlaceholder)
-		}
-		if p.pl != nil {
-			env = append(env, EnvProgressLine+"=1")
-		}
-		var ars []AgentRank
-		stdinRank := -1
-		for _, r := range hs.ranks {
-			ars = append(ars, AgentRank{Rank: r, Local: p.specs[r].slot.LocalRank})
-			if r == cfg.StdinRank && cfg.Stdin != nil {
-				stdinRank = r
-			}
-		}
-		agent := []string{agentPath, "--" + AgentFlag, "--grace", cfg.Grace.String(), "--ranks", formatAgentRanks(ars)}
-		if cudaLocal {
-			agent = append(agent, "--cuda-local")
-		}
-		if stdinRank >= 0 {
-			agent = append(agent, "--agent-stdin", strconv.Itoa(stdinRank))
-		}
-		agent = append(agent, "--", remoteProg)
-		agent = append(agent, cfg.Args...)
-		words := append([]string{"exec", "env"}, env...)
-		words = append(words, agent...)
-		remoteCmd := "cd " + shellQuote(dir) + " && " + shellJoin(words)
-		hs.argv = append(append(append([]string(nil), launcher...), hs.name), remoteCmd)
+		env := p.remoteEnv(hs, np, exports, iface, userCUDA)
+		hs.argv = append(append(append([]string(nil), launcher...), hs.name), p.remoteCommand(hs, env, agentPath, dir, cudaLocal))
 	}
 	p.cfg.Dir = dir
 	return p, nil
+}
+
+// check fills in cfg's defaults and refuses flags that make no sense.
+func (cfg *Config) check() error {
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	if cfg.Program == "" {
+		return usagef("no program to run (usage: gorun [flags] PROGRAM [ARGS...])")
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
+	}
+	if cfg.Timeout < 0 {
+		return usagef("--timeout %s is negative", cfg.Timeout)
+	}
+	switch cfg.Tag {
+	case "":
+		cfg.Tag = TagRank
+	case TagRank, TagMPI, TagNone:
+	default:
+		return usagef("output tag style %q: want rank, mpi or none", cfg.Tag)
+	}
+	if cfg.NP < 0 {
+		return usagef("-np %d: need at least 1 rank", cfg.NP)
+	}
+	if cfg.PerNode < 0 {
+		return usagef("-N %d: need at least 1 rank per host", cfg.PerNode)
+	}
+	return nil
+}
+
+// placeRanks places the job's ranks on cfg's hosts (this machine when
+// none are given) and returns the slots and the number of ranks.
+func placeRanks(cfg Config) ([]Slot, int, error) {
+	hosts := cfg.Hosts
+	if len(hosts) == 0 {
+		n := cfg.NP
+		if cfg.PerNode > 0 {
+			n = cfg.PerNode
+		}
+		if n == 0 {
+			n = runtime.NumCPU()
+		}
+		hosts = []Host{{Name: "localhost", Slots: n, Where: "default"}}
+	}
+	hosts = mergeLocalHosts(hosts)
+	mapBy := cfg.MapBy
+	if cfg.PerNode > 0 {
+		// mpirun -N / torchrun --nproc-per-node: every host gets exactly
+		// that many ranks, whatever its slots say (within max_slots)
+		hosts = append([]Host(nil), hosts...)
+		for i := range hosts {
+			if hosts[i].MaxSlots > 0 && hosts[i].MaxSlots < cfg.PerNode {
+				return nil, 0, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
+			}
+			hosts[i].Slots = cfg.PerNode
+		}
+		if cfg.NP > 0 && cfg.NP != cfg.PerNode*len(hosts) {
+			return nil, 0, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
+		}
+		mapBy = MapBySlot
+	}
+	np := cfg.NP
+	if np == 0 {
+		for _, h := range hosts {
+			np += h.Slots
+		}
+	}
+	slots, err := Place(hosts, np, mapBy, cfg.Oversubscribe)
+	if err != nil {
+		return nil, 0, usagef("%v", err)
+	}
+	if cfg.StdinRank >= np {
+		return nil, 0, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
+	}
+	return slots, np, nil
+}
+
+// locateProgram returns the ranks' working directory (absolute), the
+// program as local ranks run it (checked when anyLocal) and as remote
+// agents run it.
+func locateProgram(cfg Config, anyLocal bool) (dir, prog, remoteProg string, err error) {
+	dir = cfg.Dir
+	if dir == "" {
+		if dir, err = os.Getwd(); err != nil {
+			return "", "", "", fmt.Errorf("cannot find the working directory: %v", err)
+		}
+	} else if anyLocal { // some local rank: the directory must exist here
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return "", "", "", usagef("working directory %s does not exist", dir)
+		}
+	}
+	if !filepath.IsAbs(dir) {
+		if dir, err = filepath.Abs(dir); err != nil {
+			return "", "", "", err
+		}
+	}
+	prog, remoteProg = cfg.Program, cfg.Program
+	if strings.Contains(cfg.Program, "/") {
+		if !filepath.IsAbs(prog) {
+			prog = filepath.Join(dir, prog)
+		}
+		remoteProg = prog
+	}
+	if anyLocal {
+		if prog, err = checkProgram(cfg.Program, prog); err != nil {
+			return "", "", "", err
+		}
+	}
+	return dir, prog, remoteProg, nil
+}
+
+// rdvIface is the interface the ranks are told to use (GORUN_IFACE):
+// name, empty for none; localOnly when it was given as an address, which
+// names this machine only.
+type rdvIface struct {
+	name      string
+	localOnly bool
+}
+
+// chooseRendezvous sets the address the rendezvous is served on: the one
+// given, the interface's, or one the remote hosts can reach.
+func (p *plan) chooseRendezvous(remoteHosts, launcher []string) (rdvIface, error) {
+	cfg := p.cfg
+	var iface rdvIface
+	switch {
+	case cfg.RendezvousAddr != "":
+		h, port, err := net.SplitHostPort(cfg.RendezvousAddr)
+		if err != nil {
+			h, port = cfg.RendezvousAddr, "0"
+		}
+		if ip := net.ParseIP(h); ip == nil || ip.IsUnspecified() {
+			return iface, usagef("--rendezvous-addr %q: want an IP address the ranks can reach, optionally with :port", cfg.RendezvousAddr)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			return iface, usagef("--rendezvous-addr %q: bad port", cfg.RendezvousAddr)
+		}
+		p.rdvIP, p.rdvPort = h, port
+	case cfg.Iface != "":
+		ip, isName, err := ifaceIP(cfg.Iface)
+		if err != nil {
+			return iface, usagef("%v", err)
+		}
+		p.rdvIP = ip
+		iface = rdvIface{cfg.Iface, !isName}
+	default:
+		var sshWords []string
+		if cfg.LaunchAgent == "" {
+			sshWords = launcher
+		}
+		p.rdvIP = rendezvousIP(remoteHosts, sshWords)
+	}
+	if cfg.Iface != "" && iface.name == "" {
+		_, isName, err := ifaceIP(cfg.Iface)
+		if err != nil {
+			return iface, usagef("%v", err)
+		}
+		iface = rdvIface{cfg.Iface, !isName}
+	}
+	return iface, nil
+}
+
+// localEnv is what gorun adds to its own environment for the local rank in
+// slot s of np.
+func (p *plan) localEnv(s Slot, np int, exports []string, iface rdvIface, cudaLocal bool, localGPUs int) []string {
+	env := append([]string(nil), exports...)
+	if iface.name != "" && !hasVar(exports, rank.EnvIface) {
+		env = append(env, rank.EnvIface+"="+iface.name)
+	}
+	env = append(env,
+		rank.EnvRank+"="+strconv.Itoa(s.Rank),
+		rank.EnvSize+"="+strconv.Itoa(np),
+		rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank),
+		rank.EnvLocalSize+"="+strconv.Itoa(s.LocalSize),
+		rank.EnvNodeRank+"="+strconv.Itoa(s.NodeRank),
+		rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
+		rank.EnvJobID+"="+p.jobID,
+		rank.EnvHost+"="+s.Host,
+		rank.EnvRestart+"="+restartPlaceholder,
+	)
+	if cudaLocal {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
+	}
+	if p.pl != nil {
+		env = append(env, EnvProgressLine+"=1")
+	}
+	return env
+}
+
+// remoteEnv is the environment the agent on remote host hs starts with
+// (its ranks' own variables it adds itself).
+func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface, userCUDA bool) []string {
+	first := p.specs[hs.ranks[0]].slot
+	env := append([]string(nil), exports...)
+	for _, k := range tuningVars {
+		if v, ok := os.LookupEnv(k); ok && !hasVar(exports, k) {
+			env = append(env, k+"="+v)
+		}
+	}
+	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+v)
+	}
+	if iface.name != "" && !iface.localOnly && !hasVar(exports, rank.EnvIface) {
+		env = append(env, rank.EnvIface+"="+iface.name)
+	}
+	env = append(env,
+		rank.EnvSize+"="+strconv.Itoa(np),
+		rank.EnvLocalSize+"="+strconv.Itoa(first.LocalSize),
+		rank.EnvNodeRank+"="+strconv.Itoa(first.NodeRank),
+		rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
+		rank.EnvJobID+"="+p.jobID,
+		rank.EnvHost+"="+hs.name,
+		rank.EnvRestart+"="+restartPlaceholder,
+	)
+	if p.cfg.MaxRestarts > 0 {
+		env = append(env, rank.EnvRestartCause+"="+causePlaceholder)
+	}
+	if p.pl != nil {
+		env = append(env, EnvProgressLine+"=1")
+	}
+	return env
+}
+
+// remoteCommand is the shell command that runs gorun's agent on remote
+// host hs with env, in dir.
+func (p *plan) remoteCommand(hs *hostSpec, env []string, agentPath, dir string, cudaLocal bool) string {
+	cfg := p.cfg
+	var ars []AgentRank
+	stdinRank := -1
+	for _, r := range hs.ranks {
+		ars = append(ars, AgentRank{Rank: r, Local: p.specs[r].slot.LocalRank})
+		if r == cfg.StdinRank && cfg.Stdin != nil {
+			stdinRank = r
+		}
+	}
+	agent := []string{agentPath, "--" + AgentFlag, "--grace", cfg.Grace.String(), "--ranks", formatAgentRanks(ars)}
+	if cudaLocal {
+		agent = append(agent, "--cuda-local")
+	}
+	if stdinRank >= 0 {
+		agent = append(agent, "--agent-stdin", strconv.Itoa(stdinRank))
+	}
+	agent = append(agent, "--", p.rprog)
+	agent = append(agent, cfg.Args...)
+	words := append([]string{"exec", "env"}, env...)
+	words = append(words, agent...)
+	return "cd " + shellQuote(dir) + " && " + shellJoin(words)
 }
 
 // mergeLocalHosts folds every name of this machine (localhost, 127.0.0.1,
