@@ -69,182 +69,29 @@ func runPrepare(c *cli.Context) error {
 	}
 	var rep bytes.Buffer
 	fmt.Fprintf(&rep, "# nmt-train prepare\n\n`%s`\n\n", strings.Join(os.Args, " "))
-	trainSrc, trainTgt := c.String("src"), c.String("tgt")
-	validSrc, validTgt := c.String("valid-src"), c.String("valid-tgt")
-	split := data.SplitPieces
-	var (
-		v       *data.Vocab
-		err     error
-		vocabOf string
-	)
+	var in prepInput
+	var err error
 	if c.Bool("synthetic") {
-		for _, f := range []string{"src", "tgt", "valid-src", "valid-tgt", "vocab", "vocab-size", "bpe-merges", "bpe"} {
-			if c.IsSet(f) {
-				return fmt.Errorf("prepare: --synthetic makes its own data; --%s does not apply", f)
-			}
-		}
-		n := c.Int("synthetic-lines")
-		if n < 1 {
-			return fmt.Errorf("prepare: --synthetic-lines %d: want at least 1", n)
-		}
-		// The text goes to DIR too, so that the corpus can be read.
-		s, t := data.Synthetic(data.SyntheticTrainSeed, n)
-		vs, vt := data.Synthetic(data.SyntheticValidSeed, data.SyntheticValidLines)
-		trainSrc, trainTgt = filepath.Join(out, "train.src.txt"), filepath.Join(out, "train.tgt.txt")
-		validSrc, validTgt = filepath.Join(out, "valid.src.txt"), filepath.Join(out, "valid.tgt.txt")
-		for p, lines := range map[string][]string{trainSrc: s, trainTgt: t, validSrc: vs, validTgt: vt} {
-			if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-				return fmt.Errorf("prepare: %v", err)
-			}
-		}
-		v, split = data.SyntheticVocab(), data.WordPieces
-		vocabOf = fmt.Sprintf("the synthetic languages' words (%d training pairs from seed %d, %d validation pairs from seed %d)", n, data.SyntheticTrainSeed, data.SyntheticValidLines, data.SyntheticValidSeed)
+		in, err = prepSynthetic(c, out)
 	} else {
-		if trainSrc == "" || trainTgt == "" {
-			return fmt.Errorf("prepare: want --src and --tgt (or --synthetic)")
-		}
-		if (validSrc == "") != (validTgt == "") {
-			return fmt.Errorf("prepare: --valid-src and --valid-tgt go together")
-		}
-		modes := 0
-		for _, f := range []string{"vocab", "bpe-merges", "bpe"} {
-			if c.IsSet(f) {
-				modes++
-			}
-		}
-		if modes > 1 {
-			return fmt.Errorf("prepare: --vocab, --bpe-merges and --bpe exclude each other")
-		}
-		if modes == 0 && !c.IsSet("vocab-size") {
-			return fmt.Errorf("prepare: want --vocab FILE or --vocab-size N (tokenized text), or --bpe-merges N / --bpe FILE (raw text)")
-		}
-		if c.IsSet("vocab") && c.IsSet("vocab-size") {
-			return fmt.Errorf("prepare: --vocab and --vocab-size exclude each other")
-		}
-		if c.IsSet("vocab-size") && c.Int("vocab-size") < 5 {
-			return fmt.Errorf("prepare: --vocab-size %d: want at least 5 (4 specials and a piece)", c.Int("vocab-size"))
-		}
-		switch {
-		case c.IsSet("vocab"):
-			if v, err = data.LoadVocab(c.String("vocab")); err != nil {
-				return err
-			}
-			vocabOf = "`" + c.String("vocab") + "`"
-		case c.IsSet("bpe-merges"), c.IsSet("bpe"):
-			var b *data.BPE
-			if c.IsSet("bpe") {
-				if b, err = data.LoadBPE(c.String("bpe")); err != nil {
-					return err
-				}
-				fmt.Fprintf(&rep, "BPE: %d merges from `%s`.\n\n", b.NumMerges(), c.String("bpe"))
-			} else {
-				m := c.Int("bpe-merges")
-				if m < 1 {
-					return fmt.Errorf("prepare: --bpe-merges %d: want at least 1", m)
-				}
-				tl := time.Now()
-				counts, err := data.CountPieces(strings.Fields, trainSrc, trainTgt)
-				if err != nil {
-					return err
-				}
-				b = data.LearnBPECounts(counts, m)
-				fmt.Fprintf(&rep, "BPE: learned %d merges (asked for %d) jointly on both sides from %d distinct words in %.1f s.\n\n", b.NumMerges(), m, len(counts), time.Since(tl).Seconds())
-			}
-			if err := b.WriteFile(filepath.Join(out, prepBPEFile)); err != nil {
-				return fmt.Errorf("prepare: %v", err)
-			}
-			split = b.Apply
-			counts, err := data.CountPieces(split, trainSrc, trainTgt)
-			if err != nil {
-				return err
-			}
-			v = data.BuildVocab(counts, c.Int("vocab-size"))
-			vocabOf = fmt.Sprintf("the %d most frequent of %d BPE pieces of the training data", v.Size()-4, len(counts))
-		default:
-			counts, err := data.CountPieces(split, trainSrc, trainTgt)
-			if err != nil {
-				return err
-			}
-			v = data.BuildVocab(counts, c.Int("vocab-size"))
-			vocabOf = fmt.Sprintf("the %d most frequent of %d pieces of the training data", v.Size()-4, len(counts))
-		}
+		in, err = prepVocab(c, out, &rep)
 	}
-	if err := v.WriteFile(filepath.Join(out, prepVocabFile)); err != nil {
+	if err != nil {
+		return err
+	}
+	if err := in.v.WriteFile(filepath.Join(out, prepVocabFile)); err != nil {
 		return fmt.Errorf("prepare: %v", err)
 	}
-	fmt.Fprintf(&rep, "Vocabulary: %d pieces (4 specials + %s), hash `%.16s`.\n\n", v.Size(), vocabOf, v.Hash())
-
-	// Stream the training pairs into train.bin; without validation files
-	// the last --valid-lines kept pairs wait in a ring and become valid.bin.
-	tw, err := data.NewCorpusWriter(filepath.Join(out, prepTrainFile), v.Hash(), v.Size())
+	fmt.Fprintf(&rep, "Vocabulary: %d pieces (4 specials + %s), hash `%.16s`.\n\n", in.v.Size(), in.vocabOf, in.v.Hash())
+	nTrain, nValid, err := prepCorpora(c, out, in, maxLen, &rep)
 	if err != nil {
 		return err
-	}
-	hold := 0
-	if validSrc == "" {
-		if hold = c.Int("valid-lines"); hold < 1 {
-			tw.Abort()
-			return fmt.Errorf("prepare: --valid-lines %d: want at least 1 (or give --valid-src/--valid-tgt)", hold)
-		}
-	}
-	ring := make([][2][]int32, 0, hold)
-	next := 0
-	st, err := data.ReadParallelEach(trainSrc, trainTgt, split, v, maxLen, func(s, t []int32) error {
-		if hold == 0 {
-			return tw.Add(s, t)
-		}
-		if len(ring) < hold {
-			ring = append(ring, [2][]int32{s, t})
-			return nil
-		}
-		old := ring[next]
-		ring[next] = [2][]int32{s, t}
-		next = (next + 1) % hold
-		return tw.Add(old[0], old[1])
-	})
-	if err != nil {
-		tw.Abort()
-		return err
-	}
-	var vsrc, vtgt [][]int32
-	var vst data.Stats
-	if validSrc != "" {
-		// validation pairs are all kept (the trainer decides what to score)
-		if vsrc, vtgt, vst, err = data.ReadParallelFunc(validSrc, validTgt, split, v, 0); err != nil {
-			tw.Abort()
-			return err
-		}
-	} else {
-		if tw.Len() < hold {
-			tw.Abort()
-			return fmt.Errorf("prepare: %s has %d usable pairs, too few to hold out --valid-lines %d and train on the rest: give --valid-src/--valid-tgt or a smaller --valid-lines", trainSrc, tw.Len()+len(ring), hold)
-		}
-		for i := range ring {
-			p := ring[(next+i)%len(ring)]
-			vsrc, vtgt = append(vsrc, p[0]), append(vtgt, p[1])
-		}
-		fmt.Fprintf(&rep, "Validation: the last %d kept training pairs, held out (no --valid-src/--valid-tgt).\n\n", len(ring))
-	}
-	nTrain := tw.Len()
-	if nTrain == 0 {
-		tw.Abort()
-		return fmt.Errorf("prepare: no pair of %s / %s is kept (%s)", trainSrc, trainTgt, st.String())
-	}
-	if err := tw.Close(st.Dropped()); err != nil {
-		return err
-	}
-	if err := data.WriteCorpus(filepath.Join(out, prepValidFile), vsrc, vtgt, v.Hash(), v.Size(), vst.Dropped()); err != nil {
-		return err
-	}
-	st.Markdown(&rep, "Training data")
-	if validSrc != "" {
-		vst.Markdown(&rep, "Validation data")
 	}
 	fmt.Fprintf(&rep, "## Output\n\n| file | size | pairs |\n|---|---:|---:|\n")
 	for _, f := range []struct {
 		name  string
 		pairs int
-	}{{prepTrainFile, nTrain}, {prepValidFile, len(vsrc)}, {prepVocabFile, v.Size()}, {prepBPEFile, -1}} {
+	}{{prepTrainFile, nTrain}, {prepValidFile, nValid}, {prepVocabFile, in.v.Size()}, {prepBPEFile, -1}} {
 		fi, err := os.Stat(filepath.Join(out, f.name))
 		if err != nil {
 			continue
@@ -268,4 +115,191 @@ func runPrepare(c *cli.Context) error {
 	w.Write(rep.Bytes())
 	fmt.Fprintf(w, "\nwrote %s\n", filepath.Join(out, prepReportFile))
 	return nil
+}
+
+// prepInput is what prepare reads and with which vocabulary: the text
+// files, how a line splits into pieces, and where the vocabulary came
+// from (for the report).
+type prepInput struct {
+	trainSrc, trainTgt string
+	validSrc, validTgt string // empty: hold out the last --valid-lines pairs
+	v                  *data.Vocab
+	split              func(string) []string
+	vocabOf            string
+}
+
+// prepSynthetic writes the built-in synthetic corpus's text to out and
+// returns it with the synthetic vocabulary.
+func prepSynthetic(c *cli.Context, out string) (prepInput, error) {
+	for _, f := range []string{"src", "tgt", "valid-src", "valid-tgt", "vocab", "vocab-size", "bpe-merges", "bpe"} {
+		if c.IsSet(f) {
+			return prepInput{}, fmt.Errorf("prepare: --synthetic makes its own data; --%s does not apply", f)
+		}
+	}
+	n := c.Int("synthetic-lines")
+	if n < 1 {
+		return prepInput{}, fmt.Errorf("prepare: --synthetic-lines %d: want at least 1", n)
+	}
+	// The text goes to DIR too, so that the corpus can be read.
+	s, t := data.Synthetic(data.SyntheticTrainSeed, n)
+	vs, vt := data.Synthetic(data.SyntheticValidSeed, data.SyntheticValidLines)
+	in := prepInput{
+		trainSrc: filepath.Join(out, "train.src.txt"), trainTgt: filepath.Join(out, "train.tgt.txt"),
+		validSrc: filepath.Join(out, "valid.src.txt"), validTgt: filepath.Join(out, "valid.tgt.txt"),
+		v: data.SyntheticVocab(), split: data.WordPieces,
+		vocabOf: fmt.Sprintf("the synthetic languages' words (%d training pairs from seed %d, %d validation pairs from seed %d)", n, data.SyntheticTrainSeed, data.SyntheticValidLines, data.SyntheticValidSeed),
+	}
+	for p, lines := range map[string][]string{in.trainSrc: s, in.trainTgt: t, in.validSrc: vs, in.validTgt: vt} {
+		if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			return prepInput{}, fmt.Errorf("prepare: %v", err)
+		}
+	}
+	return in, nil
+}
+
+// prepVocab checks the flags for the user's text and returns it with its
+// vocabulary: given (--vocab), or built from the training data's pieces
+// (--vocab-size), after a BPE learned (--bpe-merges, written to out) or
+// given (--bpe).
+func prepVocab(c *cli.Context, out string, rep *bytes.Buffer) (prepInput, error) {
+	in := prepInput{trainSrc: c.String("src"), trainTgt: c.String("tgt"),
+		validSrc: c.String("valid-src"), validTgt: c.String("valid-tgt"), split: data.SplitPieces}
+	if in.trainSrc == "" || in.trainTgt == "" {
+		return in, fmt.Errorf("prepare: want --src and --tgt (or --synthetic)")
+	}
+	if (in.validSrc == "") != (in.validTgt == "") {
+		return in, fmt.Errorf("prepare: --valid-src and --valid-tgt go together")
+	}
+	modes := 0
+	for _, f := range []string{"vocab", "bpe-merges", "bpe"} {
+		if c.IsSet(f) {
+			modes++
+		}
+	}
+	if modes > 1 {
+		return in, fmt.Errorf("prepare: --vocab, --bpe-merges and --bpe exclude each other")
+	}
+	if modes == 0 && !c.IsSet("vocab-size") {
+		return in, fmt.Errorf("prepare: want --vocab FILE or --vocab-size N (tokenized text), or --bpe-merges N / --bpe FILE (raw text)")
+	}
+	if c.IsSet("vocab") && c.IsSet("vocab-size") {
+		return in, fmt.Errorf("prepare: --vocab and --vocab-size exclude each other")
+	}
+	if c.IsSet("vocab-size") && c.Int("vocab-size") < 5 {
+		return in, fmt.Errorf("prepare: --vocab-size %d: want at least 5 (4 specials and a piece)", c.Int("vocab-size"))
+	}
+	var err error
+	if c.IsSet("vocab") {
+		if in.v, err = data.LoadVocab(c.String("vocab")); err != nil {
+			return in, err
+		}
+		in.vocabOf = "`" + c.String("vocab") + "`"
+		return in, nil
+	}
+	what := "pieces"
+	if c.IsSet("bpe-merges") || c.IsSet("bpe") {
+		var b *data.BPE
+		if c.IsSet("bpe") {
+			if b, err = data.LoadBPE(c.String("bpe")); err != nil {
+				return in, err
+			}
+			fmt.Fprintf(rep, "BPE: %d merges from `%s`.\n\n", b.NumMerges(), c.String("bpe"))
+		} else {
+			m := c.Int("bpe-merges")
+			if m < 1 {
+				return in, fmt.Errorf("prepare: --bpe-merges %d: want at least 1", m)
+			}
+			tl := time.Now()
+			counts, err := data.CountPieces(strings.Fields, in.trainSrc, in.trainTgt)
+			if err != nil {
+				return in, err
+			}
+			b = data.LearnBPECounts(counts, m)
+			fmt.Fprintf(rep, "BPE: learned %d merges (asked for %d) jointly on both sides from %d distinct words in %.1f s.\n\n", b.NumMerges(), m, len(counts), time.Since(tl).Seconds())
+		}
+		if err := b.WriteFile(filepath.Join(out, prepBPEFile)); err != nil {
+			return in, fmt.Errorf("prepare: %v", err)
+		}
+		in.split, what = b.Apply, "BPE pieces"
+	}
+	counts, err := data.CountPieces(in.split, in.trainSrc, in.trainTgt)
+	if err != nil {
+		return in, err
+	}
+	in.v = data.BuildVocab(counts, c.Int("vocab-size"))
+	in.vocabOf = fmt.Sprintf("the %d most frequent of %d %s of the training data", in.v.Size()-4, len(counts), what)
+	return in, nil
+}
+
+// prepCorpora streams the training pairs into train.bin and writes
+// valid.bin: the validation files' pairs, or (without them) the last
+// --valid-lines kept training pairs, held back in a ring. It adds the
+// statistics to the report and returns the pairs written to each.
+func prepCorpora(c *cli.Context, out string, in prepInput, maxLen int, rep *bytes.Buffer) (nTrain, nValid int, err error) {
+	v := in.v
+	tw, err := data.NewCorpusWriter(filepath.Join(out, prepTrainFile), v.Hash(), v.Size())
+	if err != nil {
+		return 0, 0, err
+	}
+	hold := 0
+	if in.validSrc == "" {
+		if hold = c.Int("valid-lines"); hold < 1 {
+			tw.Abort()
+			return 0, 0, fmt.Errorf("prepare: --valid-lines %d: want at least 1 (or give --valid-src/--valid-tgt)", hold)
+		}
+	}
+	ring := make([][2][]int32, 0, hold)
+	next := 0
+	st, err := data.ReadParallelEach(in.trainSrc, in.trainTgt, in.split, v, maxLen, func(s, t []int32) error {
+		if hold == 0 {
+			return tw.Add(s, t)
+		}
+		if len(ring) < hold {
+			ring = append(ring, [2][]int32{s, t})
+			return nil
+		}
+		old := ring[next]
+		ring[next] = [2][]int32{s, t}
+		next = (next + 1) % hold
+		return tw.Add(old[0], old[1])
+	})
+	if err != nil {
+		tw.Abort()
+		return 0, 0, err
+	}
+	var vsrc, vtgt [][]int32
+	var vst data.Stats
+	if in.validSrc != "" {
+		// validation pairs are all kept (the trainer decides what to score)
+		if vsrc, vtgt, vst, err = data.ReadParallelFunc(in.validSrc, in.validTgt, in.split, v, 0); err != nil {
+			tw.Abort()
+			return 0, 0, err
+		}
+	} else {
+		if tw.Len() < hold {
+			tw.Abort()
+			return 0, 0, fmt.Errorf("prepare: %s has %d usable pairs, too few to hold out --valid-lines %d and train on the rest: give --valid-src/--valid-tgt or a smaller --valid-lines", in.trainSrc, tw.Len()+len(ring), hold)
+		}
+		for i := range ring {
+			p := ring[(next+i)%len(ring)]
+			vsrc, vtgt = append(vsrc, p[0]), append(vtgt, p[1])
+		}
+		fmt.Fprintf(rep, "Validation: the last %d kept training pairs, held out (no --valid-src/--valid-tgt).\n\n", len(ring))
+	}
+	nTrain = tw.Len()
+	if nTrain == 0 {
+		tw.Abort()
+		return 0, 0, fmt.Errorf("prepare: no pair of %s / %s is kept (%s)", in.trainSrc, in.trainTgt, st.String())
+	}
+	if err := tw.Close(st.Dropped()); err != nil {
+		return 0, 0, err
+	}
+	if err := data.WriteCorpus(filepath.Join(out, prepValidFile), vsrc, vtgt, v.Hash(), v.Size(), vst.Dropped()); err != nil {
+		return 0, 0, err
+	}
+	st.Markdown(rep, "Training data")
+	if in.validSrc != "" {
+		vst.Markdown(rep, "Validation data")
+	}
+	return nTrain, len(vsrc), nil
 }
