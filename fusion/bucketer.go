@@ -57,7 +57,8 @@ func (c Compression) String() string {
 	return fmt.Sprintf("compression(%d)", uint8(c))
 }
 
-func (c Compression) wire() collective.DType {
+// Wire is the data type gradients travel in.
+func (c Compression) Wire() collective.DType {
 	switch c {
 	case CompressFP16:
 		return collective.Float16
@@ -247,7 +248,7 @@ func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfi
 	case cfg.Timeout < 0 || cfg.CycleTime < 0:
 		return nil, errors.New("bucketer: negative timeout or cycle time")
 	}
-	b := &Bucketer{c: c, params: append([]ParamInfo(nil), params...), cfg: cfg, wire: cfg.Compression.wire(), scale: 1}
+	b := &Bucketer{c: c, params: append([]ParamInfo(nil), params...), cfg: cfg, wire: cfg.Compression.Wire(), scale: 1}
 	off := 0
 	for i, p := range params {
 		if p.Len < 0 {

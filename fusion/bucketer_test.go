@@ -288,7 +288,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 				return fmt.Errorf("step %d stats %+v", step, st)
 			}
 		}
-		if err := bkDeviceOK(dev, b, 2, tc.comp.wire()); err != nil {
+		if err := bkDeviceOK(dev, b, 2, tc.comp.Wire()); err != nil {
 			return err
 		}
 		results[r] = flat
@@ -920,7 +920,7 @@ func checkQUIC(t *testing.T, mode gradMode) {
 			if err != nil {
 				return err
 			}
-			if err := bkDeviceOK(dev, b, 1, comp.wire()); err != nil {
+			if err := bkDeviceOK(dev, b, 1, comp.Wire()); err != nil {
 				return err
 			}
 			sent[r][ci] = st.BytesSent
@@ -944,5 +944,28 @@ func checkQUIC(t *testing.T, mode gradMode) {
 		if ratio < 0.45 || ratio > 0.55 {
 			t.Fatalf("rank %d: fp16 sent %.3f of the fp32 bytes, want about half", r, ratio)
 		}
+	}
+}
+
+// TestParseCompression: every spelling nmt-train's --compression accepts,
+// its wire type and its name; anything else is refused with the choices.
+func TestParseCompression(t *testing.T) {
+	for s, want := range map[string]Compression{"none": CompressNone, "fp32": CompressNone, "fp16": CompressFP16,
+		"half": CompressFP16, "BF16": CompressBF16, "bfloat16": CompressBF16} {
+		got, err := ParseCompression(s)
+		if err != nil || got != want {
+			t.Errorf("ParseCompression(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for c, w := range map[Compression]collective.DType{CompressNone: collective.Float32, CompressFP16: collective.Float16, CompressBF16: collective.BFloat16} {
+		if c.Wire() != w {
+			t.Errorf("%v.Wire() = %v, want %v", c, c.Wire(), w)
+		}
+		if back, err := ParseCompression(c.String()); err != nil || back != c {
+			t.Errorf("%v does not parse back: %v, %v", c, back, err)
+		}
+	}
+	if _, err := ParseCompression("fp8"); err == nil || !strings.Contains(err.Error(), "want none, fp16 or bf16") {
+		t.Errorf("fp8: %v", err)
 	}
 }

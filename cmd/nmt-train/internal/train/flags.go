@@ -141,9 +141,7 @@ func (o Options) Validate() error {
 	default:
 		return fmt.Errorf("--precision %q: want auto, fp32, fp16 or bf16", o.Precision)
 	}
-	switch o.Compression {
-	case "fp16", "bf16", "none":
-	default:
+	if _, err := fusion.ParseCompression(o.Compression); err != nil {
 		return fmt.Errorf("--compression %q: want fp16, bf16 or none", o.Compression)
 	}
 	if o.BucketCapMB <= 0 || o.FirstBucketMB <= 0 {

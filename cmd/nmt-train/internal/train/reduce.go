@@ -113,13 +113,11 @@ type bucketReducer struct {
 	b *fusion.Bucketer
 }
 
-func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, wire collective.DType, tl *metrics.Timeline) (reducer, error) {
+func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, comp fusion.Compression, tl *metrics.Timeline) (reducer, error) {
 	params, err := paramInfos(m)
 	if err != nil {
 		return nil, err
 	}
-	comp := map[collective.DType]fusion.Compression{collective.Float32: fusion.CompressNone,
-		collective.Float16: fusion.CompressFP16, collective.BFloat16: fusion.CompressBF16}[wire]
 	b, err := fusion.NewBucketer(comm, params, fusion.BucketConfig{
 		CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20)),
 		Compression: comp, CycleTime: o.CycleTime, BackwardPassesPerStep: 1, Timeout: o.Timeout, Timeline: tl,

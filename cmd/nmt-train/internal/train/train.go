@@ -356,14 +356,14 @@ func (t *Trainer) setup(ctx context.Context) error {
 	// Every rank draws its own dropout masks.
 	t.m.Seed = o.Seed*0x9E3779B97F4A7C15 + uint64(t.id.Rank) + 1
 
-	wire := map[string]collective.DType{"fp16": collective.Float16, "bf16": collective.BFloat16, "none": collective.Float32}[o.Compression]
+	comp, _ := fusion.ParseCompression(o.Compression) // Validate checked it
 	if o.Overlap && t.id.Size > 1 {
-		t.red, err = newBucketReducer(ctx, t.comm, t.m, o, wire, t.tl)
+		t.red, err = newBucketReducer(ctx, t.comm, t.m, o, comp, t.tl)
 		if err != nil {
 			return err
 		}
 	} else {
-		t.red = newPlainReducer(ctx, t.comm, t.m, wire)
+		t.red = newPlainReducer(ctx, t.comm, t.m, comp.Wire())
 	}
 
 	if t.leader() {
