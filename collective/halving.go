@@ -244,8 +244,9 @@ func (r *run) hdChannel(sp hdSpec, c, base int, p hdPlan) {
 	direct := sp.wire == sp.dtype
 	accOf := func(lo, hi int) []byte { return sp.acc[(base+lo)*es : (base+hi)*es : (base+hi)*es] }
 	depth := ringGroup + 2
+	slots := depth
 	if p.exchanges() {
-		depth = 4
+		slots = 4 // what an exchange combines is still in cache (rdExchange)
 	}
 	rcv := map[int]*receiver{}
 	for peer, msgs := range rmsgs {
@@ -271,7 +272,7 @@ func (r *run) hdChannel(sp hdSpec, c, base int, p hdPlan) {
 				return s.waitSent(sentBefore[t]) // what this range held has left
 			},
 			slotBytes: min(sp.sliceBytes, maxRecv*ws+1),
-			depth:     depth,
+			depth:     slots,
 		})
 	}
 	red := r.newReducer(sp.dtype, sp.wire, sp.op, sp.div)
@@ -358,11 +359,15 @@ func (r *run) hdDrive(sp hdSpec, p hdPlan, io hdIO) error {
 
 // rdExchange runs exchange step t: it sends every slice of the range
 // while combining the peer's slices into it as they come, at most
-// ringGroup slices ahead (the send queue and the slots hold that many).
-// A slice is combined once it has left (it is sent from acc itself when
-// the wire is the data type); on a 16-bit wire this rank first rounds its
-// own slice through the wire format, so that both ends combine the same
-// two values, the lower rank's first.
+// ringGroup slices ahead. A slice is combined once it has left (it is sent
+// from acc itself when the wire is the data type); on a 16-bit wire this
+// rank first rounds its own slice through the wire format, so that both
+// ends combine the same two values, the lower rank's first, and a slice
+// is pushed only once ringGroup earlier ones have left, so that a wire
+// buffer is always free (ringGroup+2 of them) and this rank never waits
+// for one while the peer waits for it to take what came: it waits only
+// for slices up to the one it is about to combine, which the peer,
+// combining its own in the same order, takes.
 func (r *run) rdExchange(sp hdSpec, t int, st hdStep, io hdIO, send func(*sender, int, int) bool) bool {
 	b := io.sendB[t]
 	n := len(b) - 1
@@ -371,6 +376,9 @@ func (r *run) rdExchange(sp hdSpec, t int, st hdStep, io hdIO, send func(*sender
 	pushed := 0
 	for k := 0; k < n; k++ {
 		for ; pushed < n && pushed <= k+ringGroup; pushed++ {
+			if sp.wire != sp.dtype && pushed >= ringGroup && s.waitSent(io.sentBefore[t]+pushed+1-ringGroup) != nil {
+				return false
+			}
 			if !send(s, b[pushed], b[pushed+1]) {
 				return false
 			}
