@@ -219,4 +219,3 @@ func TestRecursiveDoublingChosen(t *testing.T) {
 		t.Errorf("tag round trip: %+v", got)
 	}
 }
-
