@@ -359,27 +359,36 @@ func (r *run) hdDrive(sp hdSpec, p hdPlan, io hdIO) error {
 
 // rdExchange runs exchange step t: it sends every slice of the range
 // while combining the peer's slices into it as they come, at most
-// ringGroup slices ahead. A slice is combined once it has left (it is sent
-// from acc itself when the wire is the data type); on a 16-bit wire this
-// rank first rounds its own slice through the wire format, so that both
-// ends combine the same two values, the lower rank's first, and a slice
-// is pushed only once ringGroup earlier ones have left, so that a wire
-// buffer is always free (ringGroup+2 of them) and this rank never waits
-// for one while the peer waits for it to take what came: it waits only
-// for slices up to the one it is about to combine, which the peer,
-// combining its own in the same order, takes.
+// ringGroup slices ahead. On a 16-bit wire a slice is rounded through the
+// wire format in acc as it goes out, so that both ends combine the same
+// two values, the lower rank's first; it is pushed only once ringGroup
+// earlier ones have left, so that a wire buffer is always free
+// (ringGroup+2 of them) and this rank never waits for one while the peer
+// waits for it to take what came: it waits only for slices up to the one
+// it is about to combine, which the peer, combining its own in the same
+// order, takes. With wire = data type a slice goes out from acc itself
+// and is combined once it has left.
 func (r *run) rdExchange(sp hdSpec, t int, st hdStep, io hdIO, send func(*sender, int, int) bool) bool {
 	b := io.sendB[t]
 	n := len(b) - 1
 	s, rv := io.snd[st.peer], io.rcv[st.peer]
 	peerFirst := st.peer < r.t.Rank()
+	narrow := sp.wire != sp.dtype
 	pushed := 0
 	for k := 0; k < n; k++ {
 		for ; pushed < n && pushed <= k+ringGroup; pushed++ {
-			if sp.wire != sp.dtype && pushed >= ringGroup && s.waitSent(io.sentBefore[t]+pushed+1-ringGroup) != nil {
+			lo, hi := b[pushed], b[pushed+1]
+			if !narrow {
+				if !send(s, lo, hi) {
+					return false
+				}
+				continue
+			}
+			if pushed >= ringGroup && s.waitSent(io.sentBefore[t]+pushed+1-ringGroup) != nil {
 				return false
 			}
-			if !send(s, b[pushed], b[pushed+1]) {
+			w, ok := r.roundThroughWire(sp, io, lo, hi)
+			if !ok || !s.push(w, func() { io.pool.put(w) }) {
 				return false
 			}
 		}
@@ -387,15 +396,10 @@ func (r *run) rdExchange(sp hdSpec, t int, st hdStep, io hdIO, send func(*sender
 		if !ok {
 			return false
 		}
-		a := io.acc(b[k], b[k+1])
-		if sp.wire == sp.dtype {
-			if s.waitSent(io.sentBefore[t]+k+1) != nil {
-				return false
-			}
-		} else if !r.roundThroughWire(sp, io, b[k], b[k+1]) {
+		if !narrow && s.waitSent(io.sentBefore[t]+k+1) != nil {
 			return false
 		}
-		io.red.combineOrdered(a, it.buf, peerFirst)
+		io.red.combineOrdered(io.acc(b[k], b[k+1]), it.buf, peerFirst)
 		rv.release(it)
 	}
 	return true
@@ -409,23 +413,29 @@ func (r *run) hdFinish(sp hdSpec, own span, io hdIO) bool {
 	for k := 0; k+1 < len(b); k++ {
 		a := io.acc(b[k], b[k+1])
 		io.red.finish(a)
-		if sp.wire != sp.dtype && !r.roundThroughWire(sp, io, b[k], b[k+1]) {
+		if sp.wire == sp.dtype {
+			continue
+		}
+		w, ok := r.roundThroughWire(sp, io, b[k], b[k+1])
+		if !ok {
 			return false
 		}
+		io.pool.put(w)
 	}
 	return true
 }
 
 // roundThroughWire rounds elements [lo, hi) of acc (float32) through the
-// 16-bit wire format in place, by way of a send buffer.
-func (r *run) roundThroughWire(sp hdSpec, io hdIO, lo, hi int) bool {
+// 16-bit wire format in place, by way of a send buffer from the pool,
+// which it returns holding them in the wire format (the caller sends it or
+// puts it back).
+func (r *run) roundThroughWire(sp hdSpec, io hdIO, lo, hi int) ([]byte, bool) {
 	w, ok := io.pool.get(r.ctx, (hi-lo)*sp.wire.Size())
 	if !ok {
-		return false
+		return nil, false
 	}
 	a := io.acc(lo, hi)
 	io.red.toWire(w, a)
 	io.red.fromWire(a, w)
-	io.pool.put(w)
-	return true
+	return w, true
 }

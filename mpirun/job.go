@@ -405,17 +405,8 @@ func (p *plan) localEnv(s Slot, np int, exports []string, iface rdvIface, cudaLo
 	if iface.name != "" && !hasVar(exports, rank.EnvIface) {
 		env = append(env, rank.EnvIface+"="+iface.name)
 	}
-	env = append(env,
-		rank.EnvRank+"="+strconv.Itoa(s.Rank),
-		rank.EnvSize+"="+strconv.Itoa(np),
-		rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank),
-		rank.EnvLocalSize+"="+strconv.Itoa(s.LocalSize),
-		rank.EnvNodeRank+"="+strconv.Itoa(s.NodeRank),
-		rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
-		rank.EnvJobID+"="+p.jobID,
-		rank.EnvHost+"="+s.Host,
-		rank.EnvRestart+"="+restartPlaceholder,
-	)
+	env = append(env, rank.EnvRank+"="+strconv.Itoa(s.Rank), rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank))
+	env = append(env, p.jobEnv(np, s.LocalSize, s.NodeRank, s.Host)...)
 	if cudaLocal {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
 	}
@@ -423,6 +414,21 @@ func (p *plan) localEnv(s Slot, np int, exports []string, iface rdvIface, cudaLo
 		env = append(env, EnvProgressLine+"=1")
 	}
 	return env
+}
+
+// jobEnv is what every rank on host is told of the job and its host: the
+// world size, the ranks on the host and the host's index, where the
+// rendezvous is, the job's ID, and which start this is.
+func (p *plan) jobEnv(np, localSize, nodeRank int, host string) []string {
+	return []string{
+		rank.EnvSize + "=" + strconv.Itoa(np),
+		rank.EnvLocalSize + "=" + strconv.Itoa(localSize),
+		rank.EnvNodeRank + "=" + strconv.Itoa(nodeRank),
+		rank.EnvRendezvous + "=" + net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
+		rank.EnvJobID + "=" + p.jobID,
+		rank.EnvHost + "=" + host,
+		rank.EnvRestart + "=" + restartPlaceholder,
+	}
 }
 
 // remoteEnv is the environment the agent on remote host hs starts with
@@ -441,15 +447,7 @@ func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface,
 	if iface.name != "" && !iface.localOnly && !hasVar(exports, rank.EnvIface) {
 		env = append(env, rank.EnvIface+"="+iface.name)
 	}
-	env = append(env,
-		rank.EnvSize+"="+strconv.Itoa(np),
-		rank.EnvLocalSize+"="+strconv.Itoa(first.LocalSize),
-		rank.EnvNodeRank+"="+strconv.Itoa(first.NodeRank),
-		rank.EnvRendezvous+"="+net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
-		rank.EnvJobID+"="+p.jobID,
-		rank.EnvHost+"="+hs.name,
-		rank.EnvRestart+"="+restartPlaceholder,
-	)
+	env = append(env, p.jobEnv(np, first.LocalSize, first.NodeRank, hs.name)...)
 	if p.cfg.MaxRestarts > 0 {
 		env = append(env, rank.EnvRestartCause+"="+causePlaceholder)
 	}
