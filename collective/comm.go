@@ -438,10 +438,13 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 
 // AlgorithmFor is the algorithm an Allreduce of bytes (on the wire) runs
 // with on this communicator when it asks for a (Auto: Config.Algorithm or
-// GORUN_ALLREDUCE, else the cost model's choice). A hierarchical layout
-// (several hosts) never picks Direct by itself, which would send every
-// rank's buffer across hosts to every rank there; Direct asked for on more
-// than DirectLimit bytes runs the ring or tree (direct.go).
+// GORUN_ALLREDUCE, else the cost model's choice). With a hierarchical
+// layout (several hosts) the algorithm is the one of the phase across the
+// hosts, so the model chooses for that phase: one host's share of the
+// bytes among as many ranks as hosts (recursive doubling on two hosts up
+// to DoublingMaxBytes a share); it never picks Direct there, which would
+// send every rank's buffer across hosts to every rank. Direct asked for on
+// more than DirectLimit bytes runs the ring or tree (direct.go).
 func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 	if a == Auto {
 		a = c.cfg.Algorithm
@@ -455,6 +458,10 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 	m := c.cfg.Model
 	if a == Direct || c.hier != nil {
 		m.DirectMaxBytes = 0
+	}
+	if h := c.hier; h != nil {
+		per := len(h.local)
+		return m.Choose((bytes+per-1)/per, len(h.cross))
 	}
 	return m.Choose(bytes, c.t.Size())
 }

@@ -57,13 +57,13 @@ func (p *planner) route(bytes int, ask collective.Algorithm) call {
 		return call{algo: ask, sec: model(ShmRings, 0, 0, n).Predict(ask, bytes, n) / 1e6}
 	}
 	if c.PerHost >= 2 && !c.Flat {
+		part := (bytes + c.PerHost - 1) / c.PerHost
 		a := ask
-		if a == collective.Auto {
+		if a == collective.Auto { // as the communicator: for the phase across the hosts
 			auto.DirectMaxBytes = 0
-			a = auto.Choose(bytes, n)
+			a = auto.Choose(part, c.Hosts)
 		}
 		local := model(ShmGroup, 0, 0, c.PerHost).Predict(collective.Shared, bytes, c.PerHost)
-		part := (bytes + c.PerHost - 1) / c.PerHost
 		share := p.link(c.PerHost)
 		cross := collective.LinkModel(share, c.Hosts)
 		return call{algo: a, hier: true, sec: (local + cross.Predict(a, part, c.Hosts)) / 1e6,
