@@ -113,13 +113,7 @@ func TestRecursiveDoublingSameBits(t *testing.T) {
 			if got, want := nanBits(out[0], v.dt, 0), nanBits(nanBuf(narrow, nans[first]), narrow, 0); got != want {
 				t.Errorf("n=%d %v: element 0 is %#x, want rank %d's NaN %#x", n, v, got, first, want)
 			}
-			if !sameValues(out[0], v.dt, func(i int) float64 {
-				s := 0.0
-				for r := 0; r < n; r++ {
-					s += intValue(r, i)
-				}
-				return s
-			}, func(i int) bool { return i%7 == 0 }) {
+			if !intSumsMatch(out[0], v.dt, n, func(i int) bool { return i%7 == 0 }) {
 				t.Errorf("n=%d %v: wrong sums", n, v)
 			}
 		}
@@ -147,13 +141,20 @@ func nanBits(buf []byte, dt DType, i int) uint32 {
 	return math.Float32bits(f[0])
 }
 
-// sameValues reports whether every element but the skipped ones equals
-// want(i).
-func sameValues(buf []byte, dt DType, want func(int) float64, skip func(int) bool) bool {
-	f := make([]float32, len(buf)/dt.Size())
-	decode(f, buf, dt)
-	for i, x := range f {
-		if !skip(i) && float64(x) != want(i) {
+// intSumsMatch reports whether every element of buf but the skipped ones
+// holds the sum over n ranks of their intValue inputs (reference).
+func intSumsMatch(buf []byte, dt DType, n int, skip func(int) bool) bool {
+	count := len(buf) / dt.Size()
+	vals := make([][]float64, n)
+	for r := range vals {
+		vals[r] = make([]float64, count)
+		for i := range vals[r] {
+			vals[r][i] = intValue(r, i)
+		}
+	}
+	want := reference(vals, Sum)
+	for i, x := range readBuf(dt, buf) {
+		if !skip(i) && x != want[i] {
 			return false
 		}
 	}

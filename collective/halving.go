@@ -80,10 +80,7 @@ func foldedPlan(rank, world, count int, steps func(p *hdPlan, v, pof2 int, all s
 	if world <= 1 {
 		return hdPlan{own: all}
 	}
-	pof2 := 1
-	for pof2*2 <= world {
-		pof2 *= 2
-	}
+	pof2, _ := pow2Below(world)
 	extra := world - pof2
 	var p hdPlan
 	v := rank - extra // virtual rank among the pof2

@@ -170,7 +170,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc, src []byte, count
 func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo, hi int, cl call, div, slice int) {
 	n := t.Size()
 	es := cl.dtype.Size()
-	if src != nil && (n == 1 || cl.algo == Tree || cl.algo == HalvingDoubling || cl.algo == RecursiveDoubling) {
+	if src != nil && (n == 1 || cl.algo != Ring) { // only the ring reads src where it lies
 		copy(acc[lo*es:hi*es], src[lo*es:hi*es])
 		src = nil
 	}

@@ -81,10 +81,7 @@ func (m CostModel) Predict(a Algorithm, bytes, n int) float64 {
 // 2(p-1)/p on p = 2^k ranks; with extra ranks, 2 more steps and 2 more
 // buffers (the fold into a partner and the result sent back).
 func hdCost(n int) (steps int, moved float64) {
-	p, k := 1, 0
-	for p*2 <= n {
-		p, k = p*2, k+1
-	}
+	p, k := pow2Below(n)
 	steps, moved = 2*k, 2*float64(p-1)/float64(p)
 	if n > p {
 		steps, moved = steps+2, moved+2
@@ -92,14 +89,22 @@ func hdCost(n int) (steps int, moved float64) {
 	return steps, moved
 }
 
+// pow2Below returns p = 2^k, the largest power of two <= n (1 for n < 2),
+// and k: the ranks halving-doubling and recursive doubling run on after
+// the fold, and their number of steps each way.
+func pow2Below(n int) (p, k int) {
+	p = 1
+	for p*2 <= n {
+		p, k = p*2, k+1
+	}
+	return p, k
+}
+
 // rdCost is recursive doubling's critical path on n ranks, as hdCost's:
 // log2(p) steps of the whole buffer each, and the fold's 2 steps and 2
 // buffers when n is not a power of two.
 func rdCost(n int) (steps int, moved float64) {
-	p, k := 1, 0
-	for p*2 <= n {
-		p, k = p*2, k+1
-	}
+	p, k := pow2Below(n)
 	steps, moved = k, float64(k)
 	if n > p {
 		steps, moved = steps+2, moved+2

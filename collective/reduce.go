@@ -80,21 +80,21 @@ func (r *reducer) combineOrdered(acc, in []byte, inFirst bool) {
 			decode(b, in, r.wire)
 			y = b
 		}
+		first, second := x, y
 		if inFirst {
-			apply(x, y, x, r.op)
-		} else {
-			apply(x, x, y, r.op)
+			first, second = y, x
 		}
+		apply(x, first, second, r.op)
 		return
 	}
 	a, b := r.scratch(&r.a, ne), r.scratch(&r.b, ne)
 	decode(a, acc, r.dtype)
 	decode(b, in, r.wire)
+	first, second := a, b
 	if inFirst {
-		apply(a, b, a, r.op)
-	} else {
-		apply(a, a, b, r.op)
+		first, second = b, a
 	}
+	apply(a, first, second, r.op)
 	encode(acc, a, r.dtype)
 }
 

@@ -100,13 +100,7 @@ func TestUnbufferedLinks(t *testing.T) {
 					t.Fatalf("%v n=%d %v: %v", a, n, v, err)
 				}
 				rank.CloseAll(ts)
-				if !sameValues(out[0], v.dt, func(i int) float64 {
-					s := 0.0
-					for r := 0; r < n; r++ {
-						s += intValue(r, i)
-					}
-					return s
-				}, func(int) bool { return false }) {
+				if !intSumsMatch(out[0], v.dt, n, func(int) bool { return false }) {
 					t.Errorf("%v n=%d %v: wrong sums", a, n, v)
 				}
 			}

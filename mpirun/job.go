@@ -158,19 +158,18 @@ func prepare(cfg Config) (*plan, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	slots, np, err := placeRanks(cfg)
+	slots, err := placeRanks(cfg)
 	if err != nil {
 		return nil, err
 	}
+	np := len(slots)
 	// Which hosts are this machine.
 	local := map[string]bool{}
 	var remoteHosts []string
-	usedHosts := 0
 	for _, s := range slots {
 		if _, ok := local[s.Host]; ok {
 			continue
 		}
-		usedHosts++
 		local[s.Host] = IsLocalHost(s.Host)
 		if !local[s.Host] {
 			remoteHosts = append(remoteHosts, s.Host)
@@ -198,7 +197,7 @@ func prepare(cfg Config) (*plan, error) {
 			}
 		}
 	}
-	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: usedHosts, rdvPort: "0"}
+	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: len(local), rdvPort: "0"}
 	p.pl, p.plErr = newProgressLine(cfg.Stdout, cfg.Stderr)
 	iface, err := p.chooseRendezvous(remoteHosts, launcher)
 	if err != nil {
@@ -268,8 +267,8 @@ func (cfg *Config) check() error {
 }
 
 // placeRanks places the job's ranks on cfg's hosts (this machine when
-// none are given) and returns the slots and the number of ranks.
-func placeRanks(cfg Config) ([]Slot, int, error) {
+// none are given) and returns their slots, one per rank.
+func placeRanks(cfg Config) ([]Slot, error) {
 	hosts := cfg.Hosts
 	if len(hosts) == 0 {
 		n := cfg.NP
@@ -289,12 +288,12 @@ func placeRanks(cfg Config) ([]Slot, int, error) {
 		hosts = append([]Host(nil), hosts...)
 		for i := range hosts {
 			if hosts[i].MaxSlots > 0 && hosts[i].MaxSlots < cfg.PerNode {
-				return nil, 0, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
+				return nil, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
 			}
 			hosts[i].Slots = cfg.PerNode
 		}
 		if cfg.NP > 0 && cfg.NP != cfg.PerNode*len(hosts) {
-			return nil, 0, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
+			return nil, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
 		}
 		mapBy = MapBySlot
 	}
@@ -306,12 +305,12 @@ func placeRanks(cfg Config) ([]Slot, int, error) {
 	}
 	slots, err := Place(hosts, np, mapBy, cfg.Oversubscribe)
 	if err != nil {
-		return nil, 0, usagef("%v", err)
+		return nil, usagef("%v", err)
 	}
 	if cfg.StdinRank >= np {
-		return nil, 0, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
+		return nil, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
 	}
-	return slots, np, nil
+	return slots, nil
 }
 
 // locateProgram returns the ranks' working directory (absolute), the

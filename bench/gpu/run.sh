@@ -148,27 +148,26 @@ net() {
 		awk -v t="$2" -v c="$3" '{ sub(/^\[0\] */, "") } $1 ~ /^[0-9]+$/ { l = l " " $1 / 1048576 "M " $c }
 			END { print "busbw GB/s (" t "):" l }' "$1"
 	}
-	ar() {
+	# shown LABEL COLUMN CMD...: CMD's output as it comes, then brief's
+	# line; CMD's exit status
+	shown() {
 		local f rc
 		f=$(mktemp)
-		"$bin/gorun" -np "$1" -x GORUN_SHM=0 "${@:3}" "$bin/allreduce-perf" -a ring -b 1M -e 256M -f 4 -n 10 -w 2 -S 5 \
-			-I 0 -c 1 -t 60s 2>&1 | tee "$f"
+		"${@:3}" 2>&1 | tee "$f"
 		rc=${PIPESTATUS[0]}
-		brief "$f" "$2" 8
+		brief "$f" "$1" "$2"
 		rm -f "$f"
 		return $rc
+	}
+	ar() {
+		shown "$2" 8 "$bin/gorun" -np "$1" -x GORUN_SHM=0 "${@:3}" "$bin/allreduce-perf" -a ring -b 1M -e 256M -f 4 \
+			-n 10 -w 2 -S 5 -I 0 -c 1 -t 60s
 	}
 	gl() {
-		local f rc
-		f=$(mktemp)
-		"${PYTHON:-python3}" bench/peers/gloo_allreduce.py --np "$1" --budget 1 --timeout 45 \
-			--sizes 1048576 4194304 16777216 67108864 268435456 2>&1 | tee "$f"
-		rc=${PIPESTATUS[0]}
-		brief "$f" gloo 7
-		rm -f "$f"
-		return $rc
+		shown gloo 7 "${PYTHON:-python3}" bench/peers/gloo_allreduce.py --np "$1" --budget 1 --timeout 45 \
+			--sizes 1048576 4194304 16777216 67108864 268435456
 	}
-	export -f brief ar gl
+	export -f brief shown ar gl
 	export bin
 	# limits add up to 590 s, inside one device call
 	for np in 2 4 8; do
