@@ -296,7 +296,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		if err != nil {
 			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
 		}
-		m.qtr = &quic.Transport{Conn: m.udp}
+		m.qtr = &quic.Transport{Conn: quicConn(m.udp)}
 		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(opt.Timeout))
 		if err != nil {
 			return fail(err)

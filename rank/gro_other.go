@@ -1,0 +1,8 @@
+//go:build !linux
+
+package rank
+
+import "net"
+
+// quicConn returns udp: UDP_GRO is Linux's.
+func quicConn(udp net.PacketConn) net.PacketConn { return udp }
