@@ -122,7 +122,7 @@ var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.
 // tuningVars are forwarded from gorun's environment to every rank, remote
 // ones included, because the mesh needs them equal everywhere (the TCP
 // cipher need not be, but whoever sets it means the whole job).
-var tuningVars = []string{rank.EnvTransport, rank.EnvConns, rank.EnvTimeout, rank.EnvTCPCipher}
+var tuningVars = []string{rank.EnvTransport, rank.EnvConns, rank.EnvTimeout, rank.EnvTCPCipher, rank.EnvQUICGRO}
 
 // Run runs the job and returns gorun's exit status. A non-nil error is a
 // one-line message about bad input or setup, found before any rank started

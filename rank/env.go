@@ -27,6 +27,7 @@ const (
 	EnvConns      = "GORUN_CONNS_PER_PEER"
 	EnvTimeout    = "GORUN_TIMEOUT"
 	EnvTCPCipher  = "GORUN_TCP_CIPHER"
+	EnvQUICGRO    = "GORUN_QUIC_GRO"
 	// EnvRestart counts the times gorun --max-restarts started the job
 	// again after a failure (absent or 0: the first start).
 	EnvRestart = "GORUN_RESTART"

@@ -5,7 +5,6 @@ package rank
 import (
 	"encoding/binary"
 	"net"
-	"os"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
@@ -38,11 +37,11 @@ type groConn struct {
 	seg  int // its segment size
 }
 
-// quicConn returns the conn for quic-go's Transport: udp itself, or a
-// groConn where the kernel takes UDP_GRO and GORUN_QUIC_GRO is not "off".
-func quicConn(udp net.PacketConn) net.PacketConn {
+// quicConn returns the conn for quic-go's Transport: a groConn when gro
+// is set and the kernel takes UDP_GRO, else udp itself.
+func quicConn(udp net.PacketConn, gro bool) net.PacketConn {
 	u, ok := udp.(*net.UDPConn)
-	if !ok || os.Getenv("GORUN_QUIC_GRO") == "off" {
+	if !ok || !gro {
 		return udp
 	}
 	raw, err := u.SyscallConn()

@@ -5,4 +5,4 @@ package rank
 import "net"
 
 // quicConn returns udp: UDP_GRO is Linux's.
-func quicConn(udp net.PacketConn) net.PacketConn { return udp }
+func quicConn(udp net.PacketConn, gro bool) net.PacketConn { return udp }

@@ -24,7 +24,7 @@ func TestGROConnCutsDatagrams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer udp.Close()
-	gc, ok := quicConn(udp).(*groConn)
+	gc, ok := quicConn(udp, true).(*groConn)
 	if !ok {
 		t.Skip("this kernel does not take UDP_GRO")
 	}
@@ -108,16 +108,30 @@ func TestGROConnCutsDatagrams(t *testing.T) {
 	}
 }
 
-// TestGROConnOff checks that GORUN_QUIC_GRO=off gives quic-go the socket
-// itself.
-func TestGROConnOff(t *testing.T) {
-	t.Setenv("GORUN_QUIC_GRO", "off")
+// TestQUICGROOption checks GORUN_QUIC_GRO: "off" gives quic-go the socket
+// itself, anything but "auto" or "off" is refused with the variable named.
+func TestQUICGROOption(t *testing.T) {
+	for _, c := range []struct{ env, want, err string }{
+		{"", "auto", ""}, {"auto", "auto", ""}, {"off", "off", ""}, {"on", "", "GORUN_QUIC_GRO=\"on\": want auto or off"},
+	} {
+		t.Setenv(EnvQUICGRO, c.env)
+		o, err := Options{}.withDefaults()
+		if c.err != "" {
+			if err == nil || err.Error() != c.err {
+				t.Errorf("GORUN_QUIC_GRO=%q: error %v, want %q", c.env, err, c.err)
+			}
+			continue
+		}
+		if err != nil || o.QUICGRO != c.want {
+			t.Errorf("GORUN_QUIC_GRO=%q: %q, %v; want %q", c.env, o.QUICGRO, err, c.want)
+		}
+	}
 	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer udp.Close()
-	if c := quicConn(udp); c != net.PacketConn(udp) {
-		t.Fatalf("GORUN_QUIC_GRO=off: quicConn returned %T, want the socket", c)
+	if c := quicConn(udp, false); c != net.PacketConn(udp) {
+		t.Fatalf("GRO off: quicConn returned %T, want the socket", c)
 	}
 }

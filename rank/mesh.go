@@ -60,6 +60,11 @@ type Options struct {
 	// (sealed.go). Ranks may differ: each lane takes what both ends
 	// offer. Env: GORUN_TCP_CIPHER.
 	TCPCipher string
+	// QUICGRO: "auto" (default) receives QUIC's datagrams with UDP_GRO
+	// where the kernel has it (gro.go: a run of datagrams from one sender
+	// comes in one buffer); "off" reads them one by one, as quic-go does
+	// on its own. Ranks may differ. Env: GORUN_QUIC_GRO.
+	QUICGRO string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -83,6 +88,15 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.TCPCipher != "auto" && o.TCPCipher != "aes-gcm" {
 		return o, fmt.Errorf("%s=%q: want auto or aes-gcm", EnvTCPCipher, o.TCPCipher)
+	}
+	if o.QUICGRO == "" {
+		o.QUICGRO = os.Getenv(EnvQUICGRO)
+	}
+	if o.QUICGRO == "" {
+		o.QUICGRO = "auto"
+	}
+	if o.QUICGRO != "auto" && o.QUICGRO != "off" {
+		return o, fmt.Errorf("%s=%q: want auto or off", EnvQUICGRO, o.QUICGRO)
 	}
 	if o.ConnsPerPeer == 0 {
 		if v := os.Getenv(EnvConns); v != "" {
@@ -296,7 +310,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		if err != nil {
 			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
 		}
-		m.qtr = &quic.Transport{Conn: quicConn(m.udp)}
+		m.qtr = &quic.Transport{Conn: quicConn(m.udp, opt.QUICGRO == "auto")}
 		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(opt.Timeout))
 		if err != nil {
 			return fail(err)
