@@ -84,19 +84,64 @@ type envGetter func(string) (string, bool)
 func FromEnv() (Identity, error) { return fromEnv(os.LookupEnv) }
 
 func fromEnv(get envGetter) (Identity, error) {
-	num := func(name string) (int, bool, error) {
-		v, ok := get(name)
-		if !ok || strings.TrimSpace(v) == "" {
-			return 0, false, nil
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < 0 {
-			return 0, true, fmt.Errorf("environment variable %s=%q is not a non-negative integer", name, v)
-		}
-		return n, true, nil
+	e := envReader{get}
+	id, err := e.launcher()
+	if err != nil {
+		return id, err
 	}
-	str := func(name string) string { v, _ := get(name); return strings.TrimSpace(v) }
+	id.Host = e.str(EnvHost)
+	if id.Rendezvous, err = e.rendezvous(id); err != nil {
+		return id, err
+	}
+	// Under gorun, gorun serves the rendezvous; otherwise rank 0 does.
+	id.ServeRendezvous = id.Launcher != "gorun" && id.Rank == 0 && id.Size > 1
 
+	for _, k := range []string{EnvRestart, "TORCHELASTIC_RESTART_COUNT"} {
+		if v := e.str(k); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return id, fmt.Errorf("%s=%q: want a count of restarts", k, v)
+			}
+			id.Restart = n
+			break
+		}
+	}
+	id.JobID = e.str(EnvJobID)
+	if id.JobID == "" {
+		for _, k := range []string{"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"} {
+			if v := e.str(k); v != "" {
+				id.JobID = v
+				break
+			}
+		}
+	}
+	err = e.secret(&id)
+	return id, err
+}
+
+// envReader reads the variables of one environment.
+type envReader struct{ get envGetter }
+
+// num reads a non-negative integer; ok is false when name is unset or blank.
+func (e envReader) num(name string) (n int, ok bool, err error) {
+	v, ok := e.get(name)
+	if !ok || strings.TrimSpace(v) == "" {
+		return 0, false, nil
+	}
+	n, err = strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return 0, true, fmt.Errorf("environment variable %s=%q is not a non-negative integer", name, v)
+	}
+	return n, true, nil
+}
+
+func (e envReader) str(name string) string { v, _ := e.get(name); return strings.TrimSpace(v) }
+
+// launcher finds the first launcher whose rank and size variables are set
+// (gorun's, OpenMPI's, Slurm's, torchrun's) and reads the ranks from them;
+// with none, the process is rank 0 of 1.
+func (e envReader) launcher() (Identity, error) {
+	num := e.num
 	var id Identity
 	type scheme struct {
 		name                   string
@@ -152,18 +197,24 @@ func fromEnv(get envGetter) (Identity, error) {
 	if !found {
 		id = Identity{Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1, Launcher: "none"}
 	}
-	id.Host = str(EnvHost)
+	return id, nil
+}
 
-	// Rendezvous address.
+// rendezvous is the rendezvous address for id: GORUN_RENDEZVOUS, torchrun's
+// MASTER_ADDR and MASTER_PORT, or what OpenMPI's or Slurm's variables imply;
+// "" for a job of one rank.
+func (e envReader) rendezvous(id Identity) (string, error) {
+	num, str := e.num, e.str
+	var addr string
 	switch {
 	case str(EnvRendezvous) != "":
-		id.Rendezvous = str(EnvRendezvous)
+		addr = str(EnvRendezvous)
 	case str("MASTER_ADDR") != "":
 		port := str("MASTER_PORT")
 		if port == "" {
 			port = strconv.Itoa(DefaultRendezvousPort)
 		}
-		id.Rendezvous = net.JoinHostPort(str("MASTER_ADDR"), port)
+		addr = net.JoinHostPort(str("MASTER_ADDR"), port)
 	case id.Launcher == "openmpi" && str("OMPI_MCA_orte_hnp_uri") != "":
 		// OpenMPI's mpirun (how Horovod labs start jobs) tells every rank
 		// its own address; rank 0, placed on mpirun's host by the default
@@ -174,59 +225,43 @@ func fromEnv(get envGetter) (Identity, error) {
 		if n, _, _ := num("OMPI_MCA_orte_num_nodes"); n > 1 {
 			h, err := hnpHost(str("OMPI_MCA_orte_hnp_uri"))
 			if err != nil {
-				return id, err
+				return "", err
 			}
 			host = h
 		}
 		jid, _, _ := num("OMPI_MCA_ess_base_jobid")
-		id.Rendezvous = net.JoinHostPort(host, strconv.Itoa(openMPIPort(jid)))
+		addr = net.JoinHostPort(host, strconv.Itoa(openMPIPort(jid)))
 	case id.Launcher == "slurm" && str("SLURM_JOB_NODELIST") != "":
 		h, err := FirstSlurmHost(str("SLURM_JOB_NODELIST"))
 		if err != nil {
-			return id, err
+			return "", err
 		}
-		id.Rendezvous = net.JoinHostPort(h, strconv.Itoa(DefaultRendezvousPort))
+		addr = net.JoinHostPort(h, strconv.Itoa(DefaultRendezvousPort))
 	case id.Size == 1:
-		id.Rendezvous = ""
+		addr = ""
 	default:
-		return id, fmt.Errorf("%s launcher started rank %d of %d but no rendezvous address is set: set %s=host:port (or MASTER_ADDR/MASTER_PORT)", id.Launcher, id.Rank, id.Size, EnvRendezvous)
+		return "", fmt.Errorf("%s launcher started rank %d of %d but no rendezvous address is set: set %s=host:port (or MASTER_ADDR/MASTER_PORT)", id.Launcher, id.Rank, id.Size, EnvRendezvous)
 	}
-	if id.Rendezvous != "" {
-		if _, _, err := net.SplitHostPort(id.Rendezvous); err != nil {
-			return id, fmt.Errorf("rendezvous address %q is not host:port: %v", id.Rendezvous, err)
+	if addr != "" {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return "", fmt.Errorf("rendezvous address %q is not host:port: %v", addr, err)
 		}
 	}
-	// Under gorun, gorun serves the rendezvous; otherwise rank 0 does.
-	id.ServeRendezvous = id.Launcher != "gorun" && id.Rank == 0 && id.Size > 1
+	return addr, nil
+}
 
-	for _, k := range []string{EnvRestart, "TORCHELASTIC_RESTART_COUNT"} {
-		if v := str(k); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return id, fmt.Errorf("%s=%q: want a count of restarts", k, v)
-			}
-			id.Restart = n
-			break
-		}
-	}
-	id.JobID = str(EnvJobID)
-	if id.JobID == "" {
-		for _, k := range []string{"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"} {
-			if v := str(k); v != "" {
-				id.JobID = v
-				break
-			}
-		}
-	}
-	if s := str(EnvSecret); s != "" {
+// secret sets id's job secret: GORUN_SECRET, or, under a foreign launcher
+// without it, one derived from what every rank of the job sees.
+func (e envReader) secret(id *Identity) error {
+	if s := e.str(EnvSecret); s != "" {
 		b, err := hex.DecodeString(s)
 		if err != nil || len(b) < 16 {
-			return id, fmt.Errorf("%s must be at least 32 hex digits", EnvSecret)
+			return fmt.Errorf("%s must be at least 32 hex digits", EnvSecret)
 		}
 		id.Secret = b
 	} else if id.Size > 1 {
 		if id.Launcher == "gorun" {
-			return id, fmt.Errorf("%s is not set: gorun passes it to every rank; was this process started by an older gorun?", EnvSecret)
+			return fmt.Errorf("%s is not set: gorun passes it to every rank; was this process started by an older gorun?", EnvSecret)
 		}
 		// A foreign launcher without a secret: derive one from what every
 		// rank of the job sees. This authenticates against accidents, not
@@ -235,7 +270,7 @@ func fromEnv(get envGetter) (Identity, error) {
 		id.Secret = h[:]
 		id.InsecureSecret = true
 	}
-	return id, nil
+	return nil
 }
 
 // FirstSlurmHost returns the first host of a Slurm node list such as

@@ -235,28 +235,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Mesh{
-		id: id, opt: opt, ready: make(chan struct{}), closed: make(chan struct{}),
-		count: make([]peerCounters, id.Size),
-	}
-	for v, name := range viaNames {
-		if opt.Transport == "auto" || opt.Transport == name {
-			m.sets[v] = make([][]*lane, id.Size)
-			for p := range m.sets[v] {
-				m.sets[v][p] = make([]*lane, opt.Channels)
-			}
-		}
-	}
-	m.choice = TransportChoice{Transport: opt.Transport, Peer: -1, Why: "set with " + EnvTransport}
-	if opt.Transport == "auto" {
-		m.choice = TransportChoice{Transport: "quic", Peer: -1, Why: "auto: not chosen yet"} // until choose
-	}
-	m.lanes = m.sets[viaOf(m.choice.Transport)]
-	m.pconns = make([][]*quic.Conn, id.Size)
-	m.hosts = make([]string, id.Size)
-	m.names = make([]string, id.Size)
-	m.hosts[id.Rank] = hostKey()
-	m.names[id.Rank] = hostName(id)
+	m := newMesh(id, opt)
 	if id.Size == 1 {
 		close(m.ready)
 		return m, nil
@@ -304,29 +283,10 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	if err != nil {
 		return fail(fmt.Errorf("rank %d: %v", id.Rank, err))
 	}
-	var addrs []string
-	if m.sets[viaQUIC] != nil {
-		m.udp, err = net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
-		}
-		m.qtr = &quic.Transport{Conn: quicConn(m.udp, opt.QUICGRO == "auto")}
-		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(opt.Timeout))
-		if err != nil {
-			return fail(err)
-		}
-		addrs = append(addrs, m.udp.LocalAddr().String())
+	addr, err := m.listen(ctx, auth, ip)
+	if err != nil {
+		return fail(err)
 	}
-	if m.sets[viaTCP] != nil {
-		lc := net.ListenConfig{Control: sizeTCPBuffers} // accepted connections inherit them
-		m.tln, err = lc.Listen(ctx, "tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			return fail(fmt.Errorf("rank %d: cannot listen on %s: %v", id.Rank, ip, err))
-		}
-		addrs = append(addrs, m.tln.Addr().String())
-	}
-	// quic://udp, tcp://tcp or auto://udp,tcp
-	addr := opt.Transport + "://" + strings.Join(addrs, ",")
 	// Lanes this rank accepts: from every lower rank.
 	m.pending = id.Rank
 	if m.pending == 0 {
@@ -350,21 +310,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 			return fail(fmt.Errorf("rank %d uses transport %s but rank %d uses %s: set %s the same on every rank", id.Rank, opt.Transport, r, strings.SplitN(a, ":", 2)[0], EnvTransport))
 		}
 	}
-	// Dial every higher rank.
-	var wg sync.WaitGroup
-	dialErrs := make(chan error, id.Size)
-	for p := id.Rank + 1; p < id.Size; p++ {
-		wg.Add(1)
-		go func(p int) {
-			defer wg.Done()
-			if err := m.dialPeer(ctx, auth, p); err != nil {
-				dialErrs <- err
-			}
-		}(p)
-	}
-	wg.Wait()
-	close(dialErrs)
-	if err := <-dialErrs; err != nil {
+	if err := m.dialHigher(ctx, auth); err != nil {
 		return fail(err)
 	}
 	select {
@@ -387,6 +333,82 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	}
 	m.warnUDPBuffers()
 	return m, nil
+}
+
+// newMesh is a mesh not yet connected: its lane tables for the transports
+// opt allows, and the transport it starts on.
+func newMesh(id Identity, opt Options) *Mesh {
+	m := &Mesh{
+		id: id, opt: opt, ready: make(chan struct{}), closed: make(chan struct{}),
+		count: make([]peerCounters, id.Size),
+	}
+	for v, name := range viaNames {
+		if opt.Transport == "auto" || opt.Transport == name {
+			m.sets[v] = make([][]*lane, id.Size)
+			for p := range m.sets[v] {
+				m.sets[v][p] = make([]*lane, opt.Channels)
+			}
+		}
+	}
+	m.choice = TransportChoice{Transport: opt.Transport, Peer: -1, Why: "set with " + EnvTransport}
+	if opt.Transport == "auto" {
+		m.choice = TransportChoice{Transport: "quic", Peer: -1, Why: "auto: not chosen yet"} // until choose
+	}
+	m.lanes = m.sets[viaOf(m.choice.Transport)]
+	m.pconns = make([][]*quic.Conn, id.Size)
+	m.hosts = make([]string, id.Size)
+	m.names = make([]string, id.Size)
+	m.hosts[id.Rank] = hostKey()
+	m.names[id.Rank] = hostName(id)
+	return m
+}
+
+// listen opens the UDP port (QUIC) and the TCP port (TLS/TCP) of the
+// transports the mesh may use, on ip, and returns the address this rank
+// registers: quic://udp, tcp://tcp or auto://udp,tcp.
+func (m *Mesh) listen(ctx context.Context, auth *jobAuth, ip string) (string, error) {
+	var addrs []string
+	var err error
+	if m.sets[viaQUIC] != nil {
+		m.udp, err = net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			return "", fmt.Errorf("rank %d: cannot listen on %s: %v", m.id.Rank, ip, err)
+		}
+		m.qtr = &quic.Transport{Conn: quicConn(m.udp, m.opt.QUICGRO == "auto")}
+		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(m.opt.Timeout))
+		if err != nil {
+			return "", err
+		}
+		addrs = append(addrs, m.udp.LocalAddr().String())
+	}
+	if m.sets[viaTCP] != nil {
+		lc := net.ListenConfig{Control: sizeTCPBuffers} // accepted connections inherit them
+		m.tln, err = lc.Listen(ctx, "tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			return "", fmt.Errorf("rank %d: cannot listen on %s: %v", m.id.Rank, ip, err)
+		}
+		addrs = append(addrs, m.tln.Addr().String())
+	}
+	return m.opt.Transport + "://" + strings.Join(addrs, ","), nil
+}
+
+// dialHigher connects to every higher rank at once and returns the first
+// failure.
+func (m *Mesh) dialHigher(ctx context.Context, auth *jobAuth) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, m.id.Size)
+	for p := m.id.Rank + 1; p < m.id.Size; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			if err := m.dialPeer(ctx, auth, p); err != nil {
+				errs <- err
+			}
+		}(p)
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
 
 func (m *Mesh) describeMissing() string {

@@ -255,47 +255,7 @@ func bench(o options, out io.Writer) error {
 			algo = a
 		}
 	}
-	if o.sendrecv {
-		p("# gorun allreduce-perf -C sendrecv: %d ranks, transport %s, %d channels; each rank sends to rank+1 and receives from rank-1\n",
-			n, mesh.TransportChoice().Transport, mesh.Channels())
-	} else {
-		p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
-			n, mesh.TransportChoice().Transport, mesh.Channels(), o.dtype, o.wire, o.op, algo)
-	}
-	if n > 1 {
-		p("# %v\n", mesh.TransportChoice())
-	}
-	p("# GOMAXPROCS %d per rank (%s)\n", procs, procsFrom)
-	if h, m := comm.Hierarchical(); h > 0 {
-		within := "by the ring over the pair rings (no group segment)"
-		if comm.HierarchicalInGroup() {
-			within = "through the group segment (GORUN_SHM_GROUP=0: the ring)"
-		}
-		p("# hierarchical allreduce: %d hosts x %d ranks, within rank 0's host %s; GORUN_HIERARCHICAL=0 turns it off\n", h, m, within)
-	}
-	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
-	if o.samples > 1 {
-		p("# time: the median of %d samples between barriers, each the slowest rank's time per call; mean and best below each row\n", o.samples)
-	} else {
-		p("# time: the mean over the timed iterations and the ranks\n")
-	}
-	p("#\n")
-	p("# %10s %12s %8s %6s %6s", "", "", "", "", "")
-	if o.outPlace {
-		p("  %-33s", "             out-of-place")
-	}
-	if o.inPlace {
-		p("  %-33s", "               in-place")
-	}
-	p("\n# %10s %12s %8s %6s %6s", "size", "count", "type", "redop", "algo")
-	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
-		p("  %9s %7s %7s %6s", "time", "algbw", "busbw", "#wrong")
-	}
-	p("\n# %10s %12s %8s %6s %6s", "(B)", "(elements)", "", "", "")
-	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
-		p("  %9s %7s %7s %6s", "(us)", "(GB/s)", "(GB/s)", "")
-	}
-	p("\n")
+	printHeader(p, o, mesh, comm, algo, procs, procsFrom)
 	var busSum float64
 	var rows int
 	wrongTotal := 0
@@ -373,6 +333,52 @@ func bench(o options, out io.Writer) error {
 		return fmt.Errorf("%d wrong elements", wrongTotal)
 	}
 	return nil
+}
+
+// printHeader prints nccl-tests' header: the job, the transport and why,
+// the settings, then the table's column titles.
+func printHeader(p func(string, ...any), o options, mesh *rank.Mesh, comm *collective.Communicator, algo collective.Algorithm, procs int, procsFrom string) {
+	if o.sendrecv {
+		p("# gorun allreduce-perf -C sendrecv: %d ranks, transport %s, %d channels; each rank sends to rank+1 and receives from rank-1\n",
+			comm.Size(), mesh.TransportChoice().Transport, mesh.Channels())
+	} else {
+		p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
+			comm.Size(), mesh.TransportChoice().Transport, mesh.Channels(), o.dtype, o.wire, o.op, algo)
+	}
+	if comm.Size() > 1 {
+		p("# %v\n", mesh.TransportChoice())
+	}
+	p("# GOMAXPROCS %d per rank (%s)\n", procs, procsFrom)
+	if h, m := comm.Hierarchical(); h > 0 {
+		within := "by the ring over the pair rings (no group segment)"
+		if comm.HierarchicalInGroup() {
+			within = "through the group segment (GORUN_SHM_GROUP=0: the ring)"
+		}
+		p("# hierarchical allreduce: %d hosts x %d ranks, within rank 0's host %s; GORUN_HIERARCHICAL=0 turns it off\n", h, m, within)
+	}
+	p("# sizes %d to %d bytes (x%d), %d warm-up and %d timed iterations, check %v\n", o.minBytes, o.maxBytes, o.factor, o.warmup, o.iters, o.check)
+	if o.samples > 1 {
+		p("# time: the median of %d samples between barriers, each the slowest rank's time per call; mean and best below each row\n", o.samples)
+	} else {
+		p("# time: the mean over the timed iterations and the ranks\n")
+	}
+	p("#\n")
+	p("# %10s %12s %8s %6s %6s", "", "", "", "", "")
+	if o.outPlace {
+		p("  %-33s", "             out-of-place")
+	}
+	if o.inPlace {
+		p("  %-33s", "               in-place")
+	}
+	p("\n# %10s %12s %8s %6s %6s", "size", "count", "type", "redop", "algo")
+	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
+		p("  %9s %7s %7s %6s", "time", "algbw", "busbw", "#wrong")
+	}
+	p("\n# %10s %12s %8s %6s %6s", "(B)", "(elements)", "", "", "")
+	for i := 0; i < btoi(o.outPlace)+btoi(o.inPlace); i++ {
+		p("  %9s %7s %7s %6s", "(us)", "(GB/s)", "(GB/s)", "")
+	}
+	p("\n")
 }
 
 // shareOfHost sets GOMAXPROCS to this rank's share of the host's cores
