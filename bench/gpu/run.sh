@@ -37,6 +37,8 @@
 #                8 ranks, each with cores/N cores, TLS/TCP and QUIC forced and
 #                GORUN_SHM=0 (ranks on one host use shared memory otherwise),
 #                1-256 MiB, -S 5
+#     net-quic-np2-nogro  np 2 over QUIC received without UDP_GRO
+#                (GORUN_QUIC_GRO=off), beside net-quic-np2's GRO
 #     net-tcp-np2-aesgcm  np 2 over TLS/TCP with the records sealed by AES-128-GCM
 #                (GORUN_TCP_CIPHER=aes-gcm), beside the default's AEGIS-128X4
 #                where the CPU has VAES on AVX-512 (the transport line says which)
@@ -173,13 +175,14 @@ net() {
 	for np in 2 4 8; do
 		c="$np ranks on $(nproc) cores"
 		step net-tcp-np$np 40 bash -c 'ar "$@"' _ "$np" "TLS/TCP, $c" -x GORUN_TRANSPORT=tcp
-		step net-quic-np$np 60 bash -c 'ar "$@"' _ "$np" "QUIC, $c" -x GORUN_TRANSPORT=quic
+		step net-quic-np$np 50 bash -c 'ar "$@"' _ "$np" "QUIC, $c" -x GORUN_TRANSPORT=quic
 		step net-gloo-np$np 45 bash -c 'gl "$@"' _ "$np"
 	done
 	# one peer pair over more connections and rings: does QUIC (one
 	# goroutine per quic-go connection) or TLS/TCP scale with the cores?
 	step net-quic-np2-conns8 40 bash -c 'ar "$@"' _ 2 "QUIC, 8 connections and 8 rings per peer pair, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=quic -x GORUN_CONNS_PER_PEER=8 -x GORUN_RINGS=8
 	step net-tcp-np2-conns8 35 bash -c 'ar "$@"' _ 2 "TLS/TCP, 8 lanes and 8 rings per peer pair, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=tcp -x GORUN_CONNS_PER_PEER=8 -x GORUN_RINGS=8
+	step net-quic-np2-nogro 30 bash -c 'ar "$@"' _ 2 "QUIC received one datagram at a time (GORUN_QUIC_GRO=off), 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=quic -x GORUN_QUIC_GRO=off
 	step net-tcp-np2-aesgcm 40 bash -c 'ar "$@"' _ 2 "TLS/TCP sealed with AES-128-GCM, 2 ranks on $(nproc) cores" -x GORUN_TRANSPORT=tcp -x GORUN_TCP_CIPHER=aes-gcm
 	step net-tcp-np2-1core 40 bash -c 'ar "$@"' _ 2 "TLS/TCP, GOMAXPROCS=1" -x GORUN_TRANSPORT=tcp -x GOMAXPROCS=1
 }
