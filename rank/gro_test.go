@@ -19,16 +19,25 @@ import (
 // read through quicConn, and checks that ReadBatch returns every datagram
 // whole, in order, with its sender, in batches smaller than a run.
 func TestGROConnCutsDatagrams(t *testing.T) {
-	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	for _, c := range []struct {
+		net string
+		ip  net.IP
+	}{{"udp4", net.IPv4(127, 0, 0, 1)}, {"udp6", net.IPv6loopback}} {
+		t.Run(c.net, func(t *testing.T) { testGROConn(t, c.net, c.ip) })
+	}
+}
+
+func testGROConn(t *testing.T, network string, ip net.IP) {
+	udp, err := net.ListenUDP(network, &net.UDPAddr{IP: ip})
 	if err != nil {
-		t.Fatal(err)
+		t.Skipf("no %s loopback here: %v", network, err)
 	}
 	defer udp.Close()
 	gc, ok := quicConn(udp, true).(*groConn)
 	if !ok {
 		t.Skip("this kernel does not take UDP_GRO")
 	}
-	tx, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	tx, err := net.ListenUDP(network, &net.UDPAddr{IP: ip})
 	if err != nil {
 		t.Fatal(err)
 	}
