@@ -67,6 +67,21 @@ type Options struct {
 	QUICGRO string
 }
 
+// autoOr sets an option left empty from the environment variable env, or
+// to "auto", and refuses anything but "auto" and other.
+func autoOr(v *string, env, other string) error {
+	if *v == "" {
+		*v = os.Getenv(env)
+	}
+	if *v == "" {
+		*v = "auto"
+	}
+	if *v != "auto" && *v != other {
+		return fmt.Errorf("%s=%q: want auto or %s", env, *v, other)
+	}
+	return nil
+}
+
 func (o Options) withDefaults() (Options, error) {
 	if o.Transport == "" {
 		o.Transport = os.Getenv(EnvTransport)
@@ -80,23 +95,11 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Iface == "" {
 		o.Iface = os.Getenv(EnvIface)
 	}
-	if o.TCPCipher == "" {
-		o.TCPCipher = os.Getenv(EnvTCPCipher)
+	if err := autoOr(&o.TCPCipher, EnvTCPCipher, "aes-gcm"); err != nil {
+		return o, err
 	}
-	if o.TCPCipher == "" {
-		o.TCPCipher = "auto"
-	}
-	if o.TCPCipher != "auto" && o.TCPCipher != "aes-gcm" {
-		return o, fmt.Errorf("%s=%q: want auto or aes-gcm", EnvTCPCipher, o.TCPCipher)
-	}
-	if o.QUICGRO == "" {
-		o.QUICGRO = os.Getenv(EnvQUICGRO)
-	}
-	if o.QUICGRO == "" {
-		o.QUICGRO = "auto"
-	}
-	if o.QUICGRO != "auto" && o.QUICGRO != "off" {
-		return o, fmt.Errorf("%s=%q: want auto or off", EnvQUICGRO, o.QUICGRO)
+	if err := autoOr(&o.QUICGRO, EnvQUICGRO, "off"); err != nil {
+		return o, err
 	}
 	if o.ConnsPerPeer == 0 {
 		if v := os.Getenv(EnvConns); v != "" {
