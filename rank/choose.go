@@ -45,13 +45,21 @@ type TransportChoice struct {
 	// "AES-128-GCM", or both joined with " and " where peers differ);
 	// empty unless TLS/TCP carries the data to some peer.
 	Cipher string
+	// Receive: how this rank's QUIC socket takes datagrams in ("datagrams
+	// received with UDP_GRO", or one at a time and why); empty unless QUIC
+	// carries the data.
+	Receive string
 }
 
 func (c TransportChoice) String() string {
+	parts := []string{c.Why}
 	if c.Cipher != "" {
-		return fmt.Sprintf("transport %s (%s; records sealed with %s)", transportLabel(c.Transport), c.Why, c.Cipher)
+		parts = append(parts, "records sealed with "+c.Cipher)
 	}
-	return fmt.Sprintf("transport %s (%s)", transportLabel(c.Transport), c.Why)
+	if c.Receive != "" {
+		parts = append(parts, c.Receive)
+	}
+	return fmt.Sprintf("transport %s (%s)", transportLabel(c.Transport), strings.Join(parts, "; "))
 }
 
 // TransportChoice is which transport this mesh's socket lanes use, and why.
@@ -60,6 +68,7 @@ func (m *Mesh) TransportChoice() TransportChoice {
 	defer m.mu.Unlock()
 	c := m.choice
 	if c.Transport != "tcp" {
+		c.Receive = m.quicReceive
 		return c
 	}
 	var names []string

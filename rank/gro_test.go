@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -142,5 +143,24 @@ func TestQUICGROOption(t *testing.T) {
 	defer udp.Close()
 	if c := quicConn(udp, false); c != net.PacketConn(udp) {
 		t.Fatalf("GRO off: quicConn returned %T, want the socket", c)
+	}
+	_, kernelGRO := quicConn(udp, true).(*groConn)
+
+	// The transport line says how QUIC receives, and only when QUIC
+	// carries the data.
+	for _, c := range []struct{ transport, gro, want string }{
+		{"quic", "auto", "; datagrams received with UDP_GRO)"},
+		{"quic", "off", "; datagrams received one at a time: GORUN_QUIC_GRO=off)"},
+		{"tcp", "auto", ""},
+	} {
+		if c.gro == "auto" && c.transport == "quic" && !kernelGRO {
+			c.want = "; datagrams received one at a time: this kernel has no UDP_GRO)"
+		}
+		for _, tr := range group(t, 2, Options{Transport: c.transport, QUICGRO: c.gro, Timeout: 10 * time.Second}) {
+			line := tr.(*Mesh).TransportChoice().String()
+			if c.want == "" && strings.Contains(line, "datagrams") || c.want != "" && !strings.HasSuffix(line, c.want) {
+				t.Errorf("transport %s, GRO %s: %q, want it to end %q", c.transport, c.gro, line, c.want)
+			}
+		}
 	}
 }

@@ -211,23 +211,25 @@ type Mesh struct {
 	names   []string
 	addrs   []string
 
-	udp      net.PacketConn
-	qtr      *quic.Transport
-	qln      *quic.Listener
-	tln      net.Listener
-	conns    []*quic.Conn
-	pconns   [][]*quic.Conn // [peer]: the QUIC connections with it
-	live     []peerLive     // [peer]: when it was last heard from (QUIC; stall.go)
-	tcpConns []net.Conn
-	rdv      *RendezvousServer
-	closed   chan struct{}
-	once     sync.Once
-	shm      []*shmPeer  // [peer]: non-nil for peers reached through shared memory
-	grp      *LocalGroup // this host's group segment, if mapped (shmgroup.go)
-	grpMu    sync.Mutex
-	grpDone  bool
-	grpOK    *LocalGroup
-	refused  refusals // connections the accept loop turned away
+	udp net.PacketConn
+	qtr *quic.Transport
+	// quicReceive says how udp takes datagrams in (TransportChoice.Receive).
+	quicReceive string
+	qln         *quic.Listener
+	tln         net.Listener
+	conns       []*quic.Conn
+	pconns      [][]*quic.Conn // [peer]: the QUIC connections with it
+	live        []peerLive     // [peer]: when it was last heard from (QUIC; stall.go)
+	tcpConns    []net.Conn
+	rdv         *RendezvousServer
+	closed      chan struct{}
+	once        sync.Once
+	shm         []*shmPeer  // [peer]: non-nil for peers reached through shared memory
+	grp         *LocalGroup // this host's group segment, if mapped (shmgroup.go)
+	grpMu       sync.Mutex
+	grpDone     bool
+	grpOK       *LocalGroup
+	refused     refusals // connections the accept loop turned away
 }
 
 // Connect joins the job described by id: it registers with the rendezvous
@@ -377,7 +379,16 @@ func (m *Mesh) listen(ctx context.Context, auth *jobAuth, ip string) (string, er
 		if err != nil {
 			return "", fmt.Errorf("rank %d: cannot listen on %s: %v", m.id.Rank, ip, err)
 		}
-		m.qtr = &quic.Transport{Conn: quicConn(m.udp, m.opt.QUICGRO == "auto")}
+		conn := quicConn(m.udp, m.opt.QUICGRO == "auto")
+		switch {
+		case conn != m.udp:
+			m.quicReceive = "datagrams received with UDP_GRO"
+		case m.opt.QUICGRO == "off":
+			m.quicReceive = "datagrams received one at a time: " + EnvQUICGRO + "=off"
+		default:
+			m.quicReceive = "datagrams received one at a time: this kernel has no UDP_GRO"
+		}
+		m.qtr = &quic.Transport{Conn: conn}
 		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(m.opt.Timeout))
 		if err != nil {
 			return "", err
