@@ -141,7 +141,6 @@ func (e envReader) str(name string) string { v, _ := e.get(name); return strings
 // (gorun's, OpenMPI's, Slurm's, torchrun's) and reads the ranks from them;
 // with none, the process is rank 0 of 1.
 func (e envReader) launcher() (Identity, error) {
-	num := e.num
 	var id Identity
 	type scheme struct {
 		name                   string
@@ -156,11 +155,11 @@ func (e envReader) launcher() (Identity, error) {
 	}
 	found := false
 	for _, s := range schemes {
-		r, okR, err := num(s.rank)
+		r, okR, err := e.num(s.rank)
 		if err != nil {
 			return id, err
 		}
-		n, okN, err := num(s.size)
+		n, okN, err := e.num(s.size)
 		if err != nil {
 			return id, err
 		}
@@ -178,12 +177,12 @@ func (e envReader) launcher() (Identity, error) {
 			return id, fmt.Errorf("%s launcher variables inconsistent: rank %d, size %d", s.name, r, n)
 		}
 		id.Rank, id.Size, id.Launcher = r, n, s.name
-		lr, okL, err := num(s.local)
+		lr, okL, err := e.num(s.local)
 		if err != nil {
 			return id, err
 		}
-		ls, okLS, _ := num(s.lsz)
-		nr, _, _ := num(s.node)
+		ls, okLS, _ := e.num(s.lsz)
+		nr, _, _ := e.num(s.node)
 		if !okL {
 			lr = r
 		}
@@ -204,35 +203,34 @@ func (e envReader) launcher() (Identity, error) {
 // MASTER_ADDR and MASTER_PORT, or what OpenMPI's or Slurm's variables imply;
 // "" for a job of one rank.
 func (e envReader) rendezvous(id Identity) (string, error) {
-	num, str := e.num, e.str
 	var addr string
 	switch {
-	case str(EnvRendezvous) != "":
-		addr = str(EnvRendezvous)
-	case str("MASTER_ADDR") != "":
-		port := str("MASTER_PORT")
+	case e.str(EnvRendezvous) != "":
+		addr = e.str(EnvRendezvous)
+	case e.str("MASTER_ADDR") != "":
+		port := e.str("MASTER_PORT")
 		if port == "" {
 			port = strconv.Itoa(DefaultRendezvousPort)
 		}
-		addr = net.JoinHostPort(str("MASTER_ADDR"), port)
-	case id.Launcher == "openmpi" && str("OMPI_MCA_orte_hnp_uri") != "":
+		addr = net.JoinHostPort(e.str("MASTER_ADDR"), port)
+	case id.Launcher == "openmpi" && e.str("OMPI_MCA_orte_hnp_uri") != "":
 		// OpenMPI's mpirun (how Horovod labs start jobs) tells every rank
 		// its own address; rank 0, placed on mpirun's host by the default
 		// mapping, serves the rendezvous there (all on one node: loopback)
 		// on a port derived from the job id. MASTER_ADDR or
 		// GORUN_RENDEZVOUS override it.
 		host := "127.0.0.1"
-		if n, _, _ := num("OMPI_MCA_orte_num_nodes"); n > 1 {
-			h, err := hnpHost(str("OMPI_MCA_orte_hnp_uri"))
+		if n, _, _ := e.num("OMPI_MCA_orte_num_nodes"); n > 1 {
+			h, err := hnpHost(e.str("OMPI_MCA_orte_hnp_uri"))
 			if err != nil {
 				return "", err
 			}
 			host = h
 		}
-		jid, _, _ := num("OMPI_MCA_ess_base_jobid")
+		jid, _, _ := e.num("OMPI_MCA_ess_base_jobid")
 		addr = net.JoinHostPort(host, strconv.Itoa(openMPIPort(jid)))
-	case id.Launcher == "slurm" && str("SLURM_JOB_NODELIST") != "":
-		h, err := FirstSlurmHost(str("SLURM_JOB_NODELIST"))
+	case id.Launcher == "slurm" && e.str("SLURM_JOB_NODELIST") != "":
+		h, err := FirstSlurmHost(e.str("SLURM_JOB_NODELIST"))
 		if err != nil {
 			return "", err
 		}

@@ -37,29 +37,33 @@ type groConn struct {
 	seg  int // its segment size
 }
 
-// quicConn returns the conn for quic-go's Transport: a groConn when gro
-// is set and the kernel takes UDP_GRO, else udp itself.
-func quicConn(udp net.PacketConn, gro bool) net.PacketConn {
+// quicConn returns the conn for quic-go's Transport, a groConn when gro
+// is set and the kernel takes UDP_GRO, else udp itself, and says which
+// (TransportChoice.Receive).
+func quicConn(udp net.PacketConn, gro bool) (net.PacketConn, string) {
+	if !gro {
+		return udp, oneByOne + EnvQUICGRO + "=off"
+	}
 	u, ok := udp.(*net.UDPConn)
-	if !ok || !gro {
-		return udp
+	if !ok {
+		return udp, oneByOne + "not a UDP socket"
 	}
 	raw, err := u.SyscallConn()
 	if err != nil {
-		return udp
+		return udp, oneByOne + err.Error()
 	}
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
 		serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1)
 	}); err != nil || serr != nil {
-		return udp
+		return udp, oneByOne + "this kernel has no UDP_GRO"
 	}
 	c := &groConn{UDPConn: u, pc: ipv4.NewPacketConn(u), msgs: make([]ipv4.Message, groBatch)}
 	for k := range c.msgs {
 		c.msgs[k].Buffers = [][]byte{make([]byte, groBuffer)}
 		c.msgs[k].OOB = make([]byte, 128)
 	}
-	return c
+	return c, "datagrams received with UDP_GRO"
 }
 
 // ReadBatch fills ms with the next datagrams, each one segment of a

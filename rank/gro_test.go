@@ -34,7 +34,8 @@ func testGROConn(t *testing.T, network string, ip net.IP) {
 		t.Skipf("no %s loopback here: %v", network, err)
 	}
 	defer udp.Close()
-	gc, ok := quicConn(udp, true).(*groConn)
+	c, _ := quicConn(udp, true)
+	gc, ok := c.(*groConn)
 	if !ok {
 		t.Skip("this kernel does not take UDP_GRO")
 	}
@@ -141,10 +142,11 @@ func TestQUICGROOption(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer udp.Close()
-	if c := quicConn(udp, false); c != net.PacketConn(udp) {
+	if c, _ := quicConn(udp, false); c != net.PacketConn(udp) {
 		t.Fatalf("GRO off: quicConn returned %T, want the socket", c)
 	}
-	_, kernelGRO := quicConn(udp, true).(*groConn)
+	gc, _ := quicConn(udp, true)
+	_, kernelGRO := gc.(*groConn)
 
 	// The transport line says how QUIC receives, and only when QUIC
 	// carries the data.

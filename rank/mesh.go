@@ -379,15 +379,8 @@ func (m *Mesh) listen(ctx context.Context, auth *jobAuth, ip string) (string, er
 		if err != nil {
 			return "", fmt.Errorf("rank %d: cannot listen on %s: %v", m.id.Rank, ip, err)
 		}
-		conn := quicConn(m.udp, m.opt.QUICGRO == "auto")
-		switch {
-		case conn != m.udp:
-			m.quicReceive = "datagrams received with UDP_GRO"
-		case m.opt.QUICGRO == "off":
-			m.quicReceive = "datagrams received one at a time: " + EnvQUICGRO + "=off"
-		default:
-			m.quicReceive = "datagrams received one at a time: this kernel has no UDP_GRO"
-		}
+		var conn net.PacketConn
+		conn, m.quicReceive = quicConn(m.udp, m.opt.QUICGRO == "auto")
 		m.qtr = &quic.Transport{Conn: conn}
 		m.qln, err = m.qtr.Listen(auth.serverTLS(&m.refused), quicConfig(m.opt.Timeout))
 		if err != nil {
@@ -1312,3 +1305,7 @@ func hostName(id Identity) string {
 	h, _ := os.Hostname()
 	return h
 }
+
+// oneByOne begins TransportChoice.Receive when the QUIC socket reads one
+// datagram at a time; the reason follows.
+const oneByOne = "datagrams received one at a time: "
