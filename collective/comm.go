@@ -73,6 +73,14 @@ type Config struct {
 	Timeout time.Duration
 	// Model is the cost model behind Auto; zero means DefaultModel.
 	Model CostModel
+	// Across is the link between hosts as the job sees it: each rank's
+	// rate each way to another host, both directions busy (the start-up
+	// probe's), and the transport's cost per step. When set and a call's
+	// ranks span hosts, Auto chooses with Model.OnLink(Across) for them
+	// (shared by the ranks of a host that cross at once in the
+	// hierarchical allreduce); zero: Model chooses for every call.
+	// Every rank must be given the same Across.
+	Across Link
 }
 
 // Communicator runs collectives over one transport.
@@ -176,6 +184,9 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	}
 	if cfg.Model.DirectMaxBytes < 0 || cfg.Model.DirectMaxBytes > DirectLimit {
 		return nil, fmt.Errorf("collective: cost model's DirectMaxBytes %d out of range [0, %d]", cfg.Model.DirectMaxBytes, DirectLimit)
+	}
+	if a := cfg.Across; a.Gbps < 0 || a.StepUs < 0 || a.CapGBs < 0 || a != (Link{}) && a.GBs() <= 0 {
+		return nil, fmt.Errorf("collective: link across hosts %+v: want a rate (Gbps or CapGBs) above 0 and nothing negative", a)
 	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
 		hier: hierFor(t), localSlice: localSlice, flatSlice: cfg.SliceBytes}
@@ -461,9 +472,39 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 	}
 	if h := c.hier; h != nil {
 		per := len(h.local)
-		return m.Choose((bytes+per-1)/per, len(h.cross))
+		return c.modelAcross(m, len(h.cross), per).Choose((bytes+per-1)/per, len(h.cross))
+	}
+	if !oneHost(c.t) {
+		m = c.modelAcross(m, c.t.Size(), 1)
 	}
 	return m.Choose(bytes, c.t.Size())
+}
+
+// AutoBasis says what Auto chooses the algorithm with on this
+// communicator, for the logs.
+func (c *Communicator) AutoBasis() string {
+	switch l := c.cfg.Across; {
+	case c.sh != nil:
+		return "the shm algorithm (every rank on this host, in its group segment)"
+	case l != (Link{}) && c.hier != nil:
+		l.Gbps /= float64(len(c.hier.local))
+		return fmt.Sprintf("the cost model of the link across hosts, for the phase across them: %v (each of a host's %d ranks)", l, len(c.hier.local))
+	case l != (Link{}) && !oneHost(c.t):
+		return fmt.Sprintf("the cost model of the link across hosts: %v", l)
+	}
+	return "the cost model fitted on one host's cores (collective.DefaultModel)"
+}
+
+// modelAcross is m for n ranks on different hosts, sharing of them
+// crossing each host's link at once: on Config.Across where it is set
+// (each of them with its share of the link), else m itself.
+func (c *Communicator) modelAcross(m CostModel, n, sharing int) CostModel {
+	l := c.cfg.Across
+	if l == (Link{}) {
+		return m
+	}
+	l.Gbps /= float64(sharing)
+	return m.OnLink(l, n)
 }
 
 // minChannelBytes: below this many bytes per channel, a call uses fewer

@@ -1,5 +1,7 @@
 package collective
 
+import "fmt"
+
 // Link is what an allreduce among ranks on different hosts runs over, as
 // LinkModel sees it: the rate of each rank's share of its host's link, the
 // cost of one message exchange apart from its bytes, and the rate one
@@ -17,6 +19,14 @@ type Link struct {
 	CapGBs float64
 }
 
+func (l Link) String() string {
+	s := fmt.Sprintf("%.3f GB/s each way, %.0f µs a step", l.GBs(), l.StepUs)
+	if l.Gbps <= 0 {
+		s += " (the transport's cap; the link's rate unknown)"
+	}
+	return s
+}
+
 // GBs is the rate a rank moves bytes at each way: the link or the
 // transport's cap, whichever is lower.
 func (l Link) GBs() float64 {
@@ -28,24 +38,28 @@ func (l Link) GBs() float64 {
 }
 
 // LinkModel is the cost model of an allreduce among n ranks that each
-// reach the others over their own Link l. The ring moves 2(n-1)/n of the
-// buffer through every rank's link, RingGBs = l.GBs(); gorun's double
-// binary tree (tree.go: each tree carries half the buffer on its own
-// channel, reduce up and broadcast down at once) moves TreeLoad(n) buffers
-// through its busiest rank's link, which CostModel's B / TreeGBs cannot
-// say for every n, so TreeGBs = l.GBs() / TreeLoad(n) for this n. Every
-// step or hop costs l.StepUs. Direct and RecursiveDoubling keep
-// DefaultModel's limits (Direct's come from the transports' buffers,
-// direct.go).
-func LinkModel(l Link, n int) CostModel {
+// reach the others over their own Link l: DefaultModel on that link
+// (DefaultModel.OnLink).
+func LinkModel(l Link, n int) CostModel { return DefaultModel.OnLink(l, n) }
+
+// OnLink is m with its steps and rates those of n ranks that each reach
+// the others over their own Link l, its limits for Direct and recursive
+// doubling kept. The ring moves 2(n-1)/n of the buffer through every
+// rank's link, RingGBs = l.GBs(); gorun's double binary tree (tree.go:
+// each tree carries half the buffer on its own channel, reduce up and
+// broadcast down at once) moves TreeLoad(n) buffers through its busiest
+// rank's link, which CostModel's B / TreeGBs cannot say for every n, so
+// TreeGBs = l.GBs() / TreeLoad(n) for this n. Every step or hop costs
+// l.StepUs. So the tree wins small calls (fewer steps) and the ring large
+// ones, the crossover growing with n, as NCCL chooses.
+func (m CostModel) OnLink(l Link, n int) CostModel {
 	r := l.GBs()
 	tree := r
 	if load := TreeLoad(n); load > 0 {
 		tree = r / load
 	}
-	return CostModel{RingStepUs: l.StepUs, TreeHopUs: l.StepUs, RingGBs: r, TreeGBs: tree,
-		DirectMaxBytes: DefaultModel.DirectMaxBytes, DirectMaxSent: DefaultModel.DirectMaxSent,
-		DoublingMaxBytes: DefaultModel.DoublingMaxBytes}
+	m.RingStepUs, m.TreeHopUs, m.RingGBs, m.TreeGBs = l.StepUs, l.StepUs, r, tree
+	return m
 }
 
 // TreeLoad is the number of buffers the busiest rank of gorun's double

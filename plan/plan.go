@@ -44,10 +44,6 @@ type Cluster struct {
 	GPU bool
 	// Flat: GORUN_HIERARCHICAL=0, no two-level allreduce.
 	Flat bool
-	// AutoModel is the cost model the communicators' Auto chooses with
-	// (collective.Config.Model); zero: collective.DefaultModel, which
-	// nmt-train uses.
-	AutoModel collective.CostModel
 }
 
 // Workload is one training step of one rank.
@@ -124,10 +120,9 @@ var errInput = errors.New("plan")
 
 // planner holds one prediction's settings.
 type planner struct {
-	c    Cluster
-	w    Workload
-	tr   Transport
-	auto collective.CostModel
+	c  Cluster
+	w  Workload
+	tr Transport
 }
 
 func check(c Cluster, w Workload) error {
@@ -166,10 +161,7 @@ func Predict(c Cluster, w Workload) (Prediction, error) {
 	if c.ThreadsPerRank == 0 {
 		c.ThreadsPerRank = w.Threads
 	}
-	p := &planner{c: c, w: w, auto: c.AutoModel}
-	if p.auto == (collective.CostModel{}) {
-		p.auto = collective.DefaultModel
-	}
+	p := &planner{c: c, w: w}
 	n := c.Hosts * c.PerHost
 	pr := Prediction{Ranks: n, DataS: w.DataS}
 	if c.Hosts > 1 {

@@ -246,13 +246,16 @@ type hosted struct {
 func (h hosted) Hosts() []string { return h.hosts }
 
 // The algorithm the plan gives each call is what a real communicator's
-// Auto picks on that layout (AlgorithmFor), for flat, hierarchical and
-// one-host jobs over the sizes where the choice changes (Direct's
-// limits, the ring on 2 ranks, the tree at 3 and more with DefaultModel).
+// Auto picks on that layout (AlgorithmFor) given the link the plan times
+// (collective.Config.Across), for flat, hierarchical and one-host jobs
+// over the sizes where the choice changes (Direct's limits, recursive
+// doubling and the ring on 2 ranks, the tree below and the ring above the
+// link model's crossover at 3 and more).
 func TestAlgorithmIsAutos(t *testing.T) {
 	t.Setenv(collective.EnvAlgorithm, "")
 	t.Setenv(collective.EnvHierarchical, "")
-	sizes := []int{1 << 10, 40 << 10, 64 << 10, 64<<10 + 4, 1 << 20, 25 << 20}
+	sizes := []int{1 << 10, 40 << 10, 64 << 10, 64<<10 + 4, 200 << 10, 1 << 20, 25 << 20}
+	seen := map[collective.Algorithm]bool{}
 	for _, hg := range [][2]int{{2, 1}, {3, 1}, {4, 1}, {8, 1}, {2, 2}, {3, 2}, {2, 3}} {
 		h, g := hg[0], hg[1]
 		n := h * g
@@ -260,12 +263,21 @@ func TestAlgorithmIsAutos(t *testing.T) {
 		for r := 0; r < n; r++ {
 			hosts = append(hosts, string(rune('a'+r/g)))
 		}
-		comm, err := collective.New(hosted{rank.NewLocalGroup(n, 2)[0], hosts}, collective.Config{})
+		// the plan takes TLS/TCP on 10 Gbit/s (auto), at its cap
+		across := collective.Link{Gbps: 10, StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}
+		comm, err := collective.New(hosted{rank.NewLocalGroup(n, 2)[0], hosts}, collective.Config{Across: across})
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkAuto(t, comm, Cluster{Hosts: h, PerHost: g, LinkGbps: 10}, sizes)
+		for _, a := range checkAuto(t, comm, Cluster{Hosts: h, PerHost: g, LinkGbps: 10}, sizes) {
+			seen[a] = true
+		}
 		comm.Close()
+	}
+	for _, a := range []collective.Algorithm{collective.Direct, collective.RecursiveDoubling, collective.Ring, collective.Tree} {
+		if !seen[a] {
+			t.Errorf("no layout and size made Auto choose %v: the comparison misses a branch", a)
+		}
 	}
 	// one host: the shm algorithm, over a real shared-memory group
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -295,9 +307,11 @@ func TestAlgorithmIsAutos(t *testing.T) {
 }
 
 // checkAuto compares the plan's algorithm for one bucket of each size
-// (float32 on the wire) with the communicator's.
-func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []int) {
+// (float32 on the wire) with the communicator's, and returns the
+// communicator's.
+func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []int) []collective.Algorithm {
 	t.Helper()
+	var chose []collective.Algorithm
 	for _, b := range sizes {
 		w := Workload{Params: int64(b / 4), Buckets: []int{b}, ComputeS: 1, Wire: collective.Float32, Overlap: true}
 		p, err := Predict(c, w)
@@ -305,11 +319,31 @@ func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []i
 			t.Fatal(err)
 		}
 		want := comm.AlgorithmFor(collective.Auto, b)
+		chose = append(chose, want)
 		hosts, per := comm.Hierarchical()
 		got := p.Buckets[0]
 		if got.Algo != want || got.Hierarchical != (hosts > 0) || (hosts > 0 && (hosts != c.Hosts || per != c.PerHost)) {
 			t.Errorf("%d hosts x %d, %d bytes: the plan runs %v (hierarchical %v), the communicator %v (layout %d x %d)",
 				c.Hosts, c.PerHost, b, got.Algo, got.Hierarchical, want, hosts, per)
+		}
+	}
+	return chose
+}
+
+// Across: the probe's rate of the transport chosen, with its step cost;
+// without a probe, the transport's cap alone.
+func TestAcrossFromTransportChoice(t *testing.T) {
+	for _, k := range []struct {
+		c    rank.TransportChoice
+		want collective.Link
+	}{
+		{rank.TransportChoice{Transport: "tcp", Peer: 1, QUICGBs: 0.2, TCPGBs: 0.5}, collective.Link{Gbps: 4, StepUs: TLSTCP.StepUs}},
+		{rank.TransportChoice{Transport: "quic", Peer: 2, QUICGBs: 0.11, TCPGBs: 0.1}, collective.Link{Gbps: 0.88, StepUs: QUIC.StepUs}},
+		{rank.TransportChoice{Transport: "quic", Peer: -1}, collective.Link{StepUs: QUIC.StepUs, CapGBs: QUIC.CapGBs}},
+		{rank.TransportChoice{Transport: "tcp", Peer: -1}, collective.Link{StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}},
+	} {
+		if got := Across(k.c); math.Abs(got.Gbps-k.want.Gbps) > 1e-12 || got.StepUs != k.want.StepUs || got.CapGBs != k.want.CapGBs {
+			t.Errorf("%+v: link %+v, want %+v", k.c, got, k.want)
 		}
 	}
 }

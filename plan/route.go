@@ -36,20 +36,21 @@ func (c call) name(hosts int) string {
 //     group segment); a forced algorithm runs over the shared-memory pair
 //     rings;
 //   - several hosts with two or more ranks each (hierarchical, unless
-//     GORUN_HIERARCHICAL=0): Auto's choice with Direct off, for the world
-//     size; a reduce-scatter and an allgather in the host's group segment
-//     (together one shm allreduce's cost) around an allreduce of
-//     bytes/G among the H ranks of each local index, the G of a host
-//     sharing its link and cores;
-//   - otherwise flat: Auto's choice for the world size, every step across
-//     a link.
+//     GORUN_HIERARCHICAL=0): a reduce-scatter and an allgather in the
+//     host's group segment (together one shm allreduce's cost) around an
+//     allreduce of bytes/G among the H ranks of each local index, the G of
+//     a host sharing its link and cores; Auto chooses that phase's
+//     algorithm for H ranks with Direct off, on the cost model of the
+//     link it is timed with, as the communicator does on the link its
+//     start-up probe measured (collective.Config.Across);
+//   - otherwise flat: Auto's choice for the world size on the link's
+//     cost model, every step across a link.
 func (p *planner) route(bytes int, ask collective.Algorithm) call {
 	c := p.c
 	n := c.Hosts * c.PerHost
 	if n <= 1 {
 		return call{algo: collective.Ring}
 	}
-	auto := p.auto
 	if c.Hosts == 1 {
 		if ask == collective.Auto {
 			return call{algo: collective.Shared, sec: model(ShmGroup, 0, 0, n).Predict(collective.Shared, bytes, n) / 1e6}
@@ -58,23 +59,25 @@ func (p *planner) route(bytes int, ask collective.Algorithm) call {
 	}
 	if c.PerHost >= 2 && !c.Flat {
 		part := (bytes + c.PerHost - 1) / c.PerHost
-		a := ask
-		if a == collective.Auto { // as the communicator: for the phase across the hosts
-			auto.DirectMaxBytes = 0
-			a = auto.Choose(part, c.Hosts)
-		}
-		local := model(ShmGroup, 0, 0, c.PerHost).Predict(collective.Shared, bytes, c.PerHost)
 		share := p.link(c.PerHost)
 		cross := collective.LinkModel(share, c.Hosts)
+		a := ask
+		if a == collective.Auto { // as the communicator: for the phase across the hosts, on its link
+			m := cross
+			m.DirectMaxBytes = 0
+			a = m.Choose(part, c.Hosts)
+		}
+		local := model(ShmGroup, 0, 0, c.PerHost).Predict(collective.Shared, bytes, c.PerHost)
 		return call{algo: a, hier: true, sec: (local + cross.Predict(a, part, c.Hosts)) / 1e6,
 			cpu: p.moved(a, part, c.Hosts) / (share.CapGBs * 1e9), linkBound: share.Gbps/8 <= share.CapGBs}
 	}
+	l := p.link(1)
+	m := collective.LinkModel(l, n)
 	a := ask
 	if a == collective.Auto {
-		a = auto.Choose(bytes, n)
+		a = m.Choose(bytes, n)
 	}
-	l := p.link(1)
-	return call{algo: a, sec: collective.LinkModel(l, n).Predict(a, bytes, n) / 1e6,
+	return call{algo: a, sec: m.Predict(a, bytes, n) / 1e6,
 		cpu: p.moved(a, bytes, n) / (l.CapGBs * 1e9), linkBound: l.Gbps/8 <= l.CapGBs}
 }
 

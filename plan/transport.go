@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -94,4 +95,25 @@ func between(name string, linkGBs float64) Transport {
 		return TLSTCP
 	}
 	return QUIC
+}
+
+// Across is the link between hosts that a job's communicators choose
+// their algorithm with (collective.Config.Across), from the transport
+// choice its mesh made: the chosen transport's cost per step and, where
+// auto's start-up probe ran, the rate it measured each way with both
+// directions busy (the link or the CPU, whichever limited); without a
+// probe (a transport named, or one host), the transport's cap alone, the
+// link unknown. The probe's rates reach every rank from rank 0, so every
+// rank gets the same link. The probe does not measure latency: a link's
+// own latency is left out of the step.
+func Across(c rank.TransportChoice) collective.Link {
+	t := between(c.Transport, 0)
+	gbs := c.QUICGBs
+	if c.Transport == "tcp" {
+		gbs = c.TCPGBs
+	}
+	if c.Peer < 0 || !(gbs > 0) {
+		return collective.Link{StepUs: t.StepUs, CapGBs: t.CapGBs}
+	}
+	return collective.Link{Gbps: 8 * gbs, StepUs: t.StepUs}
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/internal/version"
+	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
 	"github.com/urfave/cli/v2"
 )
@@ -227,7 +228,7 @@ func bench(o options, out io.Writer) error {
 		return err
 	}
 	defer mesh.Close()
-	comm, err := collective.New(mesh, collective.Config{Algorithm: o.algo})
+	comm, err := collective.New(mesh, collective.Config{Algorithm: o.algo, Across: plan.Across(mesh.TransportChoice())})
 	if err != nil {
 		return err
 	}
@@ -347,6 +348,9 @@ func printHeader(p func(string, ...any), o options, mesh *rank.Mesh, comm *colle
 	}
 	if comm.Size() > 1 {
 		p("# %v\n", mesh.TransportChoice())
+		if algo == collective.Auto {
+			p("# auto chooses with %s\n", comm.AutoBasis())
+		}
 	}
 	p("# GOMAXPROCS %d per rank (%s)\n", procs, procsFrom)
 	if h, m := comm.Hierarchical(); h > 0 {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -70,7 +71,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
-	c, err := collective.New(m, collective.Config{})
+	c, err := collective.New(m, collective.Config{Across: plan.Across(m.TransportChoice())})
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/transformer"
 )
@@ -308,7 +309,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout})
+	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout, Across: plan.Across(t.mesh.TransportChoice())})
 	if err != nil {
 		return err
 	}
@@ -319,6 +320,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 	}
 	if t.id.Size > 1 {
 		t.logf("nmt-train: %v", t.mesh.TransportChoice())
+		t.logf("nmt-train: allreduce algorithm chosen with %s", t.comm.AutoBasis())
 	}
 	t.linkSource = "flag"
 	if o.LinkGbps == 0 && t.id.Size > 1 {
@@ -547,7 +549,7 @@ func (t *Trainer) abortJob(ctx context.Context, err error) error {
 		return err
 	}
 	t.mesh = mesh
-	if t.comm, cerr = collective.New(mesh, collective.Config{Timeout: t.o.Timeout}); cerr != nil {
+	if t.comm, cerr = collective.New(mesh, collective.Config{Timeout: t.o.Timeout, Across: plan.Across(mesh.TransportChoice())}); cerr != nil {
 		return err
 	}
 	if t.checkSettings(ctx, nil) != nil {
