@@ -24,7 +24,9 @@ import (
 // PyTorch time the very same batches (bench/gpu/run.sh does both). One
 // sub-benchmark per token budget; it reports non-pad target tokens/s (what
 // nmt-train logs), source+target tokens/s, step time and gorun's peak
-// device memory.
+// device memory. With GORUN_CUDA_PROFILE=1 on a GPU it also logs the GPU
+// time of every kind of operation (kernels, GEMMs by shape, copies) over
+// the timed steps, the largest first.
 //
 //	GORUN_BENCH_DEVICE=cuda GORUN_BENCH_BATCHES=batches.jsonl go test -bench TrainStepDevice -benchtime 20x ./bench/
 func BenchmarkTrainStepDevice(b *testing.B) {
@@ -104,6 +106,10 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 				step(batch)
 			}
 			be.Sync()
+			cb, _ := be.(*cuda.Backend)
+			if cb != nil {
+				cb.TakeProfile() // GORUN_CUDA_PROFILE=1: the timed steps' only
+			}
 			b.ResetTimer()
 			t0 := time.Now()
 			tgt, all := 0, 0
@@ -117,9 +123,13 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 			b.ReportMetric(float64(tgt)/d, "tgt_tok/s")
 			b.ReportMetric(float64(all)/d, "src+tgt_tok/s")
 			b.ReportMetric(1e3*d/float64(b.N), "step_ms")
-			if cb, ok := be.(*cuda.Backend); ok {
+			if cb != nil {
 				_, peak, _ := cb.MemStats()
 				b.ReportMetric(float64(peak)/(1<<20), "gpu_peak_MiB")
+				if cb.Profiling() {
+					b.Logf("GPU time by operation over %d step(s) (%s=1; its events slow the steps above):\n%s",
+						b.N, cuda.EnvProfile, cuda.FormatProfile(cb.TakeProfile(), b.N, 40))
+				}
 			}
 		})
 	}

@@ -28,6 +28,8 @@
 #   bench:
 #     gorun-fp16, -bf16, -fp32  Transformer-base steps (bench/device_test.go) on
 #                the batch shapes torch_transformer.py --dump-batches gives
+#     gorun-prof  5 fp16 steps of the 25000-token batches with GORUN_CUDA_PROFILE=1:
+#                the GPU time of every kernel, GEMM and copy, largest first
 #   torch:
 #     torch-check, torch  PyTorch's Transformer-base on the same GPU and shapes
 #                (bench/peers/torch_transformer.py, docs/gpu-bench.md): a quick
@@ -132,7 +134,15 @@ bench() {
 	# the same batch shapes for gorun and PyTorch (the dump needs no torch)
 	python3 bench/peers/torch_transformer.py --dump-batches "$work/batches.jsonl" --batch-tokens 4096,12288,25000 --steps 20 \
 		> "$logs/batches.log" 2>&1
-	for p in fp16 bf16 fp32; do
+	for p in fp16 prof bf16 fp32; do
+		if [ $p = prof ]; then
+			# where the GPU's time goes: every kernel, GEMM and copy of 5
+			# steps of the largest batches timed between CUDA events
+			step gorun-prof 90 env GORUN_CUDA_PROFILE=1 GORUN_BENCH_DEVICE=cuda GORUN_BENCH_PRECISION=fp16 \
+				GORUN_BENCH_BATCHES="$work/batches.jsonl" "$work/bench.test" -test.run '^$' \
+				-test.bench 'TrainStepDevice/base/fp16/tokens=25000$' -test.benchtime 5x
+			continue
+		fi
 		step gorun-$p 150 env GORUN_BENCH_DEVICE=cuda GORUN_BENCH_PRECISION=$p GORUN_BENCH_BATCHES="$work/batches.jsonl" \
 			"$work/bench.test" -test.run '^$' -test.bench TrainStepDevice -test.benchtime 20x
 	done

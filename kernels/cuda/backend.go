@@ -66,6 +66,7 @@ type Backend struct {
 	half    [2]kernels.Tensor // GEMM inputs rounded to Precision
 	staging map[uintptr]*stage
 	pinned  []uintptr
+	prof    *profiler // GORUN_CUDA_PROFILE=1: every operation timed (profile.go)
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -102,6 +103,10 @@ func Open(index int) (*Backend, error) {
 	}
 	if index < 0 || index >= n {
 		return nil, fmt.Errorf("cuda: no device %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%q)", index, n, os.Getenv("CUDA_VISIBLE_DEVICES"))
+	}
+	prof, err := profileOn()
+	if err != nil {
+		return nil, err
 	}
 	b := &Backend{drv: d, index: index, args: newArgBlock(), gemmSc: new([2]float32), redOut: new([2]uint64),
 		staging: map[uintptr]*stage{}}
@@ -143,6 +148,9 @@ func Open(index int) (*Backend, error) {
 	}
 	b.mem = newAllocator(b)
 	b.redBuf = b.mem.alloc(16)
+	if prof {
+		b.prof = &profiler{d: d, stream: b.stream, sums: map[string]*OpTime{}}
+	}
 	return b, nil
 }
 
@@ -214,7 +222,9 @@ func (b *Backend) Free(t kernels.Tensor) {
 
 func (b *Backend) memset(p uintptr, n int) {
 	if n > 0 {
+		b.begin()
 		b.drv.must("cuMemsetD8Async", b.drv.call(b.drv.memsetD8Async, p, 0, uintptr(n), b.stream))
+		b.end("memset")
 	}
 }
 
@@ -260,7 +270,9 @@ func (b *Backend) Upload(dst kernels.Tensor, src []float32) {
 	p := b.dev32(dst, "Upload dst")
 	n := min(len(src), dst.Len())
 	if n > 0 {
+		b.begin()
 		b.drv.must("cuMemcpyHtoDAsync", b.drv.call(b.drv.memcpyHtoDAsync, p, uintptr(unsafe.Pointer(&src[0])), uintptr(4*n), b.stream))
+		b.end(opHostToDevice)
 	}
 }
 
@@ -269,7 +281,9 @@ func (b *Backend) UploadI32(dst kernels.Tensor, src []int32) {
 	p := b.devI32(dst, "UploadI32 dst")
 	n := min(len(src), dst.Len())
 	if n > 0 {
+		b.begin()
 		b.drv.must("cuMemcpyHtoDAsync", b.drv.call(b.drv.memcpyHtoDAsync, p, uintptr(unsafe.Pointer(&src[0])), uintptr(4*n), b.stream))
+		b.end(opHostToDevice)
 	}
 }
 
@@ -278,7 +292,9 @@ func (b *Backend) Download(dst []float32, src kernels.Tensor) {
 	p := b.dev32(src, "Download src")
 	n := min(len(dst), src.Len())
 	if n > 0 {
+		b.begin()
 		b.drv.must("cuMemcpyDtoHAsync", b.drv.call(b.drv.memcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), p, uintptr(4*n), b.stream))
+		b.end(opDeviceToHost)
 	}
 	b.Sync()
 }
@@ -291,7 +307,9 @@ func (b *Backend) Copy(dst, src kernels.Tensor) {
 	}
 	n := dst.Len() * dst.DType.Size()
 	if n > 0 && dst.Ptr != src.Ptr {
+		b.begin()
 		b.drv.must("cuMemcpyDtoDAsync", b.drv.call(b.drv.memcpyDtoDAsync, dst.Ptr, src.Ptr, uintptr(n), b.stream))
+		b.end("copy device to device")
 	}
 }
 
@@ -333,7 +351,9 @@ func (b *Backend) Axpy(y kernels.Tensor, a float32, x kernels.Tensor) {
 
 // readReduction copies the 16-byte reduction buffer to the host.
 func (b *Backend) readReduction() {
+	b.begin()
 	b.drv.must("cuMemcpyDtoHAsync", b.drv.call(b.drv.memcpyDtoHAsync, uintptr(unsafe.Pointer(&b.redOut[0])), b.redBuf, 16, b.stream))
+	b.end(opDeviceToHost)
 	b.Sync()
 }
 
@@ -396,8 +416,12 @@ func (b *Backend) gemm(g *gemmCall) {
 		g.a = b.rounded(0, g.a, h)
 		g.b = b.rounded(1, g.b, h)
 	}
+	b.begin()
 	if err := b.blas.run(g, b.TF32, b.gemmSc); err != nil {
 		panic(err)
+	}
+	if b.prof != nil {
+		b.end(g.op())
 	}
 }
 

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -131,6 +132,36 @@ type gemmCall struct {
 	sa, sb, sc     int // strides between batch members, in elements
 	batch          int
 	alpha, beta    float32
+}
+
+// op names the call for the profiler: its types (A, B -> C) and
+// transposes, and for a single product its shape, each dimension above
+// 1024 as the power of two it does not exceed (the token counts of a
+// step's batches differ a little; their products share a row); batched
+// ones (attention's, over the heads, of lengths that vary by batch) are
+// one row per kind.
+func (g *gemmCall) op() string {
+	t := func(b bool) string {
+		if b {
+			return "T"
+		}
+		return "N"
+	}
+	s := fmt.Sprintf("gemm %v,%v->%v %s%s", g.a.DType, g.b.DType, g.c.DType, t(g.transA), t(g.transB))
+	if g.batch > 1 {
+		return s + " batched"
+	}
+	dim := func(d int) string {
+		if d <= 1024 {
+			return strconv.Itoa(d)
+		}
+		p := 2048
+		for p < d {
+			p *= 2
+		}
+		return "≤" + strconv.Itoa(p)
+	}
+	return s + " m=" + dim(g.m) + " n=" + dim(g.n) + " k=" + dim(g.k)
 }
 
 // run issues the call. cuBLAS is column-major: a row-major C = A*B is

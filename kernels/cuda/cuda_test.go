@@ -375,3 +375,59 @@ func download(m *transformer.Model, t kernels.Tensor) []float32 {
 	m.Backend().Download(h, t)
 	return h
 }
+
+// With GORUN_CUDA_PROFILE=1 every operation queued on the compute stream
+// is timed and named (kernels by name, GEMMs by types and shape, memsets
+// and copies), TakeProfile sums them by name and starts again, and a
+// backend without it profiles nothing; another value is refused.
+func TestProfileNamesEveryOp(t *testing.T) {
+	if setupErr != nil {
+		t.Fatal(setupErr)
+	}
+	shared := backend(t) // opened before the variable is set: no profiler
+	t.Setenv(EnvProfile, "yes")
+	if _, err := Open(0); err == nil || !strings.Contains(err.Error(), EnvProfile) {
+		t.Fatalf("%s=yes: Open's error %v, want one naming the variable", EnvProfile, err)
+	}
+	t.Setenv(EnvProfile, "1")
+	b, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Profiling() || shared.Profiling() {
+		t.Fatalf("profiling: %v with the variable, %v without", b.Profiling(), shared.Profiling())
+	}
+	x, w, y, db := b.Alloc(kernels.F32, 64, 32), b.Alloc(kernels.F32, 32, 48), b.Alloc(kernels.F32, 3000, 48), b.Alloc(kernels.F32, 48)
+	b.Upload(x, make([]float32, 64*32))
+	b.Gemm(false, false, 1, x, w, 0, y.Slice(0, 64, 48))
+	b.Gemm(true, false, 1, y, y, 0, b.Alloc(kernels.F32, 48, 48))
+	b.BiasGrad(db, y)
+	b.BiasGrad(db, y)
+	out := make([]float32, 48)
+	b.Download(out, db)
+	want := map[string]int{
+		"memset": 5, opHostToDevice: 1, opDeviceToHost: 1, kBiasGrad.of(kernels.F32).name: 2,
+		"gemm F32,F32->F32 NN m=64 n=48 k=32": 1, "gemm F32,F32->F32 TN m=48 n=48 k=≤4096": 1,
+	}
+	ops := b.TakeProfile()
+	for _, o := range ops {
+		if want[o.Op] != o.Calls || !(o.Seconds >= 0) {
+			t.Errorf("%q: %d calls, %g s; want %d calls", o.Op, o.Calls, o.Seconds, want[o.Op])
+		}
+		delete(want, o.Op)
+	}
+	for op := range want {
+		t.Errorf("%q: not in the profile %+v", op, ops)
+	}
+	table := FormatProfile(ops, 2, 3)
+	if !strings.Contains(table, "(3 other operations)") || !strings.Contains(table, "all, on the GPU") {
+		t.Errorf("the table lacks its rest and total rows:\n%s", table)
+	}
+	if again := b.TakeProfile(); len(again) != 0 {
+		t.Errorf("a second TakeProfile with nothing queued: %+v", again)
+	}
+	shared.BiasGrad(db, y)
+	if p := shared.TakeProfile(); p != nil {
+		t.Errorf("without %s: %+v", EnvProfile, p)
+	}
+}

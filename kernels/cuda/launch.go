@@ -189,8 +189,10 @@ func (l *launch) grid(gx, gy, bx, by int) {
 		return // nothing to do
 	}
 	b := l.be
+	b.begin()
 	b.drv.must("cuLaunchKernel "+l.k.name, b.drv.call(b.drv.launchKernel, l.k.fn, uintptr(gx), uintptr(gy), 1,
 		uintptr(bx), uintptr(by), 1, 0, b.stream, uintptr(unsafe.Pointer(&b.args.ptrs[0])), 0))
+	b.end(l.k.name)
 }
 
 // flat launches over n elements with a grid-stride loop: 256 threads per

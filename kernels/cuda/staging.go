@@ -113,13 +113,17 @@ func (b *Backend) CopyIn(dst kernels.Tensor, src []byte, wire kernels.DType) {
 	}
 	d := b.drv
 	if wire == kernels.F32 {
+		b.begin()
 		d.must("cuMemcpyHtoDAsync", d.call(d.memcpyHtoDAsync, dst.Ptr, uintptr(unsafe.Pointer(&src[0])), uintptr(n), b.stream))
+		b.end(opHostToDevice)
 		return
 	}
 	s := b.stageFor(src, n, wire)
 	if s.used {
 		d.must("cuStreamWaitEvent", d.call(d.streamWaitEvent, b.stream, s.done, 0))
 	}
+	b.begin()
 	d.must("cuMemcpyHtoDAsync", d.call(d.memcpyHtoDAsync, s.dev, uintptr(unsafe.Pointer(&src[0])), uintptr(n), b.stream))
+	b.end(opHostToDevice)
 	b.kern(kCast[[2]string{typeName(wire), "f32"}]).ptr(dst.Ptr).ptr(s.dev).i64(dst.Len()).flat(dst.Len())
 }
