@@ -133,3 +133,26 @@ func TestBindingsResolveAgainstDebianLibraries(t *testing.T) {
 		t.Logf("%s: %d symbols resolved", lib, len(names))
 	}
 }
+
+// colSplits covers every row once with splits of equal size but the last
+// (none empty), keeps to its bounds, and gives the shapes of
+// Transformer-base's reductions enough blocks for a large GPU.
+func TestColSplits(t *testing.T) {
+	for _, rows := range []int{0, 1, 31, 255, 256, 257, 1000, 4097, 12500, 25000, 1 << 20} {
+		for _, d := range []int{1, 3, 33, 48, 512, 2048, 32768} {
+			s, per := colSplits(rows, d)
+			blocks := (d + 31) / 32
+			if s < 1 || s > colMaxSplits || s*per < rows || (rows > 0 && (s-1)*per >= rows) {
+				t.Errorf("%d x %d: %d splits of %d rows", rows, d, s, per)
+			}
+			if s > 1 && (per < colMinRows || blocks*(s-1) >= colTargetBlocks) {
+				t.Errorf("%d x %d: %d splits of %d rows, %d blocks: more than needed", rows, d, s, per, blocks*s)
+			}
+		}
+	}
+	for _, k := range []struct{ rows, d, blocks int }{{12500, 512, 512}, {12500, 2048, 512}, {25000, 512, 512}} {
+		if s, _ := colSplits(k.rows, k.d); s*((k.d+31)/32) != k.blocks {
+			t.Errorf("%d x %d: %d splits, %d blocks; want %d blocks", k.rows, k.d, s, s*((k.d+31)/32), k.blocks)
+		}
+	}
+}

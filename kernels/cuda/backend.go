@@ -63,6 +63,7 @@ type Backend struct {
 	redOut *[2]uint64
 
 	attn    attnScratch
+	colPart kernels.Tensor    // column reductions' partial sums (colOut)
 	half    [2]kernels.Tensor // GEMM inputs rounded to Precision
 	staging map[uintptr]*stage
 	pinned  []uintptr
@@ -481,7 +482,36 @@ func (b *Backend) AddBias(x, bias kernels.Tensor) {
 // BiasGrad implements kernels.Backend.
 func (b *Backend) BiasGrad(dbias, dy kernels.Tensor) {
 	d := dbias.Len()
-	b.kern(kBiasGrad.of(dy.DType)).ptr(b.dev32(dbias, "dbias")).ptr(b.devA(dy, dy.DType, "dy")).i32(dy.Len() / d).i32(d).cols(d)
+	rows := dy.Len() / d
+	splits, per := colSplits(rows, d)
+	db := b.dev32(dbias, "dbias")
+	out := b.colOut(splits, d, db)
+	b.kern(kBiasGrad.of(dy.DType)).ptr(out[0]).ptr(b.devA(dy, dy.DType, "dy")).i32(rows).i32(d).i32(per).cols(d, splits)
+	b.colSum(db, out[0], splits, d)
+}
+
+// colOut is where a column reduction in splits writes its outputs (one
+// or two, of d columns each): dst itself with one split, else the splits'
+// partial sums in the backend's scratch, which colSum then adds to dst.
+func (b *Backend) colOut(splits, d int, dst ...uintptr) [2]uintptr {
+	var out [2]uintptr
+	if splits == 1 {
+		copy(out[:], dst)
+		return out
+	}
+	t := b.buf(&b.colPart, kernels.F32, len(dst)*splits*d)
+	for i := range dst {
+		out[i] = t.Ptr + uintptr(4*i*splits*d)
+	}
+	return out
+}
+
+// colSum adds a column reduction's partial sums at part to dst, in split
+// order (nothing to do with one split: the kernel added to dst itself).
+func (b *Backend) colSum(dst, part uintptr, splits, d int) {
+	if splits > 1 {
+		b.kern(kColSum).ptr(dst).ptr(part).i32(splits).i32(d).flat(d)
+	}
 }
 
 // BiasReLU implements kernels.Backend.
@@ -512,8 +542,13 @@ func (b *Backend) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma 
 	dt := x.DType
 	b.kern(kLayerNormBwd.of(dt)).ptr(b.devA(dx, dt, "dx")).ptr(b.devA(dy, dt, "dy")).ptr(b.devA(x, dt, "x")).ptr(b.dev32(mean, "mean")).
 		ptr(b.dev32(rstd, "rstd")).ptr(b.dev32(gamma, "gamma")).i32(rows).i32(d).rows(rows, d)
-	b.kern(kLayerNormParams.of(dt)).ptr(b.dev32(dgamma, "dgamma")).ptr(b.dev32(dbeta, "dbeta")).ptr(dy.Ptr).ptr(x.Ptr).
-		ptr(mean.Ptr).ptr(rstd.Ptr).i32(rows).i32(d).cols(d)
+	splits, per := colSplits(rows, d)
+	g, bt := b.dev32(dgamma, "dgamma"), b.dev32(dbeta, "dbeta")
+	out := b.colOut(splits, d, g, bt)
+	b.kern(kLayerNormParams.of(dt)).ptr(out[0]).ptr(out[1]).ptr(dy.Ptr).ptr(x.Ptr).
+		ptr(mean.Ptr).ptr(rstd.Ptr).i32(rows).i32(d).i32(per).cols(d, splits)
+	b.colSum(g, out[0], splits, d)
+	b.colSum(bt, out[1], splits, d)
 }
 
 // dropThresh and dropScale are the CPU backend's: an element is kept when

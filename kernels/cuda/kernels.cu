@@ -25,9 +25,11 @@
 // Launch shapes (docs/cuda.md): "flat" kernels loop with a grid stride over
 // their n elements and are correct for any 1-D grid and block; "row"
 // kernels take one block (a multiple of 32 threads, up to 1024) per row;
-// "col" kernels take blocks of 32x32 threads, thread (x, y) summing column
-// 32*blockIdx.x+x over rows y, y+32, ..., the 32 partial sums of a column
-// combined in a fixed order, so their results do not vary from run to run.
+// "col" kernels take blocks of 32x32 threads in a grid of (ceil(d/32), S)
+// splits of the rows, thread (x, y) summing column 32*blockIdx.x+x over its
+// split's rows y, y+32, ..., the 32 partial sums of a column combined in a
+// fixed order and the splits' sums added in split order (gr_col_sum_f32),
+// so their results do not vary from run to run.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -316,29 +318,47 @@ __device__ __forceinline__ void relu_bwd(A* dx, const A* y, long long n) {
     }
 }
 
-// Column reductions (col: block 32x32, gridDim.x = ceil(d/32)). 1024 threads a
-// block: __launch_bounds__ on their instances keeps the driver's JIT within
-// 64 registers a thread.
+// Column reductions (col: block 32x32, grid (ceil(d/32), S)). Block
+// (bx, by) sums its 32 columns over rows [by*per, min(rows, (by+1)*per));
+// with one split (S = 1) it adds the sums to out[c], with several it
+// writes them to out[by*d + c], partial sums that gr_col_sum_f32 then adds
+// to the result in split order. The splits keep a GPU's multiprocessors
+// busy when d/32 blocks would not (d = 512: 16 blocks for 132 SMs), and
+// their number comes from the shape alone, so the sums do not vary from
+// run to run or GPU to GPU. 1024 threads a block: __launch_bounds__ on
+// their instances keeps the driver's JIT within 64 registers a thread.
 
-// db[j] += sum over rows of dy[r, j].
+// col_store puts column c's sum s of this block's rows where the launch
+// says (above).
+static __device__ __forceinline__ void col_store(float* out, int c, int d, float s) {
+    if (gridDim.y == 1) {
+        out[c] += s;
+    } else {
+        out[(long long)blockIdx.y * d + c] = s;
+    }
+}
+
+// out[j] += sum over rows of dy[r, j] (split as above).
 template <typename A>
-__device__ __forceinline__ void bias_grad(float* __restrict__ db, const A* __restrict__ dy, int rows, int d) {
+__device__ __forceinline__ void bias_grad(float* __restrict__ out, const A* __restrict__ dy, int rows, int d, int per) {
     __shared__ float sh[32][33];
     const int x = threadIdx.x;
     const int y = threadIdx.y;
     const int c = blockIdx.x * 32 + x;
+    const long long r0 = (long long)blockIdx.y * per;
+    const long long r1 = r0 + per < rows ? r0 + per : (long long)rows;
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
     if (c < d) {
         const A* p = dy + c;
         const long long ld_ = d;
-        long long r = y;
-        for (; r + 96 < rows; r += 128) {
+        long long r = r0 + y;
+        for (; r + 96 < r1; r += 128) {
             a0 += ld(p, r * ld_);
             a1 += ld(p, (r + 32) * ld_);
             a2 += ld(p, (r + 64) * ld_);
             a3 += ld(p, (r + 96) * ld_);
         }
-        for (; r < rows; r += 32) {
+        for (; r < r1; r += 32) {
             a0 += ld(p, r * ld_);
         }
     }
@@ -349,27 +369,29 @@ __device__ __forceinline__ void bias_grad(float* __restrict__ db, const A* __res
         for (int k = 0; k < 32; k++) {
             s += sh[k][x];
         }
-        db[c] += s;
+        col_store(out, c, d, s);
     }
 }
 
 // dgamma[j] += sum_r dy[r,j]*n[r,j], dbeta[j] += sum_r dy[r,j], with
-// n = (x - mean[r])*rstd[r].
+// n = (x - mean[r])*rstd[r] (split as above, each output on its own).
 template <typename A>
 __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma, float* __restrict__ dbeta,
                                                             const A* __restrict__ dy, const A* __restrict__ x,
                                                             const float* __restrict__ mean,
-                                                            const float* __restrict__ rstd, int rows, int d) {
+                                                            const float* __restrict__ rstd, int rows, int d, int per) {
     __shared__ float shg[32][33];
     __shared__ float shb[32][33];
     const int tx = threadIdx.x;
     const int ty = threadIdx.y;
     const int c = blockIdx.x * 32 + tx;
+    const long long r0 = (long long)blockIdx.y * per;
+    const long long r1 = r0 + per < rows ? r0 + per : (long long)rows;
     float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
     if (c < d) {
         const long long ld_ = d;
-        long long r = ty;
-        for (; r + 32 < rows; r += 64) {
+        long long r = r0 + ty;
+        for (; r + 32 < r1; r += 64) {
             const long long o0 = r * ld_ + c, o1 = (r + 32) * ld_ + c;
             const float d0 = ld(dy, o0), d1 = ld(dy, o1);
             const float n0 = (ld(x, o0) - mean[r]) * rstd[r];
@@ -379,7 +401,7 @@ __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma,
             b0 += d0;
             b1 += d1;
         }
-        for (; r < rows; r += 32) {
+        for (; r < r1; r += 32) {
             const long long o = r * ld_ + c;
             const float dv = ld(dy, o);
             g0 += dv * ((ld(x, o) - mean[r]) * rstd[r]);
@@ -395,8 +417,21 @@ __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma,
             sg += shg[k][tx];
             sb += shb[k][tx];
         }
-        dgamma[c] += sg;
-        dbeta[c] += sb;
+        col_store(dgamma, c, d, sg);
+        col_store(dbeta, c, d, sb);
+    }
+}
+
+// out[j] += part[0*d + j] + part[1*d + j] + ... + part[(S-1)*d + j], in
+// that order: the splits' partial sums of a column reduction (flat over d).
+extern "C" __global__ void gr_col_sum_f32(float* __restrict__ out, const float* __restrict__ part, int splits, int d) {
+    const long long stride = flat_stride();
+    for (long long j = flat_start(); j < d; j += stride) {
+        float s = 0.0f;
+        for (int k = 0; k < splits; k++) {
+            s += part[(long long)k * d + j];
+        }
+        out[j] += s;
     }
 }
 
@@ -885,13 +920,13 @@ extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* 
     }                                                                                                                  \
     extern "C" __global__ void gr_relu_bwd_##S(A* dx, const A* y, long long n) { relu_bwd(dx, y, n); }                \
     extern "C" __global__ void __launch_bounds__(1024)                                                                 \
-        gr_bias_grad_##S(float* __restrict__ db, const A* __restrict__ dy, int rows, int d) {                          \
-        bias_grad(db, dy, rows, d);                                                                                    \
+        gr_bias_grad_##S(float* __restrict__ db, const A* __restrict__ dy, int rows, int d, int per) {                 \
+        bias_grad(db, dy, rows, d, per);                                                                               \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_##S(                                    \
         float* __restrict__ dgamma, float* __restrict__ dbeta, const A* __restrict__ dy, const A* __restrict__ x,      \
-        const float* __restrict__ mean, const float* __restrict__ rstd, int rows, int d) {                             \
-        layernorm_bwd_params(dgamma, dbeta, dy, x, mean, rstd, rows, d);                                               \
+        const float* __restrict__ mean, const float* __restrict__ rstd, int rows, int d, int per) {                    \
+        layernorm_bwd_params(dgamma, dbeta, dy, x, mean, rstd, rows, d, per);                                          \
     }                                                                                                                  \
     extern "C" __global__ void gr_layernorm_##S(A* y, float* mean, float* rstd, const A* x, const float* gamma,        \
                                                 const float* beta, int rows, int d, float eps) {                       \

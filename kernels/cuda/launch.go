@@ -43,15 +43,16 @@ var (
 	kSumSq    = k("gr_sumsq_f32", pPtr, pPtr, pI64)
 	kAdam     = k("gr_adam_f32", pPtr, pPtr, pPtr, pPtr, pI64, pF32, pF32, pF32, pF32)
 	kAdamRows = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pF32, pF32, pF32)
+	kColSum   = k("gr_col_sum_f32", pPtr, pPtr, pI32, pI32)
 	kCast     = map[[2]string]*kernel{}
 
 	kAddBias         = ak("gr_add_bias", pPtr, pPtr, pI64, pI32)
 	kBiasReLU        = ak("gr_bias_relu", pPtr, pPtr, pI64, pI32)
 	kReLUBwd         = ak("gr_relu_bwd", pPtr, pPtr, pI64)
-	kBiasGrad        = ak("gr_bias_grad", pPtr, pPtr, pI32, pI32)
+	kBiasGrad        = ak("gr_bias_grad", pPtr, pPtr, pI32, pI32, pI32)
 	kLayerNorm       = ak("gr_layernorm", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32)
 	kLayerNormBwd    = ak("gr_layernorm_bwd", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
-	kLayerNormParams = ak("gr_layernorm_bwd_params", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
+	kLayerNormParams = ak("gr_layernorm_bwd_params", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pI32)
 	kDropout         = ak("gr_dropout", pPtr, pPtr, pPtr, pI64, pU64, pU32, pF32)
 	kEmbedding       = ak("gr_embedding", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32)
 	kEmbeddingBwd    = ak("gr_embedding_bwd", pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32)
@@ -110,7 +111,7 @@ func init() {
 
 // allKernels lists every kernel, for loading and for the ABI test.
 func allKernels() []*kernel {
-	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAdam, kAdamRows}
+	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAdam, kAdamRows, kColSum}
 	for _, a := range actKernels {
 		ks = append(ks, a[:]...)
 	}
@@ -221,5 +222,29 @@ func (l *launch) rows(rows, cols int) {
 	l.grid(rows, 1, block, 1)
 }
 
-// cols launches a column reduction over d columns: blocks of 32x32.
-func (l *launch) cols(d int) { l.grid((d+31)/32, 1, 32, 32) }
+// cols launches a column reduction over d columns in splits of the rows
+// (colSplits): blocks of 32x32.
+func (l *launch) cols(d, splits int) { l.grid((d+31)/32, splits, 32, 32) }
+
+// Column reductions split their rows so that a reduction over few columns
+// still starts enough blocks: about colTargetBlocks in all (a few per
+// multiprocessor of the largest GPUs), none with fewer than colMinRows
+// rows (8 per thread), at most colMaxSplits.
+const (
+	colTargetBlocks = 512
+	colMinRows      = 256
+	colMaxSplits    = 64
+)
+
+// colSplits is how many splits of its rows a column reduction over rows x
+// d runs in, and the rows of each: a function of the shape alone, so the
+// partial sums, and the result, are the same on every GPU.
+func colSplits(rows, d int) (splits, per int) {
+	blocks := (d + 31) / 32
+	splits = max(1, min(rows/colMinRows, (colTargetBlocks+blocks-1)/blocks, colMaxSplits))
+	per = (rows + splits - 1) / splits
+	if per > 0 {
+		splits = (rows + per - 1) / per // no split left empty
+	}
+	return splits, per
+}

@@ -151,9 +151,9 @@ func (b *Backend) TakeProfile() []OpTime {
 	return out
 }
 
-// FormatProfile prints ops as a table: the top rows, each with its calls,
-// its time per step (ops summed over steps) and its share of all of them,
-// then what the rest and the whole take.
+// FormatProfile prints ops as a table: the top rows, each with its calls
+// (in all), its time a step (ops summed over steps) and a call, and its
+// share of all of them, then what the rest and the whole take.
 func FormatProfile(ops []OpTime, steps, top int) string {
 	var total float64
 	for _, o := range ops {
@@ -171,7 +171,7 @@ func FormatProfile(ops []OpTime, steps, top int) string {
 		if total > 0 {
 			share = 100 * sec / total
 		}
-		fmt.Fprintf(&sb, "%-56s %8d %11.3f %10.1f %5.1f%%\n", name, calls/steps, 1e3*sec/float64(steps), per, share)
+		fmt.Fprintf(&sb, "%-56s %8d %11.3f %10.1f %5.1f%%\n", name, calls, 1e3*sec/float64(steps), per, share)
 	}
 	var restCalls int
 	var rest float64

@@ -71,6 +71,10 @@ func lnCases() []lnCase {
 		lnCase{rows: 4, d: 100, offset: 30, eps: 1e-6}, // a one-pass variance fails here
 		lnCase{rows: 3, d: 4097, offset: 3, eps: 1e-6},
 		lnCase{rows: 6, d: 513, mixed: true, eps: 1e-6},
+		// enough rows that a GPU's parameter gradients run in splits of
+		// the rows (kernels/cuda's column reductions), some columns past
+		// the last full block of 32
+		lnCase{rows: 1500, d: 40, eps: 1e-6},
 	)
 }
 
