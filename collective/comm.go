@@ -484,6 +484,8 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 // communicator, for the logs.
 func (c *Communicator) AutoBasis() string {
 	switch l := c.cfg.Across; {
+	case c.cfg.Algorithm != Auto:
+		return fmt.Sprintf("none: %v asked for (%s or Config.Algorithm)", c.cfg.Algorithm, EnvAlgorithm)
 	case c.sh != nil:
 		return "the shm algorithm (every rank on this host, in its group segment)"
 	case l != (Link{}) && c.hier != nil:

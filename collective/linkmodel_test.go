@@ -2,6 +2,7 @@ package collective
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/gorun/gorun/rank"
@@ -132,6 +133,24 @@ func TestAutoAcrossHosts(t *testing.T) {
 	}
 	if !found {
 		t.Error("no size where half the link and the whole link choose apart: the test cannot tell whether the link is shared")
+	}
+	// the logs' account of it
+	for _, k := range []struct {
+		c    *Communicator
+		want string
+	}{
+		{flat, "the cost model of the link across hosts: 1.250 GB/s each way, 100 µs a step"},
+		{hier, "for the phase across them: 0.625 GB/s each way, 100 µs a step (each of a host's 2 ranks)"},
+		{old, "DefaultModel"},
+		{local, "DefaultModel"},
+	} {
+		if got := k.c.AutoBasis(); !strings.Contains(got, k.want) {
+			t.Errorf("AutoBasis %q, want it to say %q", got, k.want)
+		}
+	}
+	t.Setenv(EnvAlgorithm, "ring")
+	if got := comm([]string{"a", "b", "c"}, l).AutoBasis(); !strings.Contains(got, "ring asked for") {
+		t.Errorf("GORUN_ALLREDUCE=ring: AutoBasis %q", got)
 	}
 	for _, bad := range []Link{{Gbps: -1, StepUs: 1}, {StepUs: 100}, {Gbps: 1, CapGBs: -1}} {
 		if _, err := New(hostsTransport{rank.NewLocalGroup(2, 2)[0], []string{"a", "b"}}, Config{Across: bad}); err == nil {
