@@ -140,7 +140,7 @@ bench() {
 			# steps of the largest batches timed between CUDA events
 			step gorun-prof 90 env GORUN_CUDA_PROFILE=1 GORUN_BENCH_DEVICE=cuda GORUN_BENCH_PRECISION=fp16 \
 				GORUN_BENCH_BATCHES="$work/batches.jsonl" "$work/bench.test" -test.run '^$' \
-				-test.bench 'TrainStepDevice/base/fp16/tokens=25000$' -test.benchtime 5x
+				-test.bench 'TrainStepDevice/base/fp16/tokens=25000$' -test.benchtime 5x -test.v
 			continue
 		fi
 		step gorun-$p 150 env GORUN_BENCH_DEVICE=cuda GORUN_BENCH_PRECISION=$p GORUN_BENCH_BATCHES="$work/batches.jsonl" \
