@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/internal/testenv"
@@ -818,10 +819,12 @@ func TestCUDAEmulatorParity(t *testing.T) {
 	base := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-tokens", "256",
 		"--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0", "--eval-every", "0")
 	var last metrics.Record // the last train record of the latest run
-	run := func(n int, dev, prec string) losses {
+	var lastDir string
+	run := func(n int, dev, prec string, env ...string) losses {
 		dir := t.TempDir()
+		lastDir = dir
 		args := append(append([]string{}, base...), "--device", dev, "--precision", prec, "--backward-passes-per-step", fmt.Sprint(2/n), "--run-dir", dir)
-		j := startJobEnv(t, n, []string{"GORUN_CUDA_LIB_DIR=" + lib, "GORUN_CUDA_EMU_DEVICES=2"}, args...)
+		j := startJobEnv(t, n, append([]string{"GORUN_CUDA_LIB_DIR=" + lib, "GORUN_CUDA_EMU_DEVICES=2"}, env...), args...)
 		for r, err := range j.wait() {
 			if err != nil {
 				t.Fatalf("%s np %d rank %d: %v\n%s", dev, n, r, err, j.outs[r])
@@ -862,11 +865,21 @@ func TestCUDAEmulatorParity(t *testing.T) {
 		follow(t, fmt.Sprintf("cuda np %d against cpu", n), got, ref, 1, steps, 1e-4)
 	}
 	// fp16 activations and matrix products with dynamic loss scaling: the same curve to
-	// fp16's rounding, and the scale (2^14, no overflow yet) recorded
-	got := run(1, "cuda", "fp16")
+	// fp16's rounding, and the scale (2^14, no overflow yet) recorded; profiled
+	// (GORUN_CUDA_PROFILE=1), which changes no number, and the profile written
+	got := run(1, "cuda", "fp16", "GORUN_CUDA_PROFILE=1")
 	follow(t, "cuda fp16 against cpu fp32", got, ref, 1, steps, 1e-2)
 	if sc := last.Values["loss_scale"]; sc != 1<<14 {
 		t.Errorf("fp16: loss_scale %v, want 16384", sc)
+	}
+	prof, err := os.ReadFile(filepath.Join(lastDir, train.GPUProfileFile))
+	if err != nil {
+		t.Fatalf("GORUN_CUDA_PROFILE=1: %v", err)
+	}
+	for _, want := range []string{fmt.Sprintf("over %d steps", steps), "gr_layernorm_f16", "gemm F16,F16->F16 ", "gr_adam_f32", "all, on the GPU"} {
+		if !strings.Contains(string(prof), want) {
+			t.Errorf("the GPU profile lacks %q:\n%s", want, prof)
+		}
 	}
 }
 

@@ -2,6 +2,8 @@ package train
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -109,4 +111,27 @@ func (g *gpuSampler) close() {
 		close(g.stop)
 		<-g.done
 	}
+}
+
+// GPUProfileFile is where rank 0 writes its GPU's profile at the end of a
+// run with GORUN_CUDA_PROFILE=1 (in the run directory).
+const GPUProfileFile = "gpu-profile.txt"
+
+// writeGPUProfile writes rank 0's GPU time by operation over this
+// process's steps (and the evaluations and checkpoints among them: they
+// queue their work on the GPU too) to the run directory and logs its largest rows, when
+// the backend profiles (GORUN_CUDA_PROFILE=1); nothing otherwise.
+func (t *Trainer) writeGPUProfile() error {
+	if t.gpu == nil || !t.gpu.be.Profiling() {
+		return nil
+	}
+	steps := t.step - max(0, t.resumedFrom)
+	head := fmt.Sprintf("GPU time by operation on rank 0's %s over %d steps, with the evaluations and checkpoints among them "+
+		"(%s=1: two CUDA events around each operation, which slow the steps)\n\n", t.gpu.be.Describe(), steps, cuda.EnvProfile)
+	path := filepath.Join(t.o.RunDir, GPUProfileFile)
+	if err := os.WriteFile(path, []byte(head+cuda.FormatProfile(t.gpu.be.TakeProfile(), steps, 1000)), 0o644); err != nil {
+		return fmt.Errorf("GPU profile: %v", err)
+	}
+	t.logf("nmt-train: GPU profile (%s=1): %s", cuda.EnvProfile, path)
+	return nil
 }

@@ -1042,6 +1042,9 @@ func (t *Trainer) loop(ctx context.Context) error {
 			n := float64(t.computeSteps)
 			t.logf("%s", metrics.AnalyzeBottleneck(t.info, metrics.StepTimes{Compute: t.computeTotal / n, Sync: t.syncTotal / n, Backward: t.backTotal / n}))
 		}
+		if err := t.writeGPUProfile(); err != nil {
+			return err
+		}
 		rep, err := WriteReport(o.RunDir)
 		if err != nil {
 			return fmt.Errorf("report: %v", err)
