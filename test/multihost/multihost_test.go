@@ -200,6 +200,22 @@ func TestAllreduceShapedLink(t *testing.T) {
 			}
 		})
 	}
+	// Auto on 4 ranks across the hosts, flat: it chooses on the link the
+	// start-up probe measured (collective.Config.Across), which at 1 Gbit/s
+	// gives these sizes to the ring (the tree sends 2 buffers through its
+	// busiest rank's link, the ring 1.5); the cost model fitted on one
+	// host's cores would take the tree
+	t.Run("auto/np4-flat", func(t *testing.T) {
+		out, code := e.run(t, 90*time.Second, "-np", "4", "-x", "GORUN_HIERARCHICAL=0",
+			e.perf, "-b", "999996", "-e", "3999984", "-f", "4", "-n", "2", "-w", "1", "-c", "1")
+		if code != 0 {
+			t.Fatalf("allreduce-perf auto on 4 ranks: exit status %d; output:\n%s", code, out)
+		}
+		if !strings.Contains(out, "# auto chooses with the cost model of the link across hosts: ") {
+			t.Errorf("allreduce-perf auto on 4 ranks across hosts: no word of the link's cost model; output:\n%s", out)
+		}
+		checkPerf(t, out, "ring", []int{999996, 3999984})
+	})
 	// One rank per host, 64 MiB, 4 timed allreduces (archeck reports the
 	// best). The default transport (auto: the probe's choice, which rank 0
 	// states with both rates) with both algorithms, and each transport set
