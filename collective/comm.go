@@ -107,6 +107,8 @@ type Communicator struct {
 	// the most bytes per slice: of calls over all of t, and of the
 	// hierarchical allreduce's phases within a host (across: cfg's)
 	flatSlice, localSlice int
+	// oneHost: every rank of t is on this host (Auto keeps Model for them)
+	oneHost bool
 }
 
 // Handle is a queued or running call.
@@ -202,7 +204,8 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("collective: shared-memory group: %w", err)
 	}
-	if oneHost(t) {
+	c.oneHost = oneHost(t)
+	if c.oneHost {
 		c.flatSlice = localSlice
 	}
 	c.settings = settings(cfg.SliceBytes, localSlice, cfg.Channels, t.Channels(), c.hier != nil)
@@ -474,7 +477,7 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 		per := len(h.local)
 		return c.modelAcross(m, len(h.cross), per).Choose((bytes+per-1)/per, len(h.cross))
 	}
-	if !oneHost(c.t) {
+	if !c.oneHost {
 		m = c.modelAcross(m, c.t.Size(), 1)
 	}
 	return m.Choose(bytes, c.t.Size())
@@ -483,16 +486,16 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 // AutoBasis says what Auto chooses the algorithm with on this
 // communicator, for the logs.
 func (c *Communicator) AutoBasis() string {
-	switch l := c.cfg.Across; {
+	switch known := c.cfg.Across != (Link{}); {
 	case c.cfg.Algorithm != Auto:
 		return fmt.Sprintf("none: %v asked for (%s or Config.Algorithm)", c.cfg.Algorithm, EnvAlgorithm)
 	case c.sh != nil:
 		return "the shm algorithm (every rank on this host, in its group segment)"
-	case l != (Link{}) && c.hier != nil:
-		l.Gbps /= float64(len(c.hier.local))
-		return fmt.Sprintf("the cost model of the link across hosts, for the phase across them: %v (each of a host's %d ranks)", l, len(c.hier.local))
-	case l != (Link{}) && !oneHost(c.t):
-		return fmt.Sprintf("the cost model of the link across hosts: %v", l)
+	case known && c.hier != nil:
+		g := len(c.hier.local)
+		return fmt.Sprintf("the cost model of the link across hosts, for the phase across them: %v (each of a host's %d ranks)", c.linkShare(g), g)
+	case known && !c.oneHost:
+		return fmt.Sprintf("the cost model of the link across hosts: %v", c.linkShare(1))
 	}
 	return "the cost model fitted on one host's cores (collective.DefaultModel)"
 }
@@ -501,12 +504,18 @@ func (c *Communicator) AutoBasis() string {
 // crossing each host's link at once: on Config.Across where it is set
 // (each of them with its share of the link), else m itself.
 func (c *Communicator) modelAcross(m CostModel, n, sharing int) CostModel {
-	l := c.cfg.Across
-	if l == (Link{}) {
+	if c.cfg.Across == (Link{}) {
 		return m
 	}
+	return m.OnLink(c.linkShare(sharing), n)
+}
+
+// linkShare is Config.Across as each of sharing ranks that cross a host's
+// link at once has it: 1/sharing of its rate.
+func (c *Communicator) linkShare(sharing int) Link {
+	l := c.cfg.Across
 	l.Gbps /= float64(sharing)
-	return m.OnLink(l, n)
+	return l
 }
 
 // minChannelBytes: below this many bytes per channel, a call uses fewer
