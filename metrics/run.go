@@ -16,7 +16,6 @@ import (
 // event files in one directory.
 type Run struct {
 	mu     sync.Mutex
-	dir    string
 	jsonl  *os.File
 	events *EventWriter
 }
@@ -44,7 +43,7 @@ func OpenRun(dir string) (*Run, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Run{dir: dir, jsonl: f, events: ew}, nil
+	return &Run{jsonl: f, events: ew}, nil
 }
 
 // Log writes one record: a JSON line, a TensorBoard event with every value
@@ -85,9 +84,6 @@ func tagged[V any](kind string, m map[string]V) map[string]V {
 	}
 	return out
 }
-
-// Dir is the run directory.
-func (r *Run) Dir() string { return r.dir }
 
 // Close closes the files.
 func (r *Run) Close() error {

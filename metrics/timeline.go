@@ -27,7 +27,7 @@ import (
 // that is flushed by the first event more than a second after the last
 // flush (and by Flush); Close writes the closing "]}" and flushes. A file whose program stopped
 // before Close lacks the closing brackets (and perhaps half a line):
-// MergeTimelines reads such a file up to its last complete event.
+// MergeTimelineFiles reads such a file up to its last complete event.
 //
 // A nil *Timeline records nothing, so callers need not check. All methods
 // are safe for concurrent use.
@@ -193,7 +193,7 @@ func (t *Timeline) Close() error {
 	return t.err
 }
 
-// TraceEvent is one Chrome trace event as MergeTimelines reads it.
+// TraceEvent is one Chrome trace event as ReadTimeline reads it.
 type TraceEvent struct {
 	Name string          `json:"name"`
 	Ph   string          `json:"ph"`
@@ -280,22 +280,15 @@ func eofNil(err error) error {
 	return err
 }
 
-// MergeTimelines writes one trace holding the events of all the inputs
-// (each rank's file; their pids are their ranks), metadata first, spans by
-// time. Inputs cut short are merged up to their last complete event.
-func MergeTimelines(out io.Writer, in ...io.Reader) error {
-	return merge(out, nil, in)
-}
-
+// merge writes one trace holding the events of all the inputs (each rank's
+// file, named in names; their pids are their ranks), metadata first, spans
+// by time. Inputs cut short are merged up to their last complete event.
 func merge(out io.Writer, names []string, in []io.Reader) error {
 	var meta, spans []TraceEvent
 	for i, r := range in {
 		evs, _, err := ReadTimeline(r)
 		if err != nil {
-			if i < len(names) {
-				return fmt.Errorf("timeline %s: %w", names[i], err)
-			}
-			return fmt.Errorf("timeline input %d: %w", i, err)
+			return fmt.Errorf("timeline %s: %w", names[i], err)
 		}
 		for _, ev := range evs {
 			if ev.Ph == "M" {
@@ -322,8 +315,10 @@ func merge(out io.Writer, names []string, in []io.Reader) error {
 	return w.Flush()
 }
 
-// MergeTimelineFiles merges the trace files inputs into the file out (see
-// MergeTimelines); errors name the file.
+// MergeTimelineFiles writes one trace into the file out holding the events
+// of all the trace files inputs (each rank's file; their pids are their
+// ranks), metadata first, spans by time; inputs cut short are merged up to
+// their last complete event. Errors name the file.
 func MergeTimelineFiles(out string, inputs ...string) error {
 	var rs []io.Reader
 	for _, p := range inputs {
