@@ -74,6 +74,11 @@ func Threads() int {
 	return runtime.GOMAXPROCS(0)
 }
 
+// EnvSgemmKernel names the environment variable that picks the SGEMM
+// micro-kernel of a process's CPU backend by name (SetSgemmKernel; unset:
+// the best the CPU runs), as OpenBLAS_CORETYPE does for OpenBLAS.
+const EnvSgemmKernel = "GORUN_SGEMM_KERNEL"
+
 // SgemmKernels lists the SGEMM micro-kernels this CPU can run, best first:
 // a subset of "avx512" (AVX-512F), "avx2" (AVX2 and FMA) and "go" (pure Go,
 // always present).

@@ -27,10 +27,10 @@ const Names = "auto, cpu or cuda"
 func Open(spec string) (kernels.Backend, string, error) {
 	switch strings.ToLower(strings.TrimSpace(spec)) {
 	case "cpu":
-		return cpu.New(), "cpu (--device cpu)", nil
+		return openCPU("--device cpu")
 	case "", "auto":
 		if err := cuda.Available(); err != nil {
-			return cpu.New(), fmt.Sprintf("cpu (--device auto: no usable GPU: %v)", err), nil
+			return openCPU(fmt.Sprintf("--device auto: no usable GPU: %v", err))
 		}
 		be, why, err := openCUDA()
 		if err != nil {
@@ -45,6 +45,18 @@ func Open(spec string) (kernels.Backend, string, error) {
 		return be, why, nil
 	}
 	return nil, "", fmt.Errorf("unknown --device %q (want %s)", spec, Names)
+}
+
+// openCPU opens the CPU backend with the SGEMM micro-kernel that
+// GORUN_SGEMM_KERNEL names (unset: the best this CPU runs); why says how
+// the CPU was chosen.
+func openCPU(why string) (kernels.Backend, string, error) {
+	if name, ok := os.LookupEnv(cpu.EnvSgemmKernel); ok {
+		if _, err := cpu.SetSgemmKernel(name); err != nil {
+			return nil, "", fmt.Errorf("%s=%s: %w", cpu.EnvSgemmKernel, name, err)
+		}
+	}
+	return cpu.New(), fmt.Sprintf("cpu (%s; SGEMM micro-kernel %s of %s)", why, cpu.SgemmKernel(), strings.Join(cpu.SgemmKernels(), ", ")), nil
 }
 
 func openCUDA() (kernels.Backend, string, error) {
