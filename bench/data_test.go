@@ -78,6 +78,25 @@ func benchWords() []string {
 	return benchWordList
 }
 
+// textFile writes lines to a file in the benchmark's temporary directory.
+func textFile(b *testing.B, lines []string) string {
+	path := filepath.Join(b.TempDir(), "text")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return path
+}
+
+// learnBPE learns merges from the words of the text file path, as prepare
+// does (both languages' files counted as one text).
+func learnBPE(b *testing.B, path string, merges int) *data.BPE {
+	counts, err := data.CountPieces(strings.Fields, path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return data.LearnBPECounts(counts, merges)
+}
+
 // BenchmarkBPEApply applies a joint BPE of 8,000 merges (learned on 50,000
 // lines) to 200,000 other lines, cycling, with one word cache as prepare
 // uses; reports lines/s on one goroutine. With GORUN_DATA_BENCH_TEXT=DIR it
@@ -92,7 +111,7 @@ func BenchmarkBPEApply(b *testing.B) {
 		os.WriteFile(filepath.Join(dir, "learn.txt"), []byte(strings.Join(learn, "\n")+"\n"), 0o644)
 		os.WriteFile(filepath.Join(dir, "apply.txt"), []byte(strings.Join(apply, "\n")+"\n"), 0o644)
 	}
-	bpe := data.LearnBPE(learn, 8000)
+	bpe := learnBPE(b, textFile(b, learn), 8000)
 	b.ResetTimer()
 	pieces := 0
 	for i := 0; i < b.N; i++ {
@@ -109,9 +128,10 @@ func BenchmarkBPEApply(b *testing.B) {
 //	go test -bench BPELearn -benchtime 1x ./bench/
 func BenchmarkBPELearn(b *testing.B) {
 	learn := benchText(1, 50000)
+	path := textFile(b, learn)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		data.LearnBPE(learn, 8000)
+		learnBPE(b, path, 8000)
 	}
 	b.ReportMetric(float64(len(learn)*b.N)/b.Elapsed().Seconds(), "lines/s")
 }
@@ -121,11 +141,11 @@ func BenchmarkBPELearn(b *testing.B) {
 //
 //	go test -bench BPELearn1M -benchtime 1x ./bench/
 func BenchmarkBPELearn1M(b *testing.B) {
-	learn := benchText(3, 1000000)
+	path := textFile(b, benchText(3, 1000000))
 	b.ResetTimer()
 	var m int
 	for i := 0; i < b.N; i++ {
-		m = data.LearnBPE(learn, 32000).NumMerges()
+		m = learnBPE(b, path, 32000).NumMerges()
 	}
 	b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/learn")
 	b.ReportMetric(float64(m), "merges")

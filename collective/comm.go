@@ -5,8 +5,8 @@
 // bfloat16 buffers.
 //
 // Buffers are byte slices holding elements of the call's DType in the
-// machine's byte order (Float32Bytes and Uint16Bytes view typed slices as
-// bytes without copying). Every rank must make the same calls in the same
+// machine's byte order (Float32Bytes views a float32 slice as bytes
+// without copying). Every rank must make the same calls in the same
 // order with the same lengths, types, reductions and roots; a rank that
 // does not gets a *MismatchError naming both ranks and what differs, and a
 // peer that fails or stops answering makes the call fail with an error that

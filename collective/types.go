@@ -335,14 +335,6 @@ func Float32Bytes(s []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s))
 }
 
-// Uint16Bytes views a slice of float16 or bfloat16 bits as bytes (no copy).
-func Uint16Bytes(s []uint16) []byte {
-	if len(s) == 0 {
-		return []byte{}
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
-}
-
 // Float32s views bytes as float32s (no copy; b is 4-byte aligned):
 // the inverse of Float32Bytes.
 func Float32s(b []byte) []float32 {
@@ -352,8 +344,7 @@ func Float32s(b []byte) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
-// Uint16s views bytes as float16 or bfloat16 bits (no copy): the
-// inverse of Uint16Bytes.
+// Uint16s views bytes as float16 or bfloat16 bits (no copy).
 func Uint16s(b []byte) []uint16 {
 	if len(b) == 0 {
 		return nil

@@ -324,39 +324,3 @@ func padBatch(s Source, lines []int32, vocab int) (*Batch, error) {
 	}
 	return bt, nil
 }
-
-// EvalBatches cuts s, in order and unshuffled, into batches of at most
-// tokensPerBatch padded tokens (for validation loss). Pairs longer than the
-// budget get a batch of their own.
-func EvalBatches(s Source, tokensPerBatch, vocab int) ([]*Batch, error) {
-	var out []*Batch
-	var cur []int32
-	longest := 0
-	flush := func() error {
-		if len(cur) == 0 {
-			return nil
-		}
-		b, err := padBatch(s, cur, vocab)
-		if err != nil {
-			return err
-		}
-		out = append(out, b)
-		cur, longest = nil, 0
-		return nil
-	}
-	for i := 0; i < s.Len(); i++ {
-		ls, lt := s.Lens(i)
-		l := max(ls, lt) + 1
-		if len(cur) > 0 && (len(cur)+1)*max(longest, l) > tokensPerBatch {
-			if err := flush(); err != nil {
-				return nil, err
-			}
-		}
-		cur = append(cur, int32(i))
-		longest = max(longest, l)
-	}
-	if err := flush(); err != nil {
-		return nil, err
-	}
-	return out, nil
-}

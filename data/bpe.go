@@ -30,23 +30,6 @@ const bpeCacheMax = 1 << 21
 
 func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
 
-// WordCounts counts whitespace-separated words of lines.
-func WordCounts(lines []string) map[string]int64 {
-	c := map[string]int64{}
-	for _, l := range lines {
-		for _, w := range strings.Fields(l) {
-			c[w]++
-		}
-	}
-	return c
-}
-
-// LearnBPE learns up to merges merges jointly over lines (give it both
-// languages' lines).
-func LearnBPE(lines []string, merges int) *BPE {
-	return LearnBPECounts(WordCounts(lines), merges)
-}
-
 type bpeWord struct {
 	syms  []int32
 	count int64
@@ -317,36 +300,6 @@ func (b *BPE) applyWord(w string) []string {
 	}
 	b.mu.Unlock()
 	return pieces
-}
-
-// Pieces returns every piece Apply can produce from the learned merges and
-// the base runes they use (without specials), in a deterministic order:
-// the base symbols in byte order, then the merge results in merge order.
-func (b *BPE) Pieces() []string {
-	var basePieces []string
-	isResult := map[string]bool{}
-	for _, m := range b.merges {
-		isResult[m[0]+m[1]] = true
-	}
-	seen := map[string]bool{}
-	for _, m := range b.merges {
-		for _, s := range m {
-			if !isResult[s] && !seen[s] {
-				seen[s] = true
-				basePieces = append(basePieces, s)
-			}
-		}
-	}
-	sort.Strings(basePieces)
-	out := basePieces
-	for _, m := range b.merges {
-		s := m[0] + m[1]
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // bpeHeader is the first line of a merges file.

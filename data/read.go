@@ -272,12 +272,6 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 	return st, nil
 }
 
-// ReadParallel reads the lab's tokenized files (pieces separated by
-// spaces); see ReadParallelFunc.
-func ReadParallel(srcPath, tgtPath string, v *Vocab, maxLen int) (src, tgt [][]int32, st Stats, err error) {
-	return ReadParallelFunc(srcPath, tgtPath, SplitPieces, v, maxLen)
-}
-
 func countUnk(ids []int32) int64 {
 	var n int64
 	for _, id := range ids {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/fusion/fusiontest"
@@ -705,7 +706,7 @@ func TestOverflowChecks(t *testing.T) {
 			for u := 0; u < 1<<16; u++ {
 				// the pattern alone, and among finite neighbours
 				buf := []uint16{0x3c00, 0x0001, uint16(u), 0x8000, 0x3000}
-				if got, want := wireOverflow(collective.Uint16Bytes(buf), wire, sc), bad(dec(uint16(u)), sc); got != want {
+				if got, want := wireOverflow(uint16Bytes(buf), wire, sc), bad(dec(uint16(u)), sc); got != want {
 					t.Fatalf("%v 0x%04x (%v) scale %v: overflow %v, want %v", wire, u, dec(uint16(u)), sc, got, want)
 				}
 			}
@@ -713,7 +714,7 @@ func TestOverflowChecks(t *testing.T) {
 			for u := range all {
 				anyBad = anyBad || bad(dec(uint16(u)), sc)
 			}
-			if got := wireOverflow(collective.Uint16Bytes(all), wire, sc); got != anyBad {
+			if got := wireOverflow(uint16Bytes(all), wire, sc); got != anyBad {
 				t.Fatalf("%v all patterns, scale %v: %v", wire, sc, got)
 			}
 		}
@@ -968,4 +969,10 @@ func TestParseCompression(t *testing.T) {
 	if _, err := ParseCompression("fp8"); err == nil || !strings.Contains(err.Error(), "want none, fp16 or bf16") {
 		t.Errorf("fp8: %v", err)
 	}
+}
+
+// uint16Bytes views float16 or bfloat16 bits as bytes in the machine's
+// byte order, as the wire buffers hold them (no copy).
+func uint16Bytes(s []uint16) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
 }

@@ -32,7 +32,7 @@ func TestLogNonFinite(t *testing.T) {
 	if err := r.Log("eval", 40, map[string]float64{"loss": math.Inf(1), "loss_raw": math.Inf(-1), "bleu": 2}, nil); err != nil {
 		t.Fatalf("logging Inf: %v", err)
 	}
-	evPath := r.events.Path()
+	evPath := r.events.path
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

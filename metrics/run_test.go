@@ -137,8 +137,8 @@ func TestEventWritersSameSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Path() == b.Path() {
-		t.Fatalf("both writers write %s", a.Path())
+	if a.path == b.path {
+		t.Fatalf("both writers write %s", a.path)
 	}
 	a.Close()
 	b.Close()

@@ -80,9 +80,6 @@ func fileVersionEvent(wall float64) []byte {
 // wallTime is an event's wall_time: seconds since the epoch.
 func wallTime(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
-// Path is the event file's path.
-func (e *EventWriter) Path() string { return e.path }
-
 func (e *EventWriter) record(data []byte) error {
 	var hdr [12]byte
 	binary.LittleEndian.PutUint64(hdr[:8], uint64(len(data)))

@@ -86,7 +86,7 @@ func TestEventsDecodeWithTensorBoardProtos(t *testing.T) {
 	if err := r.HParams(ri); err != nil {
 		t.Fatal(err)
 	}
-	events := r.events.Path()
+	events := r.events.path
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

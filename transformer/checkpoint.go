@@ -102,11 +102,6 @@ func NewRunID() string {
 	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
 }
 
-// SaveCheckpoint is SaveRunCheckpoint for no run in particular.
-func SaveCheckpoint(dir string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage) (string, error) {
-	return SaveRunCheckpoint(dir, "", step, m, opt, vocabHash, trainer)
-}
-
 // SaveRunCheckpoint writes dir/ckpt-STEP/ (model.safetensors with the weights
 // under their parameter names, optimizer.safetensors with "m/NAME" and
 // "v/NAME", state.json, and last SHA256SUMS with the SHA-256 of each of

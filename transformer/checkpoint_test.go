@@ -39,7 +39,7 @@ func TestCheckpointResumeBitExact(t *testing.T) {
 	m, _ := New(cfg, cpu.New(), 21)
 	opt := NewLazyAdam(m)
 	microTrain(t, m, opt, b, 0, 3)
-	path, err := SaveCheckpoint(dir, 3, m, opt, "vocab-abc", nil)
+	path, err := SaveRunCheckpoint(dir, "", 3, m, opt, "vocab-abc", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestCheckpointRefusals(t *testing.T) {
 	cfg := microConfig()
 	m, _ := New(cfg, cpu.New(), 1)
 	opt := NewLazyAdam(m)
-	path, err := SaveCheckpoint(dir, 10, m, opt, "v1", nil)
+	path, err := SaveRunCheckpoint(dir, "", 10, m, opt, "v1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestSafetensorsPython(t *testing.T) {
 	}
 	dir := t.TempDir()
 	m, _ := New(microConfig(), cpu.New(), 1)
-	path, err := SaveCheckpoint(dir, 1, m, NewLazyAdam(m), "h", nil)
+	path, err := SaveRunCheckpoint(dir, "", 1, m, NewLazyAdam(m), "h", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,11 +116,6 @@ func (m *Model) Translate(src [][]int32, opt DecodeOptions) ([][]int32, error) {
 	return m.beamSearch(dc, B, beam, maxLen, Tcap, opt.Alpha), nil
 }
 
-// translateBeam runs the beam-search code path even for beam 1 (tests).
-func (m *Model) translateBeam(src [][]int32, beam int, alpha float64, extra int) ([][]int32, error) {
-	return m.Translate(src, DecodeOptions{Beam: beam, Alpha: alpha, MaxExtra: extra, forceBeam: true})
-}
-
 // step runs the decoder for position t on the last tokens ids ([R]) and
 // leaves log-probabilities in dc.logits [R, V] (downloaded to host).
 func (m *Model) step(dc *decoder, ids []int32, t int, host []float32) {

@@ -42,15 +42,8 @@ type stEntry struct {
 	Offsets [2]int `json:"data_offsets"`
 }
 
-// WriteSafetensors writes tensors (in the given order) and metadata to path
-// and fsyncs it.
-func WriteSafetensors(path string, tensors []STensor, meta map[string]string) error {
-	_, err := writeSafetensors(path, tensors, meta)
-	return err
-}
-
-// writeSafetensors is WriteSafetensors; it also returns the SHA-256 of
-// the bytes written (hex).
+// writeSafetensors writes tensors (in the given order) and metadata to
+// path, fsyncs it and returns the SHA-256 of the bytes written (hex).
 func writeSafetensors(path string, tensors []STensor, meta map[string]string) (string, error) {
 	h := sha256.New()
 	if err := writeSafetensorsTo(path, tensors, meta, h); err != nil {
@@ -227,12 +220,6 @@ func (s *SafetensorsFile) Names() []string {
 	}
 	sort.Strings(n)
 	return n
-}
-
-// Shape returns the shape of a tensor and whether it exists.
-func (s *SafetensorsFile) Shape(name string) ([]int, bool) {
-	e, ok := s.entries[name]
-	return e.Shape, ok
 }
 
 // Read copies tensor name into dst, checking its shape.

@@ -24,7 +24,7 @@ func TestSafetensorsWriterMatchesUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "m.safetensors")
-	if err := WriteSafetensors(path, []STensor{{Name: "test", Shape: []int{2, 2}, Data: make([]float32, 4)}}, nil); err != nil {
+	if _, err := writeSafetensors(path, []STensor{{Name: "test", Shape: []int{2, 2}, Data: make([]float32, 4)}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(path)
@@ -74,8 +74,8 @@ func TestSafetensorsReaderUpstreamFiles(t *testing.T) {
 		if names := f.Names(); len(names) != 1 || names[0] != c.tensor {
 			t.Errorf("%s: tensors %v, want [%s]", c.file, names, c.tensor)
 		}
-		if shape, ok := f.Shape(c.tensor); !ok || !equalShape(shape, c.shape) {
-			t.Errorf("%s: shape %v, want %v", c.file, shape, c.shape)
+		if e, ok := f.entries[c.tensor]; !ok || !equalShape(e.Shape, c.shape) {
+			t.Errorf("%s: shape %v, want %v", c.file, e.Shape, c.shape)
 		}
 		if len(f.Metadata) != len(c.meta) || f.Metadata["framework"] != c.meta["framework"] {
 			t.Errorf("%s: metadata %v, want %v", c.file, f.Metadata, c.meta)

@@ -169,3 +169,8 @@ func TestDecodeConsistency(t *testing.T) {
 		}
 	}
 }
+
+// translateBeam runs the beam-search code path even for beam 1 (tests).
+func (m *Model) translateBeam(src [][]int32, beam int, alpha float64, extra int) ([][]int32, error) {
+	return m.Translate(src, DecodeOptions{Beam: beam, Alpha: alpha, MaxExtra: extra, forceBeam: true})
+}
