@@ -4,7 +4,7 @@
 #
 #   bench/gpu/build.sh
 #   # then, on the GPU machine (the device tool: carry .gpu):
-#   BUDGET=570 bash bench/gpu/run.sh check torch train bench
+#   BUDGET=570 bash bench/gpu/run.sh check torch train bench net
 #
 # GROUPS run in the order named (none: check train bench torch net). Each
 # step has its own time limit and none stops the others. BUDGET=S fits the
