@@ -58,8 +58,8 @@ func layerOf(name string) string {
 // real parameter list on 2 and 4 ranks over QUIC on loopback: each layer
 // "computes" (sleeps) for a time proportional to its parameters
 // (GORUN_BENCH_NS_PER_PARAM, default 30 ns: 1.8 s per backward pass, what
-// PyTorch's CPU backward of this model takes on 2 threads, see
-// ../shared/peers), then marks its gradients ready. Each round runs three
+// PyTorch's CPU backward of this model takes on 2 threads, as the team's
+// peer measurement of 2026-11-22 found it), then marks its gradients ready. Each round runs three
 // steps, one per mode, so that the modes see the same machine load:
 //
 //   - plain: no bucketing, one allreduce of the whole gradient buffer after

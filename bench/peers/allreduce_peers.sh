@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side allreduce comparison on this machine, in one sitting:
-# OpenMPI (shared memory "vader" and TCP on loopback) and torch gloo, run by
-# the project's shared peer scripts (../shared/peers, called, not copied),
-# then gorun's allreduce-perf under bin/gorun over shared memory, QUIC and
+# OpenMPI (shared memory "vader" and TCP on loopback; bench/peers/mpi_allreduce.c)
+# and torch gloo (bench/peers/gloo_allreduce.py), then gorun's allreduce-perf under bin/gorun over shared memory, QUIC and
 # TLS/TCP, for the same sizes and world sizes (float32, sum), and beside
 # each transport's allreduce its `allreduce-perf -C sendrecv` (every rank
 # sends to the next while it receives from the previous: the ring's traffic
@@ -12,13 +11,13 @@
 #   env: NPS ("2 4"), SIZES (bytes, 4 KiB to 256 MiB as in issue 3's table),
 #        BUDGET (seconds per size for the peers, default 3), ALGOS ("auto"; add
 #        ring, tree, direct to compare), TRANSPORTS ("shm quic tcp"),
-#        SENDRECV (1: also -C sendrecv per transport; 0: not), PEERS (dir of
-#        the shared peer scripts), SKIP_PEERS=1 (gorun only), OUT (results dir)
+#        SENDRECV (1: also -C sendrecv per transport; 0: not),
+#        SKIP_PEERS=1 (gorun only), OUT (results dir); the peers need mpicc
+#        (openmpi-bin, libopenmpi-dev) and Debian's python3-torch
 # Prints a markdown table of busbw (GB/s) and median time per op (us), then
 # the ratios the issue asks about.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PEERS=${PEERS:-$REPO/../shared/peers}
 NPS=${NPS:-"2 4"}
 SIZES=${SIZES:-"4096 65536 1048576 16777216 67108864 268435456"}
 BUDGET=${BUDGET:-3}
@@ -30,10 +29,25 @@ mkdir -p "$OUT"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 echo "# allreduce side by side, $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/README.txt"
 
+# peer rows: size np peer median_us algbw busbw best_busbw samples
+: > "$OUT/peer_rows"
 if [ "${SKIP_PEERS:-0}" != 1 ]; then
-  [ -x "$PEERS/02_mpi_allreduce.sh" ] || { echo "allreduce_peers.sh: no peer scripts in $PEERS (set PEERS=)" >&2; exit 1; }
-  OUT=$OUT/peers BUDGET=$BUDGET NPS=$NPS SIZES=$SIZES CONFIGS="vader tcp" "$PEERS/02_mpi_allreduce.sh"
-  OUT=$OUT/peers BUDGET=$BUDGET NPS=$NPS SIZES=$SIZES "$PEERS/03_gloo_allreduce.sh"
+  mkdir -p "$OUT/peers"
+  mpicc -O2 -o "$TMP/mpi_allreduce" "$REPO/bench/peers/mpi_allreduce.c" -lm
+  MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1)
+  declare -A MCA=([vader]="--mca btl vader,self" [tcp]="--mca btl tcp,self --mca btl_tcp_if_include lo")
+  for np in $NPS; do for c in vader tcp; do
+    cmd=("${MPIRUN[@]}" -np "$np" ${MCA[$c]} "$TMP/mpi_allreduce" "$BUDGET" $SIZES)
+    echo "+ ${cmd[*]}" | sed "s#$TMP/##g" > "$OUT/peers/mpi_${c}_np${np}.txt"
+    timeout 480 "${cmd[@]}" 2>&1 | tee -a "$OUT/peers/mpi_${c}_np${np}.txt" | grep -E '^ +[0-9]' |
+      awk -v c="openmpi-$c" '{print $1, $2, c, $5, $6, $7, $8, $4}' >> "$OUT/peer_rows"
+  done; done
+  for np in $NPS; do
+    cmd=(/usr/bin/python3 "$REPO/bench/peers/gloo_allreduce.py" --np "$np" --budget "$BUDGET" --timeout 480 --sizes $SIZES)
+    echo "+ ${cmd[*]}" > "$OUT/peers/gloo_np${np}.txt"
+    "${cmd[@]}" 2>&1 | tee -a "$OUT/peers/gloo_np${np}.txt" | grep -E '^ +[0-9]' |
+      awk '{print $1, $2, "torch-gloo", $5, $6, $7, $8, $4}' >> "$OUT/peer_rows"
+  done
 fi
 
 (cd "$REPO" && go build -o "$TMP/gorun" ./cmd/gorun && go build -o "$TMP/allreduce-perf" ./cmd/allreduce-perf)
@@ -58,12 +72,8 @@ for np in $NPS; do for tr in $TRANSPORTS; do for algo in $modes; do
   done
 done; done; done
 
-# one table: rows from the peers' markdown and from gorun
-{
-  cat "$OUT"/peers/02_mpi_allreduce.md "$OUT"/peers/03_gloo_allreduce.md 2>/dev/null | grep -E '^\| [0-9]' |
-    awk -F'|' '{gsub(/ /,""); s=$2; m=1; if (s ~ /MiB$/) {m=1048576} else if (s ~ /KiB$/) {m=1024}; sub(/[KM]iB$/,"",s); print s*m, $3, $4, $5, $6, $7, $8, $9}' || true
-  cat "$OUT/gorun_rows"
-} > "$TMP/all"
+# one table: rows from the peers and from gorun
+cat "$OUT/peer_rows" "$OUT/gorun_rows" > "$TMP/all"
 /usr/bin/python3 - "$TMP/all" <<'PY' | tee "$OUT/SUMMARY.md"
 import sys, collections
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]

@@ -13,8 +13,8 @@
 #
 #   env: BINS (allreduce-perf binaries, paths the hosts see), ROUNDS (4),
 #        SIZE (bytes, 1048576), N (timed calls, 4000), MPI (1: OpenMPI's
-#        busbw too, needs mpicc and PEERS's src/mpi_allreduce.c, as
-#        multihost_busbw.sh), PEERS (/work/shared/peers), GORUN_HOSTS_STATE
+#        busbw too, needs mpicc; bench/peers/mpi_allreduce.c, as
+#        multihost_busbw.sh), GORUN_HOSTS_STATE
 #        (test/hosts/run)
 # Prints one line per run: round, binary, busbw GB/s, CPU microseconds per call.
 set -euo pipefail
@@ -27,7 +27,7 @@ HF=$STATE/hostfile CFG=$STATE/ssh_config
 mapfile -t ADDRS < <(awk '{print $1}' "$HF")
 NET=${ADDRS[0]%.*}
 if [ "$MPI" = 1 ]; then
-	mpicc -O2 -o /tmp/gorun_mpi_allreduce "${PEERS:-/work/shared/peers}/src/mpi_allreduce.c" -lm
+	mpicc -O2 -o /tmp/gorun_mpi_allreduce "$(dirname "$0")/mpi_allreduce.c" -lm
 fi
 for r in $(seq 1 "$ROUNDS"); do
 	for b in $BINS; do

@@ -30,8 +30,8 @@
 # median of the samples, each the slowest rank's time per call, as the
 # peers measure, and the mean of all ITERS out-of-place allreduces,
 # checked; the ratios use the median) when cmd/allreduce-perf exists,
-# else test/multihost/archeck (median and best of ITERS). OpenMPI side: /work/shared/peers/src/mpi_allreduce.c (the
-# project's peer baseline, compiled from where it lies), pml ob1, btl
+# else test/multihost/archeck (median and best of ITERS). OpenMPI side: bench/peers/mpi_allreduce.c (the
+# project's peer baseline), pml ob1, btl
 # tcp,self: not vader, because every namespace has the same host name, so
 # OpenMPI takes ranks on different "hosts" for neighbours and its shared
 # memory transport crashes (SIGSEGV in mca_pml_ob1_recv_frag_callback_fin).
@@ -58,7 +58,6 @@ MPI_BUDGET=${MPI_BUDGET:-3}
 GLOO=${GLOO:-1}
 TRAIN_PRESETS=${TRAIN_PRESETS-tiny}
 TRAIN_STEPS=${TRAIN_STEPS:-60}
-PEERS=${PEERS:-/work/shared/peers}
 OUT=${OUT:-/tmp/gorun-multihost-bench}
 if [ "$(id -u)" != 0 ]; then echo "multihost_busbw.sh: must run as root (network namespaces)" >&2; exit 1; fi
 mkdir -p "$OUT"
@@ -80,7 +79,7 @@ if [ -d cmd/allreduce-perf ] && git ls-files --error-unmatch cmd/allreduce-perf 
   PKGS="$PKGS ./cmd/allreduce-perf" PERF=allreduce-perf
 fi
 CGO_ENABLED=0 go build -o "$BIN/" $PKGS
-MPI_SRC=$PEERS/src/mpi_allreduce.c
+MPI_SRC=$ROOT/bench/peers/mpi_allreduce.c
 HAVE_MPI=0
 if [ -f "$MPI_SRC" ] && mpicc -O2 -o "$BIN/mpi_allreduce" "$MPI_SRC" -lm 2>"$OUT/mpicc.log"; then HAVE_MPI=1; else
   echo "multihost_busbw.sh: no OpenMPI peer ($MPI_SRC missing or mpicc failed; see $OUT/mpicc.log): OpenMPI columns left empty" >&2
