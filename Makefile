@@ -57,7 +57,7 @@ ptx-check:
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./bench/...
 
-# The main job on the built-in corpus: 2 local ranks, tiny preset, ~3 minutes on 2 cores.
+# The main job on the built-in corpus: 2 local ranks, tiny preset, ~1-3 minutes on 2 cores.
 demo: build
 	rm -rf runs/demo
 	$(BIN)/gorun -np $(NP) $(BIN)/nmt-train train --config configs/demo.yaml
