@@ -5,11 +5,14 @@ import (
 	"container/heap"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/gorun/gorun/internal/atomicfile"
 )
 
 // BPE is a list of merges learned jointly on both languages. Words are
@@ -316,7 +319,7 @@ func (b *BPE) WriteFile(path string) error {
 		sb.WriteString(m[1])
 		sb.WriteByte('\n')
 	}
-	return writeFileAtomic(path, []byte(sb.String()))
+	return atomicfile.WriteFile(path, "."+filepath.Base(path)+".tmp*", []byte(sb.String()))
 }
 
 // LoadBPE reads a merges file written by WriteFile; errors name file:line.

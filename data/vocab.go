@@ -7,10 +7,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/gorun/gorun/internal/atomicfile"
 )
 
 // Vocab maps pieces to ids and back. Ids 0..3 are PAD, EOS, BOS, UNK.
@@ -207,23 +210,7 @@ func (v *Vocab) WriteFile(path string) error {
 		buf.WriteString(strconv.FormatFloat(float64(v.scores[i]), 'g', -1, 32))
 		buf.WriteByte('\n')
 	}
-	return writeFileAtomic(path, buf.Bytes())
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFile(path, "."+filepath.Base(path)+".tmp*", buf.Bytes())
 }
 
 // CountPieces counts the pieces of every line of the files, split by

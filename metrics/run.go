@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/gorun/gorun/internal/atomicfile"
 )
 
 // Run records a training run's numbers to metrics.jsonl and TensorBoard
@@ -156,11 +158,11 @@ func RewindRun(dir string, step int64) (Rewind, error) {
 			}
 			aside = path + ".before-resume-" + strconv.FormatInt(step, 10) + "." + strconv.Itoa(n)
 		}
-		if err := writeFileAtomic(aside, ".metrics.aside.tmp*", b); err != nil {
+		if err := atomicfile.WriteFile(aside, ".metrics.aside.tmp*", b); err != nil {
 			return rw, err
 		}
 		rw.Aside = aside
-		if err := writeFileAtomic(path, ".metrics.jsonl.tmp*", keep); err != nil {
+		if err := atomicfile.WriteFile(path, ".metrics.jsonl.tmp*", keep); err != nil {
 			return rw, err
 		}
 	}

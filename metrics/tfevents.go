@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gorun/gorun/internal/atomicfile"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -260,43 +261,7 @@ func CutEvents(path string, step int64) (bool, error) {
 	if !cut {
 		return false, nil
 	}
-	return true, writeFileAtomic(path, ".events.cut.tmp*", keep)
-}
-
-// writeFileAtomic replaces path with data through a temporary file of
-// the pattern (os.CreateTemp's) in the same directory: write, fsync,
-// rename, fsync of the directory.
-func writeFileAtomic(path, pattern string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, pattern)
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if err2 := tmp.Close(); err == nil {
-		err = err2
-	}
-	if err == nil {
-		if fi, serr := os.Stat(path); serr == nil {
-			os.Chmod(tmp.Name(), fi.Mode().Perm())
-		} else {
-			os.Chmod(tmp.Name(), 0o644)
-		}
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return true, atomicfile.WriteFile(path, ".events.cut.tmp*", keep)
 }
 
 // Event is a decoded scalar event.

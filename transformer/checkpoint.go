@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/internal/atomicfile"
 )
 
 // State is the content of a checkpoint's state.json.
@@ -56,50 +58,18 @@ const (
 // CheckpointDir is the directory name of the checkpoint of a step.
 func CheckpointDir(step int) string { return fmt.Sprintf("ckpt-%d", step) }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// writeFileAtomic writes data to path through a temporary file, fsync and
-// rename, then fsyncs the directory.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return syncDir(dir)
-}
-
 // NewRunID returns a new run name for SaveRunCheckpoint: the UTC time and
 // random bits.
 func NewRunID() string {
 	b := make([]byte, 6)
 	rand.Read(b)
 	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
+}
+
+// writeAtomic replaces path with data (atomicfile.WriteFile), through a
+// temporary file ".NAME.tmp*" that RemoveStaleTemps recognizes.
+func writeAtomic(path string, data []byte) error {
+	return atomicfile.WriteFile(path, "."+filepath.Base(path)+".tmp*", data)
 }
 
 // SaveRunCheckpoint writes dir/ckpt-STEP/ (model.safetensors with the weights
@@ -121,13 +91,11 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 		if cur, err := LatestCheckpoint(dir); err == nil && filepath.Clean(cur) == filepath.Clean(final) {
 			return "", fmt.Errorf("checkpoint %s: exists and latest names it: not replacing it", final)
 		}
-		if run != "" {
-			if old, err := ReadState(final); err != nil || old.Run != run {
-				return "", fmt.Errorf("checkpoint %s: exists and is not of this run (%s): not replacing it", final, run)
-			}
+		if old, err := ReadState(final); run == "" || err != nil || old.Run != run {
+			return "", fmt.Errorf("checkpoint %s: exists and is not of this run (%q): not replacing it", final, run)
 		}
 	}
-	tmp, err := os.MkdirTemp(dir, "."+name+".tmp")
+	tmp, err := atomicfile.MkdirTemp(dir, "."+name+".tmp*")
 	if err != nil {
 		return "", err
 	}
@@ -172,15 +140,15 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 		return fail(err)
 	}
 	js = append(js, '\n')
-	if err := writeFileAtomic(filepath.Join(tmp, stateFile), js); err != nil {
+	if err := writeAtomic(filepath.Join(tmp, stateFile), js); err != nil {
 		return fail(err)
 	}
 	sums[stateFile] = sha256Hex(js)
 	// SHA256SUMS last: the checksums of the other files (sha256sum -c reads it).
-	if err := writeFileAtomic(filepath.Join(tmp, sumsFile), formatSums(sums)); err != nil {
+	if err := writeAtomic(filepath.Join(tmp, sumsFile), formatSums(sums)); err != nil {
 		return fail(err)
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := atomicfile.SyncDir(tmp); err != nil {
 		return fail(err)
 	}
 	if err := os.RemoveAll(final); err != nil { // an older save of the same step
@@ -189,10 +157,10 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 	if err := os.Rename(tmp, final); err != nil {
 		return fail(err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return "", err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, latestFile), []byte(name+"\n")); err != nil {
+	if err := writeAtomic(filepath.Join(dir, latestFile), []byte(name+"\n")); err != nil {
 		return "", fmt.Errorf("checkpoint %s: updating latest: %w", final, err)
 	}
 	return final, nil
@@ -616,7 +584,7 @@ func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State,
 	host := make([]float32, m.NumParams())
 	for _, p := range m.Params {
 		if err := mf.Read(p.Name, p.Shape, host[p.Offset:p.Offset+p.Len]); err != nil {
-			return nil, fmt.Errorf("%w (%v)", err, ErrMismatch)
+			return nil, fmt.Errorf("%w (%w)", err, ErrMismatch)
 		}
 	}
 	if n := len(mf.Names()); n != len(m.Params) {
