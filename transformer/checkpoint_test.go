@@ -2,11 +2,13 @@ package transformer
 
 import (
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gorun/gorun/kernels/cpu"
@@ -336,5 +338,333 @@ func TestLockAndStaleTemps(t *testing.T) {
 	}
 	if strings.Join(left, " ") != ".lock ckpt-3 latest" {
 		t.Fatalf("left %v", left)
+	}
+}
+
+// dirFiles reads every file of dir (not recursive): name → content.
+func dirFiles(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[e.Name()] = string(b)
+	}
+	return files
+}
+
+func sameFiles(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// A ckpt-STEP whose state.json does not parse is not proven to be of this
+// run: SaveRunCheckpoint refuses to replace it, and leaves it as it was.
+func TestSaveRunCheckpointKeepsUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := New(microConfig(), cpu.New(), 1)
+	opt := NewLazyAdam(m)
+	for _, s := range []int{5, 6} { // latest names ckpt-6
+		if _, err := SaveRunCheckpoint(dir, "a", s, m, opt, "v", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ck := filepath.Join(dir, "ckpt-5")
+	if err := os.WriteFile(filepath.Join(ck, "state.json"), []byte(`{"format": 1, "step": 5, "ru`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := dirFiles(t, ck)
+	if _, err := SaveRunCheckpoint(dir, "a", 5, m, opt, "v", nil); err == nil || !strings.Contains(err.Error(), "not of this run") {
+		t.Fatalf("saving over a ckpt-5 whose state.json does not parse: %v, want a refusal", err)
+	}
+	if !sameFiles(before, dirFiles(t, ck)) {
+		t.Fatal("a refused save changed ckpt-5 (whose state.json does not parse)")
+	}
+	if latest, err := LatestCheckpoint(dir); err != nil || filepath.Base(latest) != "ckpt-6" {
+		t.Fatalf("latest = %q, %v after a refused save; want ckpt-6", latest, err)
+	}
+}
+
+// Resuming removes a later checkpoint only if its state.json proves it is
+// of latest's run: one without a run while latest has none either (both of
+// an older version), or one whose state.json does not parse, is refused
+// and nothing is removed.
+func TestRemoveUnconfirmedUnproven(t *testing.T) {
+	m, _ := New(microConfig(), cpu.New(), 1)
+	opt := NewLazyAdam(m)
+	for _, c := range []struct {
+		name, latestRun, laterRun string
+		tear                      bool
+	}{
+		{"no run, as older versions wrote", "", "", false},
+		{"later state.json torn", "r", "r", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if _, err := SaveRunCheckpoint(dir, c.latestRun, 5, m, opt, "v", nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := SaveRunCheckpoint(dir, c.laterRun, 10, m, opt, "v", nil); err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, "latest"), []byte("ckpt-5\n"), 0o644)
+			if c.tear {
+				os.WriteFile(filepath.Join(dir, "ckpt-10", "state.json"), []byte(`{"format": 1, "st`), 0o644)
+			}
+			st, err := ReadState(filepath.Join(dir, "ckpt-5"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			removed, err := RemoveUnconfirmed(dir, st)
+			if err == nil || !strings.Contains(err.Error(), "ckpt-10") || len(removed) != 0 {
+				t.Fatalf("removed %v, %v; want a refusal naming ckpt-10", removed, err)
+			}
+			if got := ckptNames(t, dir); got != "ckpt-5 ckpt-10" {
+				t.Fatalf("a refusal removed something: left %s", got)
+			}
+		})
+	}
+}
+
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.Mkdir(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range dirFiles(t, from) {
+		if err := os.WriteFile(filepath.Join(to, name), []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Pruning removes only what it proves is an older checkpoint of its run:
+// never a ckpt-N whose state.json is of another step, nothing when latest
+// names a directory that is not ckpt-<its step> (a copy), and keep 0
+// counts as 1.
+func TestPruneCheckpointsOnlyProven(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := New(microConfig(), cpu.New(), 1)
+	opt := NewLazyAdam(m)
+	for _, s := range []int{10, 15, 20, 30, 40} {
+		if _, err := SaveRunCheckpoint(dir, "r", s, m, opt, "v", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ckpt-25 holds a checkpoint of step 15 (a copy under another name)
+	copyDir(t, filepath.Join(dir, "ckpt-15"), filepath.Join(dir, "ckpt-25"))
+	removed, err := PruneCheckpoints(dir, "r", 2)
+	if err != nil || strings.Join(removed, " ") != "ckpt-20 ckpt-15 ckpt-10" {
+		t.Fatalf("keep 2: removed %v, %v; want ckpt-20 ckpt-15 ckpt-10", removed, err)
+	}
+	if got := ckptNames(t, dir); got != "ckpt-25 ckpt-30 ckpt-40" {
+		t.Fatalf("keep 2: left %s; ckpt-25 (state.json of step 15) must stay", got)
+	}
+	// latest names a copy of ckpt-40 under another name: not a checkpoint
+	// pruning can count back from
+	copyDir(t, filepath.Join(dir, "ckpt-40"), filepath.Join(dir, "final"))
+	os.WriteFile(filepath.Join(dir, "latest"), []byte("final\n"), 0o644)
+	if removed, err := PruneCheckpoints(dir, "r", 1); err != nil || len(removed) != 0 {
+		t.Fatalf("latest names %q: removed %v, %v; want nothing removed", "final", removed, err)
+	}
+	if got := ckptNames(t, dir); got != "ckpt-25 ckpt-30 ckpt-40" {
+		t.Fatalf("latest names final: left %s", got)
+	}
+	// keep 0 is keep 1: the checkpoint latest names stays
+	os.WriteFile(filepath.Join(dir, "latest"), []byte("ckpt-40\n"), 0o644)
+	if removed, err := PruneCheckpoints(dir, "r", 0); err != nil || strings.Join(removed, " ") != "ckpt-30" {
+		t.Fatalf("keep 0: removed %v, %v; want ckpt-30", removed, err)
+	}
+	if got := ckptNames(t, dir); got != "ckpt-25 ckpt-40" {
+		t.Fatalf("keep 0: left %s", got)
+	}
+}
+
+// Only directories named exactly ckpt-STEP are checkpoints: a user's
+// ckpt-20.bak or ckpt-007 is neither pruned nor taken for a checkpoint
+// written after latest (which would refuse the resume).
+func TestCheckpointStepsNames(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"ckpt-3", "ckpt-12", "ckpt-007", "ckpt-20.bak", "ckpt-x", ".ckpt-4.tmp1"} {
+		if err := os.Mkdir(filepath.Join(dir, n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "ckpt-9"), []byte("a file"), 0o644)
+	if got := ckptNames(t, dir); got != "ckpt-3 ckpt-12" {
+		t.Fatalf("checkpoint steps: %s, want ckpt-3 ckpt-12", got)
+	}
+}
+
+// latest names a directory of the run directory, nothing else.
+func TestLatestCheckpointBadName(t *testing.T) {
+	for _, name := range []string{"", "\n", "../other/ckpt-5\n", "sub/ckpt-5\n", `..\ckpt-5`} {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, "latest"), []byte(name), 0o644)
+		if p, err := LatestCheckpoint(dir); err == nil || !strings.Contains(err.Error(), "bad checkpoint name") {
+			t.Errorf("latest %q: %q, %v; want a refusal", name, p, err)
+		}
+	}
+}
+
+// A checkpoint of another configuration is refused with the state.json
+// line of the documentation, even where the shapes agree (heads, preset)
+// and the model is not touched.
+func TestCheckpointConfigMismatch(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := New(microConfig(), cpu.New(), 1)
+	path, err := SaveRunCheckpoint(dir, "", 1, m, NewLazyAdam(m), "v", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(*Config){
+		"heads":          func(c *Config) { c.Heads = 4 },
+		"preset":         func(c *Config) { c.Preset = "micro-b" },
+		"d_model":        func(c *Config) { c.DModel = 12 },
+		"ffn":            func(c *Config) { c.FFN = 16 },
+		"encoder layers": func(c *Config) { c.EncLayers = 3 },
+		"decoder layers": func(c *Config) { c.DecLayers = 1 },
+	} {
+		cfg := microConfig()
+		edit(&cfg)
+		m2, err := New(cfg, cpu.New(), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt2 := NewLazyAdam(m2)
+		before := append([]float32(nil), m2.Weights.F32...)
+		_, err = LoadCheckpoint(path, m2, opt2, "v")
+		want := "state.json: checkpoint does not match: written for " + describe(microConfig()) + ", this model is " + describe(cfg)
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want) {
+			t.Errorf("other %s: %v; want ErrMismatch with %q", name, err, want)
+		}
+		for i := range before {
+			if m2.Weights.F32[i] != before[i] {
+				t.Fatalf("other %s: a refused load changed the model", name)
+			}
+		}
+	}
+}
+
+// Weights or moments that are not finite are refused, naming the file and
+// the tensor, and the model and optimizer are left as they were.
+func TestCheckpointNotFinite(t *testing.T) {
+	for _, c := range []struct {
+		name, file, prefix string
+		v                  float32
+	}{
+		{"weights", "model.safetensors", "", float32(math.NaN())},
+		{"first moments", "optimizer.safetensors", "m/", float32(math.Inf(1))},
+		{"second moments", "optimizer.safetensors", "v/", float32(math.Inf(-1))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, _ := New(microConfig(), cpu.New(), 1)
+			opt := NewLazyAdam(m)
+			p := m.Params[2]
+			map[string][]float32{"": m.Weights.F32, "m/": opt.M.F32, "v/": opt.V.F32}[c.prefix][p.Offset+1] = c.v
+			path, err := SaveRunCheckpoint(t.TempDir(), "r", 4, m, opt, "v", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m2, _ := New(microConfig(), cpu.New(), 2)
+			opt2 := NewAdam(m2, 0.5, 0.5, 1)
+			opt2.M.F32[0], opt2.V.F32[0], opt2.T = 0.25, 0.5, 1
+			w, mm, vv := append([]float32(nil), m2.Weights.F32...), append([]float32(nil), opt2.M.F32...), append([]float32(nil), opt2.V.F32...)
+			_, err = LoadCheckpoint(path, m2, opt2, "v")
+			want := filepath.Join(path, c.file) + ": tensor " + c.prefix + p.Name + " holds " + formatFloat(float64(c.v)) + " at index 1"
+			if err == nil || err.Error() != want {
+				t.Fatalf("a %v in %s: %v; want %q", c.v, c.file, err, want)
+			}
+			for i := range w {
+				if m2.Weights.F32[i] != w[i] || opt2.M.F32[i] != mm[i] || opt2.V.F32[i] != vv[i] {
+					t.Fatalf("a refused load changed the model or the optimizer at %d", i)
+				}
+			}
+			if opt2.T != 1 || opt2.Lazy || opt2.Beta1 != 0.5 {
+				t.Fatalf("a refused load changed the optimizer: %+v", opt2)
+			}
+		})
+	}
+}
+
+// TestCheckpointModes: a checkpoint's directory and files get the modes
+// os.Mkdir and os.Create give under the umask (0755 and 0644 under 022),
+// as metrics.jsonl and the event files do, not the 0700/0600 of temporary
+// files, so that another user can read a run directory the umask opens.
+func TestCheckpointModes(t *testing.T) {
+	m, _ := New(microConfig(), cpu.New(), 1)
+	for _, c := range []struct {
+		umask           int
+		dirMode, fileMd os.FileMode
+	}{{0o022, 0o755, 0o644}, {0o077, 0o700, 0o600}} {
+		dir := t.TempDir()
+		old := syscall.Umask(c.umask)
+		path, err := SaveRunCheckpoint(dir, "r", 1, m, NewLazyAdam(m), "v", nil)
+		syscall.Umask(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != c.dirMode {
+			t.Errorf("umask %#o: %s has mode %#o, want %#o", c.umask, path, fi.Mode().Perm(), c.dirMode)
+		}
+		files := []string{filepath.Join(dir, "latest")}
+		for _, n := range []string{"model.safetensors", "optimizer.safetensors", "state.json", "SHA256SUMS"} {
+			files = append(files, filepath.Join(path, n))
+		}
+		for _, f := range files {
+			fi, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != c.fileMd {
+				t.Errorf("umask %#o: %s has mode %#o, want %#o", c.umask, f, fi.Mode().Perm(), c.fileMd)
+			}
+		}
+	}
+}
+
+// TestSaveRunCheckpointNoRunNeverReplaces: with no run name an existing
+// ckpt-STEP is never replaced (it cannot be shown to be this run's), and a
+// named run does not replace one saved without a name.
+func TestSaveRunCheckpointNoRunNeverReplaces(t *testing.T) {
+	m, _ := New(microConfig(), cpu.New(), 1)
+	dir := t.TempDir()
+	for _, step := range []int{1, 2} {
+		if _, err := SaveRunCheckpoint(dir, "", step, m, nil, "v", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, err := os.ReadFile(filepath.Join(dir, "ckpt-1", "SHA256SUMS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"", "r"} {
+		_, err := SaveRunCheckpoint(dir, run, 1, m, nil, "v", nil)
+		if err == nil || !strings.Contains(err.Error(), "ckpt-1: exists and is not of this run") {
+			t.Errorf("run %q over a ckpt-1 saved without a run name: %v", run, err)
+		}
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "ckpt-1", "SHA256SUMS")); string(after) != string(before) {
+		t.Error("ckpt-1 was rewritten")
+	}
+	if cur, err := LatestCheckpoint(dir); err != nil || filepath.Base(cur) != "ckpt-2" {
+		t.Errorf("latest = %s, %v; want ckpt-2", cur, err)
 	}
 }

@@ -1,10 +1,13 @@
 package transformer
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gorun/gorun/kernels/cpu"
@@ -98,6 +101,18 @@ func TestCheckpointStateRanges(t *testing.T) {
 		{`"epoch": 1`, `"epoch": -3`, "data.epoch -3"},
 		{`"dropout_step": 0`, `"dropout_step": -4`, "dropout_step"},
 		{`"optimizer": "lazyadam"`, `"optimizer": "sgd"`, "optimizer \"sgd\""},
+		{`"format": 1`, `"format": 2`, "checkpoint format 2"},
+		{`"optimizer": "lazyadam"`, `"optimizer": ""`, "optimizer_step 25 without an optimizer"},
+		{`"beta1": 0.9`, `"beta1": 1`, "beta1 1 is outside"},
+		{`"beta1": 0.9`, `"beta1": -0.1`, "beta1 -0.1 is outside"},
+		{`"beta2": 0.997`, `"beta2": 1.5`, "beta2 1.5 is outside"},
+		{`"epsilon": 1e-9`, `"epsilon": 0`, "epsilon 0 is not positive"},
+		{`"Min": 1`, `"Min": 0`, "loss_scaler.Min 0"},
+		{`"Max": 16777216`, `"Max": 0.5`, "loss_scaler.Max 0.5"},
+		{`"Factor": 2`, `"Factor": 1`, "loss_scaler.Factor 1"},
+		{`"Window": 2000`, `"Window": 0`, "loss_scaler.Window 0"},
+		{`"Clean": 5`, `"Clean": -1`, "loss_scaler.Clean -1"},
+		{`"size": 1`, `"size": 0`, "data.size 0"},
 	}
 	for _, c := range cases {
 		t.Run(c.to, func(t *testing.T) {
@@ -123,5 +138,190 @@ func TestCheckpointStateRanges(t *testing.T) {
 	p, m, opt := savedCheckpoint(t, trainer)
 	if _, err := LoadCheckpoint(p, m, opt, "v1"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A SHA256SUMS that changed after it was written is not taken for a
+// checkpoint without checksums: emptied, with a line that is not a
+// checksum, without the line of a file, or not readable as a file, the
+// load is refused naming it, and the model is not touched.
+func TestCheckpointSumsTampered(t *testing.T) {
+	for _, c := range []struct {
+		name, want string
+		edit       func(t *testing.T, sums string)
+	}{
+		{"emptied", "SHA256SUMS: empty", func(t *testing.T, sums string) { os.WriteFile(sums, nil, 0o644) }},
+		{"a line that is not a checksum", "SHA256SUMS:4: not a", func(t *testing.T, sums string) {
+			b, _ := os.ReadFile(sums)
+			os.WriteFile(sums, append(b, "d41d8cd9  model.safetensors\n"...), 0o644)
+		}},
+		{"without model.safetensors", "model.safetensors: no checksum in SHA256SUMS", func(t *testing.T, sums string) {
+			b, _ := os.ReadFile(sums)
+			var keep []string
+			for _, l := range strings.SplitAfter(string(b), "\n") {
+				if !strings.HasSuffix(l, "  model.safetensors\n") {
+					keep = append(keep, l)
+				}
+			}
+			os.WriteFile(sums, []byte(strings.Join(keep, "")), 0o644)
+		}},
+		{"a directory", "SHA256SUMS", func(t *testing.T, sums string) {
+			os.Remove(sums)
+			os.Mkdir(sums, 0o755)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, m, opt := savedCheckpoint(t, nil)
+			c.edit(t, filepath.Join(p, "SHA256SUMS"))
+			before := append([]float32(nil), m.Weights.F32...)
+			m.Weights.F32[0]++ // the checkpoint holds other weights than the model
+			before[0]++
+			_, err := LoadCheckpoint(p, m, opt, "v1")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("SHA256SUMS %s: %v, want an error containing %q", c.name, err, c.want)
+			}
+			for i := range before {
+				if m.Weights.F32[i] != before[i] {
+					t.Fatal("a refused load changed the model")
+				}
+			}
+		})
+	}
+}
+
+// rewriteModel rewrites ckpt/model.safetensors through edit (its tensors
+// in file order and metadata) and removes SHA256SUMS, as a checkpoint of a
+// version before checksums: what the other checks must catch alone.
+func rewriteModel(t *testing.T, ckpt string, edit func([]STensor, map[string]string) []STensor) {
+	t.Helper()
+	path := filepath.Join(ckpt, "model.safetensors")
+	f, err := ReadSafetensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts []STensor
+	for _, n := range f.Names() {
+		e := f.entries[n]
+		d := make([]float32, (e.Offsets[1]-e.Offsets[0])/4)
+		if err := f.Read(n, e.Shape, d); err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, STensor{Name: n, Shape: e.Shape, Data: d})
+	}
+	if _, err := writeSafetensors(path, edit(ts, f.Metadata), f.Metadata); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(ckpt, "SHA256SUMS")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A model.safetensors that does not match state.json or the model is
+// refused even without checksums: another vocabulary hash in its metadata,
+// a tensor more than the model has, a tensor of another shape of the same
+// size. Each error wraps ErrMismatch.
+func TestCheckpointModelFileMismatch(t *testing.T) {
+	for _, c := range []struct {
+		name, want string
+		edit       func([]STensor, map[string]string) []STensor
+	}{
+		{"vocabulary hash", `vocabulary hash "v2" differs from state.json's "v1"`, func(ts []STensor, meta map[string]string) []STensor {
+			meta["vocab_hash"] = "v2"
+			return ts
+		}},
+		{"extra tensor", "the model has", func(ts []STensor, meta map[string]string) []STensor {
+			return append(ts, STensor{Name: "extra/weights", Shape: []int{2}, Data: []float32{1, 2}})
+		}},
+		{"transposed tensor", "the model needs", func(ts []STensor, meta map[string]string) []STensor {
+			for i, x := range ts {
+				if len(x.Shape) == 2 && x.Shape[0] != x.Shape[1] {
+					ts[i].Shape = []int{x.Shape[1], x.Shape[0]}
+					return ts
+				}
+			}
+			panic("no rectangular tensor")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, m, opt := savedCheckpoint(t, nil)
+			rewriteModel(t, p, c.edit)
+			_, err := LoadCheckpoint(p, m, opt, "v1")
+			if err == nil || !strings.Contains(err.Error(), "model.safetensors") || !strings.Contains(err.Error(), c.want) ||
+				!strings.Contains(err.Error(), ErrMismatch.Error()) || !errors.Is(err, ErrMismatch) {
+				t.Fatalf("%s: %v; want a mismatch naming model.safetensors and %q", c.name, err, c.want)
+			}
+		})
+	}
+	// the rewrite alone (same tensors, same metadata) loads
+	p, m, opt := savedCheckpoint(t, nil)
+	rewriteModel(t, p, func(ts []STensor, _ map[string]string) []STensor { return ts })
+	if _, err := LoadCheckpoint(p, m, opt, "v1"); err != nil {
+		t.Fatalf("model.safetensors rewritten unchanged: %v", err)
+	}
+}
+
+// rawSafetensors writes a safetensors file of the given header and data.
+func rawSafetensors(t *testing.T, header string, data int) string {
+	t.Helper()
+	for len(header)%8 != 0 {
+		header += " "
+	}
+	b := binary.LittleEndian.AppendUint64(nil, uint64(len(header)))
+	b = append(append(b, header...), make([]byte, data)...)
+	path := filepath.Join(t.TempDir(), "x.safetensors")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The reader refuses headers whose tensors are not laid out as the format
+// requires (upstream refuses them too): offsets that disagree with the
+// shape, two tensors on the same bytes, a gap between tensors. The file
+// is the right size in each case.
+func TestSafetensorsBadLayout(t *testing.T) {
+	for _, c := range []struct {
+		name, header, want string
+		data               int
+	}{
+		{"offsets not the shape's size", `{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8]}}`, "do not match shape", 8},
+		{"overlapping tensors", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, "not contiguous", 8},
+		{"gap between tensors", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}`, "not contiguous", 24},
+	} {
+		path := rawSafetensors(t, c.header, c.data)
+		if _, err := ReadSafetensors(path); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: %v; want an error naming the file and %q", c.name, err, c.want)
+		}
+	}
+	// the same tensors laid out right are read
+	path := rawSafetensors(t, `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}`, 16)
+	if _, err := ReadSafetensors(path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Read refuses a shape other than the tensor's, even of the same size.
+func TestSafetensorsReadShape(t *testing.T) {
+	f, err := ReadSafetensors(upstream("f32-zeros-2x2.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shape := range [][]int{{4}, {1, 4}, {2, 2, 1}} {
+		if err := f.Read("test", shape, make([]float32, 4)); err == nil || !strings.Contains(err.Error(), "has shape [2 2]") {
+			t.Errorf("reading the [2 2] tensor as %v: %v", shape, err)
+		}
+	}
+}
+
+// A write that fails (the disk is full) is reported as such.
+func TestSafetensorsWriteError(t *testing.T) {
+	if f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0); err != nil {
+		t.Skipf("no /dev/full to write to: %v", err)
+	} else {
+		f.Close()
+	}
+	_, err := writeSafetensors("/dev/full", []STensor{{Name: "w", Shape: []int{2, 2}, Data: make([]float32, 4)}}, nil)
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "/dev/full") {
+		t.Fatalf("writing to a full disk: %v; want ENOSPC naming the file", err)
 	}
 }
