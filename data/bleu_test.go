@@ -76,6 +76,8 @@ func TestTokenize13a(t *testing.T) {
 		"(Ärger) über [x] {y}: ü/z?!": "( Ärger ) über [ x ] { y } : ü / z ? !",
 		"  many   spaces\there ":      "many spaces here",
 		"don't 'quote'":               "don't 'quote'", // the apostrophe is not in 13a's class
+		"a &lt;b&gt; c":               "a < b > c",
+		"x<skipped> y":                "x y",
 	} {
 		if got := strings.Join(Tokenize13a(in), " "); got != want {
 			t.Errorf("Tokenize13a(%q) = %q, want %q", in, got, want)
@@ -133,5 +135,36 @@ func TestBLEUSacreTestSuite(t *testing.T) {
 	s.score(true)
 	if math.Abs(s.Score/100-0.8375922397) > 1e-8 {
 		t.Errorf("scoring: %v", s.Score)
+	}
+}
+
+// The closest reference length goes to the shorter reference on a tie
+// (hypothesis of 5 tokens, references of 4 and 6): ref_len 4, no brevity
+// penalty.
+func TestCorpusBLEUClosestRefTie(t *testing.T) {
+	for _, refs := range [][][]string{{{"a b c d"}, {"a b c d e f"}}, {{"a b c d e f"}, {"a b c d"}}} {
+		r := CorpusBLEU([]string{"a b c d e"}, refs...)
+		if r.RefLen != 4 || r.BP != 1 {
+			t.Errorf("refs %q: ref_len %d BP %v, want 4 and 1", refs, r.RefLen, r.BP)
+		}
+	}
+}
+
+// n-grams are sequences of tokens, not of characters: "ab c" and "a bc"
+// share no bigram.
+func TestCorpusBLEUNgramBoundaries(t *testing.T) {
+	r := CorpusBLEU([]string{"ab c x y"}, []string{"a bc x y"})
+	if r.Counts != [4]int{2, 1, 0, 0} || r.Totals != [4]int{4, 3, 2, 1} {
+		t.Errorf("counts %v totals %v, want [2 1 0 0] of [4 3 2 1]", r.Counts, r.Totals)
+	}
+}
+
+// A segment shorter than n adds no n-grams (not a negative count): a
+// perfect corpus with one-word segments scores 100.
+func TestCorpusBLEUShortSegments(t *testing.T) {
+	segs := []string{"a b c d", "x", "y z"}
+	r := CorpusBLEU(segs, segs)
+	if r.Totals != [4]int{7, 4, 2, 1} || r.Counts != r.Totals || math.Abs(r.Score-100) > 1e-9 {
+		t.Errorf("score %v, counts %v of %v; want 100, totals [7 4 2 1]", r.Score, r.Counts, r.Totals)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -652,6 +653,17 @@ func TestBatcherErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 4 has id 9999") {
 		t.Errorf("bad id: %v", err)
 	}
+	// the first id outside the vocabulary is its size
+	src = batchSource(10, 6)
+	src.Src[5][0] = 411
+	b2, _ := NewBatcher(src, BatchConfig{TokensPerBatch: 1000, VocabSize: 411})
+	err = nil
+	for k := 0; k < b2.StepsPerEpoch() && err == nil; k++ {
+		_, err = b2.Next()
+	}
+	if err == nil || !strings.Contains(err.Error(), "line 6 has id 411 outside the vocabulary of 411") {
+		t.Errorf("id = vocabulary size: %v", err)
+	}
 	if err := b.Restore(json.RawMessage(`{"epoch":0,"index":0,"seed":0,"batch_tokens":1,"lines":10,"steps_per_epoch":1}`)); err == nil {
 		t.Errorf("a position with a budget of 1 token accepted")
 	}
@@ -742,4 +754,423 @@ func learnBPE(lines []string, merges int) *BPE {
 		}
 	}
 	return LearnBPECounts(counts, merges)
+}
+
+// The --max-length boundary (a side of exactly maxLen tokens with EOS is
+// kept, one more is dropped), the longer side deciding, the length
+// histogram's bins ((k*8, (k+1)*8], dropped long pairs included) and the
+// size of both files on disk.
+func TestReadParallelLengthsAndStats(t *testing.T) {
+	dir := t.TempDir()
+	words := func(n int) string { return strings.TrimSpace(strings.Repeat("▁x ", n)) }
+	// longer side with EOS: 8, 9 (the target), 16, 17
+	sp := filepath.Join(dir, "s")
+	gp := filepath.Join(dir, "g")
+	os.WriteFile(sp, []byte(words(7)+"\n"+words(1)+"\n"+words(15)+"\n"+words(2)+"\n"), 0o644)
+	os.WriteFile(gp, []byte(words(3)+"\n"+words(8)+"\n"+words(1)+"\n"+words(16)+"\n"), 0o644)
+	src, tgt, st, err := ReadParallelFunc(sp, gp, SplitPieces, SyntheticVocab(), 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Lines != 4 || st.Kept != 2 || st.DroppedLong != 2 || len(src) != 2 || len(src[0]) != 7 || len(tgt[1]) != 8 {
+		t.Errorf("max length 9 (a pair of 9 tokens with EOS is kept, 16 and 17 are dropped): %s", st.String())
+	}
+	if st.SrcTokens != 8 || st.TgtTokens != 11 || st.SrcUnk != 8 || st.TgtUnk != 11 {
+		t.Errorf("tokens of the kept pairs: %s", st.String())
+	}
+	if want := []int64{1, 2, 1}; !reflect.DeepEqual(st.Hist, want) {
+		t.Errorf("histogram of lengths 8, 9, 16, 17 in bins of 8: %v, want %v", st.Hist, want)
+	}
+	var size int64
+	for _, p := range []string{sp, gp} {
+		fi, _ := os.Stat(p)
+		size += fi.Size()
+	}
+	if st.Bytes != size {
+		t.Errorf("Bytes = %d, want both files' %d", st.Bytes, size)
+	}
+	var sb strings.Builder
+	st.Markdown(&sb, "train")
+	for _, want := range []string{"| 1-8 | 1 | ", "| 9-16 | 2 | ", "| 17-24 | 1 | "} {
+		if !strings.Contains(sb.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, sb.String())
+		}
+	}
+}
+
+// A line longer than the scanner's limit is an error naming file:line,
+// not the end of the file (which would read as a line-count mismatch or
+// silently drop the rest).
+func TestReadLineTooLong(t *testing.T) {
+	dir := t.TempDir()
+	sp := filepath.Join(dir, "s")
+	gp := filepath.Join(dir, "g")
+	os.WriteFile(sp, []byte("▁a\n▁b\n▁c\n"), 0o644)
+	os.WriteFile(gp, []byte("▁a\n"+strings.Repeat("x", maxLineBytes+1)+"\n▁c\n"), 0o644)
+	want := gp + ":2: bufio.Scanner: token too long"
+	if _, _, _, err := ReadParallelFunc(sp, gp, SplitPieces, SyntheticVocab(), 0); err == nil || err.Error() != want {
+		t.Errorf("ReadParallelFunc: %v, want %s", err, want)
+	}
+	if _, err := CountPieces(SplitPieces, sp, gp); err == nil || err.Error() != want {
+		t.Errorf("CountPieces: %v, want %s", err, want)
+	}
+}
+
+// CountPieces and ReadLines (prepare's counting passes, bleu's references)
+// name file:line of invalid UTF-8.
+func TestCountPiecesErrors(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	bad := filepath.Join(dir, "bad")
+	os.WriteFile(good, []byte("▁a ▁b\n▁a\n"), 0o644)
+	os.WriteFile(bad, []byte("▁a\n▁b\n▁c \xff\n"), 0o644)
+	counts, err := CountPieces(SplitPieces, good, good)
+	if err != nil || !reflect.DeepEqual(counts, map[string]int64{"▁a": 4, "▁b": 2}) {
+		t.Errorf("counts %v, %v", counts, err)
+	}
+	if _, err := CountPieces(SplitPieces, good, bad); err == nil || err.Error() != bad+":3: invalid UTF-8" {
+		t.Errorf("CountPieces: %v, want %s:3: invalid UTF-8", err, bad)
+	}
+	if _, err := ReadLines(bad); err == nil || err.Error() != bad+":3: invalid UTF-8" {
+		t.Errorf("ReadLines: %v, want %s:3: invalid UTF-8", err, bad)
+	}
+}
+
+// The hash identifies the pieces in id order (not the scores): a
+// vocabulary of the same size with other pieces or another order is
+// refused by CheckVocab.
+func TestVocabHashAndCheck(t *testing.T) {
+	ab, _ := NewVocab([]string{"ab", "c"})
+	abSwapped, _ := NewVocab([]string{"c", "ab"})
+	split, _ := NewVocab([]string{"a", "bc"})
+	if ab.Hash() == abSwapped.Hash() || ab.Hash() == split.Hash() {
+		t.Errorf("pieces [ab c], [c ab] and [a bc] share a hash: %s %s %s", ab.Hash(), abSwapped.Hash(), split.Hash())
+	}
+	rescored, err := ParseVocab([]byte("<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\nab\t-5.5\nc\t-7\n"))
+	if err != nil || rescored.Hash() != ab.Hash() {
+		t.Errorf("other scores changed the hash: %v", err)
+	}
+	p := filepath.Join(t.TempDir(), "c.bin")
+	if err := WriteCorpus(p, [][]int32{{4}}, [][]int32{{5}}, ab.Hash(), ab.Size(), 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := OpenCorpus(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.CheckVocab(ab); err != nil {
+		t.Errorf("its own vocabulary: %v", err)
+	}
+	for _, other := range []*Vocab{abSwapped, split} {
+		if err := c.CheckVocab(other); err == nil || !strings.HasPrefix(err.Error(), p+": made with a vocabulary of 6 pieces") {
+			t.Errorf("a vocabulary of the same size with other pieces: %v", err)
+		}
+	}
+}
+
+// Decode skips PAD and BOS anywhere and stops at EOS; Piece outside the
+// vocabulary is <unk>, never a panic.
+func TestVocabDecodeSpecials(t *testing.T) {
+	v, _ := NewVocab([]string{"▁a", "▁b", "▁c"})
+	a, b, c := v.ID("▁a"), v.ID("▁b"), v.ID("▁c")
+	if got := v.Decode([]int32{BOS, a, PAD, b, PAD, EOS, c}); !reflect.DeepEqual(got, []string{"▁a", "▁b"}) {
+		t.Errorf("Decode = %q, want [▁a ▁b]", got)
+	}
+	for _, id := range []int32{-1, int32(v.Size()), 1 << 30} {
+		if p := v.Piece(id); p != UNKPiece {
+			t.Errorf("Piece(%d) = %q, want %s", id, p, UNKPiece)
+		}
+	}
+}
+
+// More vocabulary file errors and forms: a piece with a space is an error
+// naming the line; CRLF line ends read as LF ones; WriteFile keeps scores.
+func TestVocabFileForms(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "space")
+	os.WriteFile(p, []byte("<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\na b\t-1\n"), 0o644)
+	if _, err := LoadVocab(p); err == nil || err.Error() != p+`:5: piece "a b" contains a space` {
+		t.Errorf("space: %v", err)
+	}
+	lf := "<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\n▁a\t-1\n▁b\n"
+	want, err := ParseVocab([]byte(lf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseVocab([]byte(strings.ReplaceAll(lf, "\n", "\r\n")))
+	if err != nil || got.Hash() != want.Hash() || got.ID("▁b") != 5 {
+		t.Errorf("CRLF vocabulary: %v", err)
+	}
+	v, err := LoadVocab("testdata/m_common.vocab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = filepath.Join(dir, "copy")
+	if err := v.WriteFile(p); err != nil {
+		t.Fatal(err)
+	}
+	w, err := LoadVocab(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(w.scores, v.scores) || v.scores[10] == 0 {
+		t.Errorf("WriteFile lost the scores: %v, want %v", w.scores[:12], v.scores[:12])
+	}
+}
+
+// LearnBPECounts stops at the number of merges asked for, and a shorter
+// run learns a prefix of a longer one.
+func TestBPEMergeLimit(t *testing.T) {
+	counts := map[string]int64{"abcdef": 10, "abcxyz": 7, "defxyz": 5}
+	all := LearnBPECounts(counts, 100)
+	if all.NumMerges() < 5 {
+		t.Fatalf("only %d merges learned", all.NumMerges())
+	}
+	for _, m := range []int{1, 2, 4} {
+		b := LearnBPECounts(counts, m)
+		if b.NumMerges() != m || !reflect.DeepEqual(b.merges, all.merges[:m]) {
+			t.Errorf("%d merges asked: got %q, want %q", m, b.merges, all.merges[:m])
+		}
+	}
+}
+
+// Apply merges the lowest-ranked (earliest) pair first, and a pair listed
+// twice in a merges file keeps its first rank (as subword-nmt does).
+func TestBPEApplyRankOrder(t *testing.T) {
+	dir := t.TempDir()
+	for name, c := range map[string]struct {
+		merges string
+		want   []string
+	}{
+		"bc first":  {"b c\na b\n", []string{"▁", "a", "bc"}},
+		"ab first":  {"a b\nb c\n", []string{"▁", "ab", "c"}},
+		"duplicate": {"b c\na b\nb c\n", []string{"▁", "a", "bc"}},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+		os.WriteFile(p, []byte(bpeHeader+"\n"+c.merges), 0o644)
+		b, err := LoadBPE(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Apply("abc"); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: Apply(abc) = %q, want %q", name, got, c.want)
+		}
+	}
+}
+
+// LoadBPE refuses what WriteFile would not write, naming file:line.
+func TestLoadBPEErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, c := range map[string]struct{ text, want string }{
+		"header":    {"#version: 0.2\na b\n", ":1: not a gorun BPE merges file"},
+		"vocab":     {"<pad>\t0\n</s>\t0\n", ":1: not a gorun BPE merges file"},
+		"empty":     {"", ": empty file, not a gorun BPE merges file"},
+		"utf8":      {bpeHeader + "\na b\nc \xff\n", ":3: invalid UTF-8"},
+		"three":     {bpeHeader + "\na b c\n", `:2: want two symbols separated by one space, got "a b c"`},
+		"two space": {bpeHeader + "\na  b\n", ":2: want two symbols separated by one space"},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+		os.WriteFile(p, []byte(c.text), 0o644)
+		if _, err := LoadBPE(p); err == nil || !strings.HasPrefix(err.Error(), p+c.want) {
+			t.Errorf("%s: %v, want prefix %s%s", name, err, p, c.want)
+		}
+	}
+}
+
+// More damaged corpora: trailing bytes, offsets ending short of the token
+// count, another version (with a valid checksum), header counts whose size
+// arithmetic overflows; each is one error naming the file, never a panic.
+func TestCorpusBadFilesMore(t *testing.T) {
+	v := SyntheticVocab()
+	s, g := Synthetic(3, 50)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.bin")
+	if err := WriteCorpus(good, EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v), v.Hash(), v.Size(), 0); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(good)
+	le := binary.LittleEndian
+	n := le.Uint64(b[16:])
+	resum := func(c []byte) []byte { le.PutUint32(c[124:], crc32.ChecksumIEEE(c[:124])); return c }
+	cases := map[string]struct {
+		data []byte
+		want string
+	}{
+		"trailing": {append(append([]byte{}, b...), 0, 0, 0, 0), "truncated or garbled"},
+		"end offset": {func() []byte {
+			c := append([]byte{}, b...)
+			at := headerSize + 8*int(n)
+			le.PutUint64(c[at:], le.Uint64(c[at:])-1)
+			return c
+		}(), "source offsets run from 0 to"},
+		"version": {func() []byte {
+			c := append([]byte{}, b...)
+			le.PutUint32(c[8:], 2)
+			return resum(c)
+		}(), "corpus format version 2, this program reads version 1"},
+		"overflow": {func() []byte {
+			c := append([]byte{}, b[:headerSize]...)
+			le.PutUint64(c[16:], 1<<60-1) // 16*(n+1) wraps to 0
+			le.PutUint64(c[24:], 0)
+			le.PutUint64(c[32:], 0)
+			return resum(c)
+		}(), "header counts out of range"},
+	}
+	for name, c := range cases {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+		os.WriteFile(p, c.data, 0o644)
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s: panic %v", name, r)
+				}
+			}()
+			_, err := OpenCorpus(p)
+			if err == nil || !strings.HasPrefix(err.Error(), p+": ") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: %v, want %q", name, err, c.want)
+			}
+		}()
+	}
+}
+
+// WriteCorpus refuses an id equal to the vocabulary size or negative and
+// sides of different lengths, and leaves nothing behind (no corpus, no
+// temporary files).
+func TestWriteCorpusRefusals(t *testing.T) {
+	v := SyntheticVocab()
+	dir := t.TempDir()
+	for name, c := range map[string]struct {
+		src, tgt [][]int32
+		want     string
+	}{
+		"id = size": {[][]int32{{4}, {5}}, [][]int32{{4}, {int32(v.Size())}}, "pair 2 has id 411 outside the vocabulary of 411"},
+		"negative":  {[][]int32{{-1}}, [][]int32{{4}}, "pair 1 has id -1 outside the vocabulary of 411"},
+		"lengths":   {[][]int32{{4}, {5}}, [][]int32{{4}}, "2 source and 1 target lines"},
+	} {
+		p := filepath.Join(dir, "c.bin")
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s: panic %v", name, r)
+				}
+			}()
+			if err := WriteCorpus(p, c.src, c.tgt, v.Hash(), v.Size(), 0); err == nil || err.Error() != p+": "+c.want {
+				t.Errorf("%s: %v, want %s: %s", name, err, p, c.want)
+			}
+		}()
+		if es, _ := os.ReadDir(dir); len(es) != 0 {
+			t.Errorf("%s: left %v behind", name, es)
+		}
+	}
+}
+
+// The Batcher's --max-length boundary: a pair of exactly MaxLen tokens
+// with EOS is used, one more is skipped.
+func TestBatcherMaxLenBoundary(t *testing.T) {
+	src := &Pairs{Src: [][]int32{make([]int32, 9), make([]int32, 2), make([]int32, 10)}, Tgt: [][]int32{make([]int32, 3), make([]int32, 9), make([]int32, 1)}}
+	for _, s := range append(src.Src, src.Tgt...) {
+		for i := range s {
+			s[i] = 4
+		}
+	}
+	b, err := NewBatcher(src, BatchConfig{TokensPerBatch: 100, MaxLen: 10, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Lines() != 2 || b.Skipped() != 1 {
+		t.Errorf("MaxLen 10 on pairs of 10, 10 and 11 tokens with EOS: %d used, %d skipped; want 2 and 1", b.Lines(), b.Skipped())
+	}
+	for k := 0; k < b.StepsPerEpoch(); k++ {
+		bt, _ := b.Next()
+		for _, l := range bt.Lines {
+			if l == 2 {
+				t.Errorf("the pair of 11 tokens with EOS is in a batch")
+			}
+		}
+	}
+}
+
+// The order of batches is part of every checkpoint ever written: a run
+// resumes (also from an older version's single-shard position) by its
+// index into this order, so it must not change with a refactoring of the
+// shuffles, the PCG stream or the bucketing.
+func TestBatcherOrderPinned(t *testing.T) {
+	p := &Pairs{}
+	for i := 0; i < 60; i++ {
+		s, g := make([]int32, 1+(i*7)%20), make([]int32, 1+(i*13)%20)
+		for j := range s {
+			s[j] = 4
+		}
+		for j := range g {
+			g[j] = 5
+		}
+		p.Src, p.Tgt = append(p.Src, s), append(p.Tgt, g)
+	}
+	b, err := NewBatcher(p, BatchConfig{TokensPerBatch: 64, Seed: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.StepsPerEpoch() != 21 {
+		t.Fatalf("%d batches per epoch, want 21", b.StepsPerEpoch())
+	}
+	want := [2][3][]int{{{30, 50, 10}, {37, 17}, {6, 34, 26}}, {{37, 3}, {34, 46, 54}, {21, 39}}}
+	for e := range want {
+		for k, w := range want[e] {
+			bt, _ := b.Next()
+			if !reflect.DeepEqual(bt.Lines, w) {
+				t.Errorf("epoch %d batch %d: lines %v, want %v (the order of existing checkpoints changed)", e, k, bt.Lines, w)
+			}
+		}
+		for k := len(want[e]); k < b.StepsPerEpoch(); k++ {
+			b.Skip()
+		}
+	}
+}
+
+// What a position may be: one at an epoch's end (index = steps) continues
+// with the next epoch; other corpora (line count, batches per epoch) and
+// out-of-range epochs or indices are refused, naming what differs.
+func TestBatcherRestoreChecks(t *testing.T) {
+	src := batchSource(300, 6)
+	cfg := BatchConfig{TokensPerBatch: 150, Seed: 3}
+	a, _ := NewBatcher(src, cfg)
+	for k := 0; k < a.StepsPerEpoch(); k++ {
+		a.Skip()
+	}
+	end := a.Pos()
+	if end.Index != end.Steps || end.Epoch != 0 {
+		t.Fatalf("position after one epoch: %+v", end)
+	}
+	next, _ := a.Next()
+	b, _ := NewBatcher(src, cfg)
+	if err := b.SetPos(end); err != nil {
+		t.Fatalf("a position at the end of an epoch: %v", err)
+	}
+	if x, _ := b.Next(); !reflect.DeepEqual(x.Lines, next.Lines) {
+		t.Errorf("resumed at an epoch's end: %v, want %v", x.Lines, next.Lines)
+	}
+	for name, c := range map[string]struct {
+		edit func(*Position)
+		want string
+	}{
+		"lines":      {func(p *Position) { p.Lines = 299 }, "299 lines"},
+		"steps":      {func(p *Position) { p.Steps++ }, fmt.Sprintf("saved with %d batches of 150 tokens per epoch", end.Steps+1)},
+		"index":      {func(p *Position) { p.Index = p.Steps + 1 }, "invalid data position"},
+		"epoch":      {func(p *Position) { p.Epoch = -1 }, "invalid data position"},
+		"index < 0":  {func(p *Position) { p.Index = -1 }, "invalid data position"},
+		"seed 3 → 4": {func(p *Position) { p.Seed = 4 }, "seed 4"},
+	} {
+		p := end
+		c.edit(&p)
+		j, _ := json.Marshal(p)
+		d, _ := NewBatcher(src, cfg)
+		before := d.Pos()
+		if err := d.Restore(j); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+		if d.Pos() != before {
+			t.Errorf("%s: a refused position moved the batcher to %+v", name, d.Pos())
+		}
+	}
 }

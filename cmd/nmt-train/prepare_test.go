@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,6 +107,20 @@ func TestPrepareLabFormat(t *testing.T) {
 	if c.Len() != 5 || c.Dropped() != 3 {
 		t.Errorf("%d lines, %d dropped", c.Len(), c.Dropped())
 	}
+	// validation pairs are not length-filtered: all 8, in file order
+	vc, err := data.OpenCorpus(filepath.Join(dir, "valid.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vc.Close()
+	all, _ := data.OpenCorpus(filepath.Join(dir, "train.bin"))
+	defer all.Close()
+	if vc.Len() != 8 || vc.Dropped() != 0 {
+		t.Errorf("valid.bin: %d pairs, %d dropped; want all 8 of the validation files (--max-length does not apply)", vc.Len(), vc.Dropped())
+	}
+	if vs, vt := vc.Tokens(); vs != 8+10+11+8+8+13+5+6 || vt != 8+8+11+7+8+14+3+6 {
+		t.Errorf("valid.bin has %d+%d tokens, want the files' 69+65", vs, vt)
+	}
 	v, _ := data.LoadVocab(td + "m_common.vocab")
 	w, _ := data.LoadVocab(filepath.Join(dir, "vocab.txt"))
 	if v.Hash() != w.Hash() {
@@ -150,6 +165,21 @@ func TestPrepareRawBPE(t *testing.T) {
 			t.Fatalf("pair %d: %d ids for %d pieces", i, len(x), got)
 		}
 	}
+	// valid.bin holds the 4 held-out pairs: the last 4 of the file, in order
+	vc, err := data.OpenCorpus(filepath.Join(outDir, "valid.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vc.Close()
+	if vc.Len() != 4 {
+		t.Fatalf("valid.bin: %d pairs, want 4", vc.Len())
+	}
+	for i := 0; i < vc.Len(); i++ {
+		x, y := vc.Pair(i)
+		if got, want := data.Detokenize(v.Decode(x))+" / "+data.Detokenize(v.Decode(y)), s[116+i]+" / "+g[116+i]; got != want {
+			t.Errorf("held-out pair %d: %q, want line %d %q", i, got, 117+i, want)
+		}
+	}
 	// the merges file applies again with --bpe
 	out2 := filepath.Join(dir, "out2")
 	if out, err := runCmd(t, "", "prepare", "--src", sp, "--tgt", gp, "--bpe", filepath.Join(outDir, "bpe.codes"), "--valid-lines", "4", "--out", out2); err != nil {
@@ -167,6 +197,7 @@ func TestPrepareErrors(t *testing.T) {
 	a := writeFile(t, dir, "a", "▁a ▁b\n▁c\n▁d\n")
 	b := writeFile(t, dir, "b", "▁a\n▁b\n")
 	bad := writeFile(t, dir, "bad", "▁a\n▁b \xff\n▁c\n")
+	long := writeFile(t, dir, "long", "▁a ▁b\n▁c ▁d\n")
 	dup := writeFile(t, dir, "dup.vocab", "<pad>\t0\n</s>\t0\n<s>\t0\n<unk>\t0\n▁a\t-0\n▁a\t-1\n")
 	out := filepath.Join(dir, "out")
 	for _, c := range []struct {
@@ -181,10 +212,26 @@ func TestPrepareErrors(t *testing.T) {
 		{[]string{"--synthetic", "--src", a}, "prepare: --synthetic makes its own data; --src does not apply"},
 		{[]string{"--src", a, "--tgt", a, "--bpe", filepath.Join(dir, "none")}, "none: no such file"},
 		{[]string{"--src", a, "--tgt", a, "--vocab-size", "10", "--valid-lines", "2"}, a + " has 3 usable pairs, too few to hold out --valid-lines 2"},
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "10", "--valid-lines", "0"}, "prepare: --valid-lines 0: want at least 1"},
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "10", "--max-length", "-1"}, "prepare: --max-length -1: want 0 (no limit) or at least 2"},
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "4"}, "prepare: --vocab-size 4: want at least 5"},
+		{[]string{"--src", a, "--tgt", a, "--bpe-merges", "0"}, "prepare: --bpe-merges 0: want at least 1"},
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "10", "--valid-src", a}, "prepare: --valid-src and --valid-tgt go together"},
+		{[]string{"--src", a, "--tgt", a, "--vocab", dup, "--bpe-merges", "10"}, "prepare: --vocab, --bpe-merges and --bpe exclude each other"},
+		{[]string{"--src", a, "--tgt", a, "--vocab", dup, "--vocab-size", "10"}, "prepare: --vocab and --vocab-size exclude each other"},
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "10", "--out", out, "stray"}, `prepare: unexpected argument "stray"`},
+		{[]string{"--src", long, "--tgt", long, "--vocab-size", "10", "--max-length", "2", "--valid-src", a, "--valid-tgt", a}, "prepare: no pair of " + long + " / " + long + " is kept"},
 	} {
 		o, err := runCmd(t, "", append(append([]string{"prepare"}, c.args...), "--out", out)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want %q\n%s", c.args, err, c.want, o)
+		}
+		// nothing half-written is left: no corpus, no temporary file
+		es, _ := os.ReadDir(out)
+		for _, e := range es {
+			if strings.Contains(e.Name(), "tmp") || strings.HasSuffix(e.Name(), ".bin") {
+				t.Errorf("%q: left %s in --out", c.args, e.Name())
+			}
 		}
 	}
 }
@@ -217,5 +264,49 @@ func TestBLEUCommand(t *testing.T) {
 	}
 	if _, err := runCmd(t, "a\n\xff\nc\n", "bleu", "-r", r1); err == nil || err.Error() != "bleu: <stdin>:2: invalid UTF-8" {
 		t.Errorf("utf8: %v", err)
+	}
+}
+
+// Without --valid-src the last --valid-lines kept pairs are held out:
+// train.bin has the others and valid.bin those, both in file order (a
+// count that is not a multiple of the ring's size).
+func TestPrepareHeldOut(t *testing.T) {
+	dir := t.TempDir()
+	var s, g []string
+	for i := 1; i <= 10; i++ {
+		s, g = append(s, fmt.Sprintf("▁s%d ▁x", i)), append(g, fmt.Sprintf("▁t%d", i))
+	}
+	sp := writeFile(t, dir, "s", strings.Join(s, "\n")+"\n")
+	gp := writeFile(t, dir, "g", strings.Join(g, "\n")+"\n")
+	out := filepath.Join(dir, "out")
+	if o, err := runCmd(t, "", "prepare", "--src", sp, "--tgt", gp, "--vocab-size", "100", "--valid-lines", "3", "--out", out); err != nil {
+		t.Fatalf("%v\n%s", err, o)
+	}
+	v, err := data.LoadVocab(filepath.Join(out, "vocab.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range []string{"train.bin", "valid.bin"} {
+		c, err := data.OpenCorpus(filepath.Join(out, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < c.Len(); i++ {
+			x, y := c.Pair(i)
+			got = append(got, f+": "+strings.Join(v.Decode(x), " ")+" / "+strings.Join(v.Decode(y), " "))
+		}
+		c.Close()
+	}
+	var want []string
+	for i := range s {
+		f := "train.bin"
+		if i >= 7 {
+			f = "valid.bin"
+		}
+		want = append(want, f+": "+s[i]+" / "+g[i])
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("pairs:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
