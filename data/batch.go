@@ -215,26 +215,29 @@ func (b *Batcher) SetPos(p Position) error {
 		return fmt.Errorf("data: cannot resume the data position: it was saved with seed %d and %d lines; this run has seed %d and %d lines",
 			p.Seed, p.Lines, b.pos.Seed, b.pos.Lines)
 	}
+	// Checked on a copy: a position that is refused leaves b as it was.
+	nb := *b
 	if p.Tokens != b.cfg.TokensPerBatch {
 		cfg := b.cfg
 		cfg.TokensPerBatch = p.Tokens
-		nb, err := NewBatcher(b.src, cfg)
+		re, err := NewBatcher(b.src, cfg)
 		if err != nil {
 			return fmt.Errorf("data: cannot resume the data position: %v", err)
 		}
-		*b = *nb
+		nb = *re
 	}
-	if p.Steps != b.steps {
+	if p.Steps != nb.steps {
 		return fmt.Errorf("data: cannot resume the data position: it was saved with %d batches of %d tokens per epoch; this corpus gives %d (another --max-length or corpus?)",
-			p.Steps, p.Tokens, b.steps)
+			p.Steps, p.Tokens, nb.steps)
 	}
 	if p.Epoch < 0 || p.Index < 0 || p.Index > p.Steps {
 		return fmt.Errorf("data: invalid data position epoch %d index %d", p.Epoch, p.Index)
 	}
-	if p.Epoch != b.pos.Epoch {
-		b.plan = b.makePlan(p.Epoch)
+	if p.Epoch != nb.pos.Epoch {
+		nb.plan = nb.makePlan(p.Epoch)
 	}
-	b.pos = p
+	nb.pos = p
+	*b = nb
 	return nil
 }
 

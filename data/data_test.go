@@ -1150,6 +1150,8 @@ func TestBatcherRestoreChecks(t *testing.T) {
 	if x, _ := b.Next(); !reflect.DeepEqual(x.Lines, next.Lines) {
 		t.Errorf("resumed at an epoch's end: %v, want %v", x.Lines, next.Lines)
 	}
+	b300, _ := NewBatcher(src, BatchConfig{TokensPerBatch: 300, Seed: 3})
+	steps300 := b300.StepsPerEpoch()
 	for name, c := range map[string]struct {
 		edit func(*Position)
 		want string
@@ -1160,6 +1162,9 @@ func TestBatcherRestoreChecks(t *testing.T) {
 		"epoch":      {func(p *Position) { p.Epoch = -1 }, "invalid data position"},
 		"index < 0":  {func(p *Position) { p.Index = -1 }, "invalid data position"},
 		"seed 3 → 4": {func(p *Position) { p.Seed = 4 }, "seed 4"},
+		// another budget re-plans the batches; refused, it must not stay
+		"budget, steps": {func(p *Position) { p.Tokens = 300; p.Steps = 1 }, "saved with 1 batches of 300 tokens"},
+		"budget, index": {func(p *Position) { p.Tokens, p.Steps, p.Index = 300, steps300, -1 }, "invalid data position"},
 	} {
 		p := end
 		c.edit(&p)

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/internal/atomicfile"
 )
 
 // Files `prepare --out DIR` writes (the trainer's --data DIR reads them).
@@ -60,30 +62,37 @@ func runPrepare(c *cli.Context) error {
 		return fmt.Errorf("prepare: unexpected argument %q (options start with --)", c.Args().First())
 	}
 	out := c.String("out")
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return fmt.Errorf("prepare: --out: %v", err)
-	}
 	maxLen := c.Int("max-length")
 	if maxLen < 0 || maxLen == 1 {
 		return fmt.Errorf("prepare: --max-length %d: want 0 (no limit) or at least 2", maxLen)
 	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return fmt.Errorf("prepare: --out: %v", err)
+	}
+	// Everything is written into a staging directory inside out and moved
+	// into out only when all of it is written: a prepare that fails leaves
+	// an earlier one's files in out as they were, all of one run.
+	stage, err := prepStage(out)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(stage)
 	var rep bytes.Buffer
 	fmt.Fprintf(&rep, "# nmt-train prepare\n\n`%s`\n\n", strings.Join(os.Args, " "))
 	var in prepInput
-	var err error
 	if c.Bool("synthetic") {
-		in, err = prepSynthetic(c, out)
+		in, err = prepSynthetic(c, stage)
 	} else {
-		in, err = prepVocab(c, out, &rep)
+		in, err = prepVocab(c, stage, &rep)
 	}
 	if err != nil {
 		return err
 	}
-	if err := in.v.WriteFile(filepath.Join(out, prepVocabFile)); err != nil {
+	if err := in.v.WriteFile(filepath.Join(stage, prepVocabFile)); err != nil {
 		return fmt.Errorf("prepare: %v", err)
 	}
 	fmt.Fprintf(&rep, "Vocabulary: %d pieces (4 specials + %s), hash `%.16s`.\n\n", in.v.Size(), in.vocabOf, in.v.Hash())
-	nTrain, nValid, err := prepCorpora(c, out, in, maxLen, &rep)
+	nTrain, nValid, err := prepCorpora(c, stage, in, maxLen, &rep)
 	if err != nil {
 		return err
 	}
@@ -92,7 +101,7 @@ func runPrepare(c *cli.Context) error {
 		name  string
 		pairs int
 	}{{prepTrainFile, nTrain}, {prepValidFile, nValid}, {prepVocabFile, in.v.Size()}, {prepBPEFile, -1}} {
-		fi, err := os.Stat(filepath.Join(out, f.name))
+		fi, err := os.Stat(filepath.Join(stage, f.name))
 		if err != nil {
 			continue
 		}
@@ -105,7 +114,10 @@ func runPrepare(c *cli.Context) error {
 		fmt.Fprintf(&rep, "| `%s` | %.2f MB | %s |\n", f.name, float64(fi.Size())/1e6, pairs)
 	}
 	fmt.Fprintf(&rep, "\nPrepared in %.1f s.\n", time.Since(t0).Seconds())
-	if err := os.WriteFile(filepath.Join(out, prepReportFile), rep.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(stage, prepReportFile), rep.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("prepare: %v", err)
+	}
+	if err := prepPublish(stage, out); err != nil {
 		return fmt.Errorf("prepare: %v", err)
 	}
 	w := c.App.Writer
@@ -115,6 +127,50 @@ func runPrepare(c *cli.Context) error {
 	w.Write(rep.Bytes())
 	fmt.Fprintf(w, "\nwrote %s\n", filepath.Join(out, prepReportFile))
 	return nil
+}
+
+// prepStagePattern names prepare's staging directories inside --out.
+const prepStagePattern = ".prepare.tmp*"
+
+// prepStage makes a new staging directory in out, after removing those a
+// killed prepare left there.
+func prepStage(out string) (string, error) {
+	old, _ := filepath.Glob(filepath.Join(out, prepStagePattern))
+	for _, d := range old {
+		os.RemoveAll(d)
+	}
+	stage, err := atomicfile.MkdirTemp(out, prepStagePattern)
+	if err != nil {
+		return "", fmt.Errorf("prepare: --out: %v", err)
+	}
+	return stage, nil
+}
+
+// prepPublish moves the files of the staging directory into out (the
+// report last) and removes an earlier run's bpe.codes that this run did
+// not make, so that out holds one run's files.
+func prepPublish(stage, out string) error {
+	ents, err := os.ReadDir(stage)
+	if err != nil {
+		return err
+	}
+	names := []string{}
+	for _, e := range ents {
+		if e.Name() != prepReportFile {
+			names = append(names, e.Name())
+		}
+	}
+	for _, n := range append(names, prepReportFile) {
+		if err := os.Rename(filepath.Join(stage, n), filepath.Join(out, n)); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, prepBPEFile)); err == nil && !slices.Contains(names, prepBPEFile) {
+		if err := os.Remove(filepath.Join(out, prepBPEFile)); err != nil {
+			return err
+		}
+	}
+	return atomicfile.SyncDir(out)
 }
 
 // prepInput is what prepare reads and with which vocabulary: the text

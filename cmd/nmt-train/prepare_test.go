@@ -310,3 +310,61 @@ func TestPrepareHeldOut(t *testing.T) {
 		t.Errorf("pairs:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestPrepareFailureKeepsOut: a prepare that fails leaves the files of an
+// earlier one in --out as they were (its vocabulary and BPE merges are not
+// replaced before the corpora are written), and a later prepare without
+// BPE does not leave the earlier bpe.codes beside its vocabulary.
+func TestPrepareFailureKeepsOut(t *testing.T) {
+	dir := t.TempDir()
+	outDir := filepath.Join(dir, "out")
+	a := writeFile(t, dir, "a", "the bears are big .\nthe houses are big .\nbears greet .\nover 3 bears .\n")
+	b := writeFile(t, dir, "b", "die bären sind groß .\ndie häuser sind groß .\nbären grüßen .\nüber 3 bären .\n")
+	short := writeFile(t, dir, "short", "die bären .\n")
+	if out, err := runCmd(t, "", "prepare", "--src", a, "--tgt", b, "--bpe-merges", "20", "--vocab-size", "40", "--valid-lines", "1", "--out", outDir); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	snapshot := func() map[string]string {
+		m := map[string]string{}
+		ents, _ := os.ReadDir(outDir)
+		for _, e := range ents {
+			by, err := os.ReadFile(filepath.Join(outDir, e.Name()))
+			if err != nil {
+				t.Fatalf("%s: %v", e.Name(), err)
+			}
+			m[e.Name()] = string(by)
+		}
+		return m
+	}
+	before := snapshot()
+	for _, name := range []string{"train.bin", "valid.bin", "vocab.txt", "bpe.codes", "prepare.md"} {
+		if _, ok := before[name]; !ok {
+			t.Fatalf("the first prepare wrote no %s (%v)", name, before)
+		}
+	}
+	// other merges and another vocabulary, then a line-count mismatch
+	_, err := runCmd(t, "", "prepare", "--src", a, "--tgt", short, "--bpe-merges", "5", "--vocab-size", "30", "--valid-lines", "1", "--out", outDir)
+	if err == nil || !strings.Contains(err.Error(), "not parallel") {
+		t.Fatalf("mismatched files: %v", err)
+	}
+	after := snapshot()
+	if len(after) != len(before) {
+		t.Errorf("--out holds %d entries after the failure, %d before", len(after), len(before))
+	}
+	for name, was := range before {
+		if after[name] != was {
+			t.Errorf("%s changed by a prepare that failed", name)
+		}
+	}
+	// a prepare without BPE: its own vocabulary, and no stale bpe.codes
+	tok := writeFile(t, dir, "tok", "▁the ▁bears\n▁the ▁houses\n▁bears\n▁over\n")
+	if out, err := runCmd(t, "", "prepare", "--src", tok, "--tgt", tok, "--vocab-size", "10", "--valid-lines", "1", "--out", outDir); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(outDir, "bpe.codes")); err == nil {
+		t.Error("bpe.codes of the earlier prepare left beside a vocabulary made without it")
+	}
+	if ents, _ := os.ReadDir(outDir); len(ents) != 4 {
+		t.Errorf("--out holds %v, want train.bin, valid.bin, vocab.txt, prepare.md", ents)
+	}
+}
