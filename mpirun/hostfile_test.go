@@ -39,6 +39,17 @@ func TestParseHostfile(t *testing.T) {
 		{"bad v6", "a:b:c\n", nil, "hosts:1: \"a:b:c\": not a host name"},
 		{"huge", "a slots=99999999999999999999\n", nil, "hosts:1: slots="},
 		{"empty file", "# nothing\n\n", nil, "hosts: no hosts in the file"},
+		// max_slots equal to slots is a cap, not an error.
+		{"max equals slots", "a slots=2 max_slots=2\n", []Host{{Name: "a", Slots: 2, MaxSlots: 2}}, ""},
+		// A host listed twice: slots and max_slots both add up.
+		{"duplicate merges max_slots", "a slots=1 max_slots=2\nb\na slots=2 max_slots=3\n", []Host{{Name: "a", Slots: 3, MaxSlots: 5}, {Name: "b", Slots: 1}}, ""},
+		{"duplicate uncaps", "a slots=1 max_slots=2\na slots=1\n", []Host{{Name: "a", Slots: 2}}, ""},
+		{"largest count", "a slots=1048576\n", []Host{{Name: "a", Slots: 1 << 20}}, ""},
+		{"count too large", "a\nb slots=1048577\n", nil, "hosts:2: slots=\"1048577\": 1048577 is too large"},
+		// The two spellings of a key are one key.
+		{"max_slots twice, two spellings", "a max_slots=2 max-slots=3\n", nil, "hosts:1: max-slots given twice"},
+		{"slots twice, two cases", "a slots=1 SLOTS=2\n", nil, "hosts:1: SLOTS given twice"},
+		{"line too long", "a\n\nb slots=1 " + strings.Repeat("x", 1<<20) + "\n", nil, "hosts:3: line longer than 1 MiB"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -104,6 +115,8 @@ func TestParseHostList(t *testing.T) {
 		{"a:0", nil, "0 slots"},
 		{"a:x", nil, "slot count \"x\""},
 		{"", nil, "empty host name"},
+		{"a b:2", nil, "host name contains ' '"},
+		{"a:1,-oProxyCommand=x", nil, "host name may not start with '-'"},
 	}
 	for _, c := range cases {
 		got, err := ParseHostList(c.in)

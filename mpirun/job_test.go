@@ -188,6 +188,11 @@ func TestRunBadInput(t *testing.T) {
 		{Config{NP: 1, Program: "/bin/true", RendezvousAddr: "0.0.0.0:1"}, "want an IP address the ranks can reach"},
 		{Config{NP: 1, Program: "/bin/true", Hosts: []Host{{Name: "h1.invalid", Slots: 1}}, LaunchAgent: "'unterminated"}, "--launch-agent"},
 		{Config{NP: 1, Program: "/bin/true", StdinRank: 4}, "--stdin 4"},
+		{Config{NP: 2, Program: "/bin/true", StdinRank: 2}, "--stdin 2: the job has ranks 0..1"},
+		{Config{NP: 1, Program: "/bin/true", Export: []string{"A=1", "A=2"}}, "-x A given twice"},
+		{Config{NP: 1, Program: "/bin/true", Timeout: -time.Second}, "--timeout -1s is negative"},
+		{Config{NP: 1, Program: "/bin/true", Hosts: []Host{{Name: "h1.invalid", Slots: 1}}, SSHPort: 65536}, "--ssh-port 65536: not a port"},
+		{Config{NP: 1, Program: "/bin/true", Hosts: []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 1}}, PerNode: 1}, "-np 1 with -N 1 on 2 host(s): want -np 2"},
 	}
 	for _, c := range cases {
 		var o, e testenv.Buffer
@@ -441,8 +446,122 @@ func TestPerNode(t *testing.T) {
 	if s := strings.Join(got, " "); s != "0@a.invalid/0 1@a.invalid/1 2@b.invalid/0 3@b.invalid/1" {
 		t.Fatalf("placement %s", s)
 	}
-	hosts[0].MaxSlots = 1
-	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "max_slots=1") {
-		t.Fatalf("max_slots: %v", err)
+	// -N equal to max_slots fits.
+	hosts[0].MaxSlots = 2
+	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err != nil {
+		t.Fatalf("-N 2 on a host with max_slots=2: %v", err)
+	}
+	// Beyond it: an error naming the host's hostfile line.
+	hosts, err = ParseHostfile("hosts", strings.NewReader("# cluster\na.invalid slots=1 max_slots=1\nb.invalid slots=8\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "-N 2: host a.invalid has max_slots=1 (hosts:2)") {
+		t.Fatalf("max_slots: %v, want it to name hosts:2", err)
+	}
+	// -np other than N x hosts, smaller or larger, is refused.
+	for _, np := range []int{1, 3, 5} {
+		if _, err := prepare(Config{Hosts: []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 1}}, PerNode: 2, NP: np, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "want -np 4") {
+			t.Errorf("-np %d with -N 2 on 2 hosts: %v", np, err)
+		}
+	}
+}
+
+// TestLocalAliasesMergeMaxSlots: the names of this machine are one host
+// whose slots and max_slots add up (no cap if one of them has none).
+func TestLocalAliasesMergeMaxSlots(t *testing.T) {
+	capped := []Host{{Name: "localhost", Slots: 1, MaxSlots: 2}, {Name: "127.0.0.1", Slots: 1, MaxSlots: 2}}
+	p, err := prepare(Config{Hosts: capped, NP: 4, Oversubscribe: true, Program: "/bin/true"})
+	if err != nil {
+		t.Fatalf("4 ranks on localhost max_slots=2 + 127.0.0.1 max_slots=2: %v", err)
+	}
+	for _, sp := range p.specs {
+		if sp.slot.Host != "localhost" || sp.slot.LocalSize != 4 || sp.slot.NodeRank != 0 {
+			t.Errorf("rank %d: %+v, want localhost with local size 4", sp.slot.Rank, sp.slot)
+		}
+	}
+	if _, err := prepare(Config{Hosts: capped, NP: 5, Oversubscribe: true, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "-np 5 is more than the 4 max_slots") {
+		t.Errorf("5 ranks over max_slots 2+2: %v", err)
+	}
+	uncapped := []Host{{Name: "localhost", Slots: 1, MaxSlots: 2}, {Name: "127.0.0.1", Slots: 1}}
+	if _, err := prepare(Config{Hosts: uncapped, NP: 9, Oversubscribe: true, Program: "/bin/true"}); err != nil {
+		t.Errorf("max_slots merged with a host without a cap: %v", err)
+	}
+}
+
+// runAsync runs a job in the background; the job ends with the test
+// (SIGKILL to every rank) if the test fails before it does.
+func runAsync(t *testing.T, cfg Config) (sigs chan os.Signal, o, e *testenv.Buffer, done chan int) {
+	t.Helper()
+	sigs, o, e, done = make(chan os.Signal, 4), &testenv.Buffer{}, &testenv.Buffer{}, make(chan int, 1)
+	cfg.Signals, cfg.Stdout, cfg.Stderr, cfg.StdinRank = sigs, o, e, -1
+	go func() {
+		code, err := Run(cfg)
+		if err != nil {
+			code = -1
+		}
+		done <- code
+	}()
+	t.Cleanup(func() {
+		select {
+		case code := <-done:
+			done <- code
+		default:
+			sigs <- syscall.SIGKILL
+			sigs <- syscall.SIGKILL
+			<-done
+		}
+	})
+	return sigs, o, e, done
+}
+
+// TestRunSecondSignalKills: the first SIGINT to gorun reaches every rank;
+// a second one kills them at once (it is not forwarded, and gorun does not
+// wait for --grace); the status is 128+SIGINT.
+func TestRunSecondSignalKills(t *testing.T) {
+	sigs, o, e, done := runAsync(t, Config{NP: 2, Grace: 10 * time.Second, Program: "/bin/sh",
+		Args: []string{"-c", `trap 'echo "got INT"' INT; echo ready; while :; do sleep 0.05; done`}})
+	waitFor(t, func() bool { return strings.Count(o.String(), "ready") == 2 })
+	sigs <- syscall.SIGINT
+	waitFor(t, func() bool { return strings.Count(o.String(), "got INT") == 2 })
+	sigs <- syscall.SIGINT
+	code := <-done
+	done <- code
+	if code != 128+int(syscall.SIGINT) {
+		t.Errorf("status %d, want 130", code)
+	}
+	if got := strings.Join(sortedLines(o.String()), ","); got != "[0] got INT,[0] ready,[1] got INT,[1] ready" {
+		t.Errorf("stdout %q: the second SIGINT must kill the ranks, not reach them\nstderr %q", got, e.String())
+	}
+}
+
+// TestRunNoRestartAfterTimeoutOrSignal: --max-restarts restarts after a
+// rank's failure only: --timeout, or a signal to gorun (even one that
+// comes while the job stops after a failure), ends the job.
+func TestRunNoRestartAfterTimeoutOrSignal(t *testing.T) {
+	code, _, errs := runSh(t, Config{NP: 2, MaxRestarts: 2, Timeout: 300 * time.Millisecond, StdinRank: -1},
+		`if [ $GORUN_RESTART = 0 ]; then exec sleep 60; fi`)
+	if code != ExitTimeout || strings.Contains(errs, "restarting") || !strings.Contains(errs, "gorun: job timed out after 300ms (--timeout)") {
+		t.Errorf("--timeout with --max-restarts 2: status %d (want 124, no restart), stderr %q", code, errs)
+	}
+
+	// Rank 1 fails; rank 0 ignores SIGTERM, so the job is still stopping
+	// when SIGINT comes.
+	dir := t.TempDir()
+	sigs, _, e, done := runAsync(t, Config{NP: 2, MaxRestarts: 2, Grace: 30 * time.Second, Program: "/bin/sh", Args: []string{"-c", `
+		if [ $GORUN_RESTART != 0 ]; then exit 0; fi
+		if [ $GORUN_RANK = 1 ]; then
+			for i in $(seq 400); do [ -e ` + dir + `/ready ] && break; sleep 0.05; done
+			exit 3
+		fi
+		trap '' TERM
+		touch ` + dir + `/ready
+		while :; do sleep 0.05; done`}})
+	waitFor(t, func() bool { return strings.Contains(e.String(), "exited with status 3") })
+	sigs <- syscall.SIGINT
+	code = <-done
+	done <- code
+	if code != 3 || strings.Contains(e.String(), "restarting") {
+		t.Errorf("SIGINT while stopping after a failure: status %d (want 3, the failure's, and no restart), stderr %q", code, e.String())
 	}
 }

@@ -672,6 +672,14 @@ func TestBadInput(t *testing.T) {
 		{[]string{"-x", "GORUN_SECRET=1", "/bin/true"}, 2, "gorun sets GORUN_SECRET itself"},
 		{[]string{"--stdin", "x", "/bin/true"}, 2, "--stdin \"x\""},
 		{[]string{"--grace", "0s", "/bin/true"}, 2, "--grace 0s"},
+		{[]string{"--stdin", "-1", "/bin/true"}, 2, "gorun: --stdin \"-1\": want a rank or none"},
+		{[]string{"-np", "2", "--stdin", "2", "/bin/true"}, 2, "gorun: --stdin 2: the job has ranks 0..1"},
+		{[]string{"--max-restarts", "-1", "/bin/true"}, 2, "gorun: --max-restarts -1 is negative"},
+		{[]string{"--timeout", "-1s", "/bin/true"}, 2, "gorun: --timeout -1s is negative"},
+		{[]string{"-x", "A=1", "-x", "A=2", "/bin/true"}, 2, "gorun: -x A given twice"},
+		{[]string{"--tag", "json", "/bin/true"}, 2, "gorun: output tag style \"json\""},
+		{[]string{"--map-by", "core", "/bin/true"}, 2, "gorun: --map-by \"core\": want slot or node"},
+		{[]string{"-H", "127.0.0.2", "-p", "65536", "/bin/true"}, 2, "gorun: --ssh-port 65536: not a port"},
 		{[]string{"-H", "nosuchhost.invalid", "/bin/true"}, 255, "gorun: cannot start rank 0 on host nosuchhost.invalid: ssh: Could not resolve hostname nosuchhost.invalid"},
 		{[]string{"-H", "127.0.0.2", "--launch-agent", "/nonexistent/agent", "/bin/true"}, 1, "gorun: cannot start /nonexistent/agent for rank 0 on host 127.0.0.2"},
 		{[]string{"-H", "127.0.0.2", "--launch-agent", agentSh, "--remote-gorun", "/nonexistent/gorun", "/bin/true"}, 255, "gorun: cannot start rank 0 on host 127.0.0.2: env: |/nonexistent/gorun"},
@@ -729,5 +737,58 @@ func TestMPIHabits(t *testing.T) {
 	r = gorun(t, "", "--version")
 	if r.code != 0 || !regexp.MustCompile(`^gorun \S+ \(commit [^)]+\)\ngo1\.\S+ linux/\w+, \d+ CPUs\nCPU features: .+\nGPUs: .+\n$`).MatchString(r.stdout) {
 		t.Errorf("--version: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestFlagsReachTheJob: each flag that only changes the job's setup shows
+// in the dry run or in what the job does.
+func TestFlagsReachTheJob(t *testing.T) {
+	// ssh's port, identity and arguments, the rendezvous address, and
+	// several -H flags (one host each).
+	r := gorun(t, "", "--dry-run", "-H", "localhost:1", "-H", "127.0.0.2:1", "-p", "2222", "-i", "/keys/id_test",
+		"--ssh-args", "-F /etc/test_ssh_config", "--rendezvous-addr", "127.0.0.1:5555", "/bin/true")
+	for _, want := range []string{
+		"gorun: dry run: 2 ranks on 2 hosts, job ", ", rendezvous 127.0.0.1:5555\n",
+		"0     localhost  0           1           0          exec\n",
+		"1     127.0.0.2  0           1           1          ssh\n",
+		"GORUN_RENDEZVOUS=127.0.0.1:5555 ",
+		"[127.0.0.2: rank 1] ssh -F /etc/test_ssh_config -o BatchMode=yes -o ConnectTimeout=10 -p 2222 -i /keys/id_test 127.0.0.2 'cd ",
+	} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("dry run (status %d) lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	// --iface NAME: the ranks are told.
+	r = gorun(t, "", "--dry-run", "-np", "1", "--iface", "lo", "/bin/true")
+	if r.code != 0 || !strings.Contains(r.stdout, " GORUN_IFACE=lo ") {
+		t.Errorf("--iface lo: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// --tag none
+	r = gorun(t, "", "-np", "1", "--tag", "none", "/bin/echo", "untagged")
+	if r.code != 0 || r.stdout != "untagged\n" {
+		t.Errorf("--tag none: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	// --timeout
+	r = gorun(t, "", "-np", "2", "--timeout", "300ms", "/bin/sleep", "30")
+	if r.code != 124 || r.stderr != "gorun: job timed out after 300ms (--timeout); stopping 2 ranks\n" {
+		t.Errorf("--timeout: %d %q", r.code, r.stderr)
+	}
+	// --max-restarts
+	r = gorun(t, "", "-np", "1", "--max-restarts", "1", "/bin/sh", "-c", `echo "start $GORUN_RESTART"; exit 3`)
+	if r.code != 3 || r.stdout != "[0] start 0\n[0] start 1\n" || !strings.Contains(r.stderr, "gorun: restarting the job (restart 1 of 1, GORUN_RESTART=1) after: rank 0 (host localhost, pid ") {
+		t.Errorf("--max-restarts 1: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	// -v: the job and each rank's command on stderr.
+	r = gorun(t, "", "-v", "-np", "1", "/bin/true")
+	if r.code != 0 || !regexp.MustCompile(`(?m)^gorun: job [0-9a-f]+: 1 rank on 1 host, rendezvous 127\.0\.0\.1:\d+\n`).MatchString(r.stderr) ||
+		!regexp.MustCompile(`(?m)^gorun: \[0\] cd .* 'GORUN_SECRET=<redacted>' /bin/true$`).MatchString(r.stderr) {
+		t.Errorf("-v: %d %q", r.code, r.stderr)
+	}
+	// --mca after a flag with a value, and twice: each dropped with its note.
+	r = gorun(t, "", "-np", "1", "--mca", "btl", "tcp,self", "--mca", "pml", "ob1", "/bin/echo", "ok")
+	want := "gorun: --mca btl tcp,self ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI\n" +
+		"gorun: --mca pml ob1 ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI\n"
+	if r.code != 0 || r.stdout != "[0] ok\n" || r.stderr != want {
+		t.Errorf("-np 1 --mca ... --mca ...: %d %q %q", r.code, r.stdout, r.stderr)
 	}
 }
