@@ -78,6 +78,9 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 				}
 				h.Slots = n
 			case "max_slots":
+				if n < 1 {
+					return nil, fmt.Errorf("%s: host %s: max_slots=0: a host's cap is at least its slots (leave max_slots out for no cap)", where, fields[0])
+				}
 				h.MaxSlots = n
 			default:
 				return nil, fmt.Errorf("%s: unknown key %q (want slots=N or max_slots=M)", where, k)

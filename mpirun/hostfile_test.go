@@ -33,6 +33,7 @@ func TestParseHostfile(t *testing.T) {
 		{"slots twice", "a slots=1 slots=2\n", nil, "hosts:1: slots given twice"},
 		{"colon and slots", "a:2 slots=2\n", nil, "hosts:1: a:2 gives slots twice"},
 		{"max below slots", "a slots=4 max_slots=2\n", nil, "hosts:1: host a: max_slots=2 is less than slots=4"},
+		{"max zero", "a slots=2 max_slots=0\n", nil, "hosts:1: host a: max_slots=0: a host's cap is at least its slots (leave max_slots out for no cap)"},
 		{"empty count", "a:\n", nil, "hosts:1: \"a:\": missing slot count"},
 		{"dash host", "-oProxyCommand=x\n", nil, "hosts:1: \"-oProxyCommand=x\": host name may not start with '-'"},
 		{"shell chars", "a;b\n", nil, "hosts:1: \"a;b\": host name contains ';'"},

@@ -281,7 +281,6 @@ func placeRanks(cfg Config) ([]Slot, error) {
 		hosts = []Host{{Name: "localhost", Slots: n, Where: "default"}}
 	}
 	hosts = mergeLocalHosts(hosts)
-	mapBy := cfg.MapBy
 	if cfg.PerNode > 0 {
 		// mpirun -N / torchrun --nproc-per-node: every host gets exactly
 		// that many ranks, whatever its slots say (within max_slots)
@@ -295,7 +294,8 @@ func placeRanks(cfg Config) ([]Slot, error) {
 		if cfg.NP > 0 && cfg.NP != cfg.PerNode*len(hosts) {
 			return nil, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
 		}
-		mapBy = MapBySlot
+		// --map-by still orders the ranks: slot (default) fills each host
+		// in turn, node deals them round-robin, N on each host either way
 	}
 	np := cfg.NP
 	if np == 0 {
@@ -303,7 +303,7 @@ func placeRanks(cfg Config) ([]Slot, error) {
 			np += h.Slots
 		}
 	}
-	slots, err := Place(hosts, np, mapBy, cfg.Oversubscribe)
+	slots, err := Place(hosts, np, cfg.MapBy, cfg.Oversubscribe)
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
@@ -448,7 +448,7 @@ func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface,
 	}
 	env = append(env, p.jobEnv(np, first.LocalSize, first.NodeRank, hs.name)...)
 	if p.cfg.MaxRestarts > 0 {
-		env = append(env, rank.EnvRestartCause+"="+causePlaceholder)
+		env = append(env, causePlaceholder) // the whole word: none on the first start
 	}
 	if p.pl != nil {
 		env = append(env, EnvProgressLine+"=1")
@@ -512,7 +512,7 @@ func mergeLocalHosts(hosts []Host) []Host {
 const (
 	rdvPortPlaceholder = "<port>"
 	restartPlaceholder = "@restart@" // shell-safe: the word stays unquoted
-	causePlaceholder   = "@cause@"   // in a remote command: the cause, shell-quoted
+	causePlaceholder   = "@cause@"   // in a remote command: GORUN_RESTART_CAUSE=the cause, shell-quoted, on a restart; nothing on the first start
 )
 
 func hasVar(env []string, name string) bool {
@@ -658,7 +658,11 @@ func (p *plan) hostCommandLine(hs *hostSpec, port string) string {
 // word of a rank's environment or command.
 func (p *plan) fill(s, port string) string {
 	s = strings.ReplaceAll(strings.ReplaceAll(s, rdvPortPlaceholder, port), restartPlaceholder, strconv.Itoa(p.restart))
-	return strings.ReplaceAll(s, causePlaceholder, shellQuote(p.cause))
+	cause := ""
+	if p.restart > 0 {
+		cause = rank.EnvRestartCause + "=" + shellQuote(p.cause)
+	}
+	return strings.ReplaceAll(s, causePlaceholder, cause)
 }
 
 // printCommands writes every local rank's and remote host's command.

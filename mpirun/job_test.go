@@ -446,6 +446,18 @@ func TestPerNode(t *testing.T) {
 	if s := strings.Join(got, " "); s != "0@a.invalid/0 1@a.invalid/1 2@b.invalid/0 3@b.invalid/1" {
 		t.Fatalf("placement %s", s)
 	}
+	// --map-by node deals the ranks round-robin, still 2 on each host.
+	p, err = prepare(Config{Hosts: hosts, PerNode: 2, MapBy: MapByNode, Program: "/bin/true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for _, sp := range p.specs {
+		got = append(got, fmt.Sprintf("%d@%s/%d", sp.slot.Rank, sp.slot.Host, sp.slot.LocalRank))
+	}
+	if s := strings.Join(got, " "); s != "0@a.invalid/0 1@b.invalid/0 2@a.invalid/1 3@b.invalid/1" {
+		t.Fatalf("-N 2 --map-by node: placement %s", s)
+	}
 	// -N equal to max_slots fits.
 	hosts[0].MaxSlots = 2
 	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err != nil {

@@ -162,9 +162,10 @@ func TestRunRemoteEnvLikeSSH(t *testing.T) {
 		"2 t=tcp c=3 to=77s ci=chacha g=on cuda=7 if=myif l=unset")
 }
 
-// TestRunRemoteRestartAndSignal: after a remote rank's failure, every rank
-// of the restarted job, remote ones included, sees GORUN_RESTART=1 and the
-// failure's line in GORUN_RESTART_CAUSE; a remote rank that dies of a
+// TestRunRemoteRestartAndSignal: no rank of the first start has
+// GORUN_RESTART_CAUSE (a rank that has it exits 7); after a remote rank's
+// failure, every rank of the restarted job, remote ones included, sees
+// GORUN_RESTART=1 and the failure's line in GORUN_RESTART_CAUSE; a remote rank that dies of a
 // signal is reported as such, with status 128+N.
 func TestRunRemoteRestartAndSignal(t *testing.T) {
 	agent := sshLikeAgent(t)
@@ -173,6 +174,7 @@ func TestRunRemoteRestartAndSignal(t *testing.T) {
 	var o, e testenv.Buffer
 	code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, MaxRestarts: 1,
 		Program: "/bin/sh", Args: []string{"-c", `if [ $GORUN_RESTART = 0 ]; then
+				if [ "${GORUN_RESTART_CAUSE+set}" = set ]; then exit 7; fi
 				if [ $GORUN_RANK = 2 ]; then exit 6; fi
 				exec sleep 60
 			fi
