@@ -181,14 +181,7 @@ func TestCorpusRoundTrip(t *testing.T) {
 }
 
 func TestCorpusBadFiles(t *testing.T) {
-	v := SyntheticVocab()
-	s, g := Synthetic(3, 50)
-	dir := t.TempDir()
-	good := filepath.Join(dir, "good.bin")
-	if err := WriteCorpus(good, EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v), v.Hash(), v.Size(), 0); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(good)
+	dir, b := goodCorpus(t)
 	cases := map[string]struct {
 		data []byte
 		want string
@@ -212,7 +205,7 @@ func TestCorpusBadFiles(t *testing.T) {
 			t.Errorf("%s: %v, want %q", name, err, c.want)
 		}
 	}
-	if err := WriteCorpus(filepath.Join(dir, "x"), [][]int32{{500}}, [][]int32{{1}}, v.Hash(), v.Size(), 0); err == nil {
+	if err := WriteCorpus(filepath.Join(dir, "x"), [][]int32{{500}}, [][]int32{{1}}, SyntheticVocab().Hash(), SyntheticVocab().Size(), 0); err == nil {
 		t.Errorf("an id outside the vocabulary was written")
 	}
 }
@@ -982,14 +975,7 @@ func TestLoadBPEErrors(t *testing.T) {
 // count, another version (with a valid checksum), header counts whose size
 // arithmetic overflows; each is one error naming the file, never a panic.
 func TestCorpusBadFilesMore(t *testing.T) {
-	v := SyntheticVocab()
-	s, g := Synthetic(3, 50)
-	dir := t.TempDir()
-	good := filepath.Join(dir, "good.bin")
-	if err := WriteCorpus(good, EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v), v.Hash(), v.Size(), 0); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(good)
+	dir, b := goodCorpus(t)
 	le := binary.LittleEndian
 	n := le.Uint64(b[16:])
 	resum := func(c []byte) []byte { le.PutUint32(c[124:], crc32.ChecksumIEEE(c[:124])); return c }
@@ -1178,4 +1164,22 @@ func TestBatcherRestoreChecks(t *testing.T) {
 			t.Errorf("%s: a refused position moved the batcher to %+v", name, d.Pos())
 		}
 	}
+}
+
+// goodCorpus writes 50 synthetic pairs as a corpus in a new directory and
+// returns the directory and the file's bytes, for tests that damage them.
+func goodCorpus(t *testing.T) (dir string, b []byte) {
+	t.Helper()
+	v := SyntheticVocab()
+	s, g := Synthetic(3, 50)
+	dir = t.TempDir()
+	path := filepath.Join(dir, "good.bin")
+	if err := WriteCorpus(path, EncodeLines(s, WordPieces, v), EncodeLines(g, WordPieces, v), v.Hash(), v.Size(), 0); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, b
 }

@@ -34,12 +34,7 @@ func logSteps(t *testing.T, r *Run, from, to int64) {
 // really made.
 func TestRewindRun(t *testing.T) {
 	dir := t.TempDir()
-	r, err := OpenRun(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logSteps(t, r, 1, 13)
-	r.Close()
+	loggedRun(t, dir, 1, 13)
 	// the kill tore the last line
 	f, _ := os.OpenFile(filepath.Join(dir, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
 	f.WriteString(`{"step":14,"ti`)
@@ -59,7 +54,7 @@ func TestRewindRun(t *testing.T) {
 	if strings.Contains(rw.Aside, "tfevents") {
 		t.Fatal("TensorBoard would read the file put aside")
 	}
-	r, err = OpenRun(dir)
+	r, err := OpenRun(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,12 +170,7 @@ func trainSteps(t *testing.T, dir string) []int64 {
 // the same line and metrics.jsonl would no longer parse.
 func TestRewindRunRecordWithoutNewline(t *testing.T) {
 	dir := t.TempDir()
-	r, err := OpenRun(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logSteps(t, r, 1, 4)
-	r.Close()
+	loggedRun(t, dir, 1, 4)
 	b, _ := json.Marshal(Record{Step: 5, Time: 1, Kind: "train", Values: map[string]float64{"loss": 95}})
 	f, _ := os.OpenFile(filepath.Join(dir, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
 	f.Write(b) // no newline: the writer was killed
@@ -189,7 +179,7 @@ func TestRewindRunRecordWithoutNewline(t *testing.T) {
 	if err != nil || rw.Dropped != 1 {
 		t.Fatalf("rewind to 5: %+v, %v; want the record without its newline dropped", rw, err)
 	}
-	r, err = OpenRun(dir)
+	r, err := OpenRun(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,12 +197,7 @@ func TestRewindRunKeepsEveryAside(t *testing.T) {
 	path := filepath.Join(dir, "metrics.jsonl")
 	asides := map[string]string{}
 	for i, want := range []string{"metrics.jsonl.before-resume-10", "metrics.jsonl.before-resume-10.2", "metrics.jsonl.before-resume-10.3"} {
-		r, err := OpenRun(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		logSteps(t, r, int64(11-i), 13) // each attempt differs
-		r.Close()
+		loggedRun(t, dir, int64(11-i), 13) // each attempt differs
 		old, _ := os.ReadFile(path)
 		rw, err := RewindRun(dir, 10)
 		if err != nil || filepath.Base(rw.Aside) != want {
@@ -231,12 +216,7 @@ func TestRewindRunKeepsEveryAside(t *testing.T) {
 // like one is left alone and does not stop the resume.
 func TestRewindRunSkipsNonRegularEvents(t *testing.T) {
 	dir, other := t.TempDir(), t.TempDir()
-	r, err := OpenRun(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logSteps(t, r, 1, 13)
-	r.Close()
+	loggedRun(t, dir, 1, 13)
 	o, err := OpenRun(other)
 	if err != nil {
 		t.Fatal(err)
@@ -266,12 +246,7 @@ func TestRewindRunSkipsNonRegularEvents(t *testing.T) {
 // a temporary file: a TensorBoard run by another user still reads them.
 func TestRewindRunKeepsModes(t *testing.T) {
 	dir := t.TempDir()
-	r, err := OpenRun(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logSteps(t, r, 1, 13)
-	r.Close()
+	loggedRun(t, dir, 1, 13)
 	evs, _ := filepath.Glob(filepath.Join(dir, "events.out.tfevents.*"))
 	files := append([]string{filepath.Join(dir, "metrics.jsonl")}, evs...)
 	for _, f := range files {
@@ -364,4 +339,16 @@ func TestCutEvents(t *testing.T) {
 			t.Errorf("%s: the file after the cut is not the one before the tail (%d bytes, want %d)", name, len(after), len(b))
 		}
 	}
+}
+
+// loggedRun writes the train records of steps from..to into the run
+// directory dir and closes it, as a run that stopped there.
+func loggedRun(t *testing.T, dir string, from, to int64) {
+	t.Helper()
+	r, err := OpenRun(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logSteps(t, r, from, to)
+	r.Close()
 }
