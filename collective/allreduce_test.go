@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,4 +322,111 @@ func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 		}
 		t.Fatalf("float16-wire allreduces of 1..4 elements (np 2..4, ring, tree and halving-doubling) failed: %v\n%s", err, msg)
 	}
+}
+
+// chanCount wraps a transport and counts the payload bytes sent on each
+// channel, to show that a call really spread over several.
+type chanCount struct {
+	rank.Transport
+	bytes []atomic.Int64
+}
+
+func (c *chanCount) Send(ctx context.Context, peer, ch int, tag rank.Tag, p []byte) error {
+	c.bytes[ch].Add(int64(len(p)))
+	return c.Transport.Send(ctx, peer, ch, tag, p)
+}
+
+func countChannels(ts []rank.Transport) ([]rank.Transport, []*chanCount) {
+	out := make([]rank.Transport, len(ts))
+	cs := make([]*chanCount, len(ts))
+	for r, t := range ts {
+		cs[r] = &chanCount{Transport: t, bytes: make([]atomic.Int64, t.Channels())}
+		out[r] = cs[r]
+	}
+	return out, cs
+}
+
+// TestSeveralChannels: calls large enough to spread over the
+// communicator's channels (Config.Channels 3; one channel part of every
+// chunk per ring, halving-doubling or recursive doubling, one part of the
+// buffer per broadcast tree) give exact results on every rank for every
+// collective, and every channel carries data. On a machine with fewer than
+// 4 cores the default is one channel, so nothing else runs this there.
+// Config.Channels above the transport's channels is cut down to them.
+func TestSeveralChannels(t *testing.T) {
+	const count = 150_001 // 600 KB of float32: more than 3 x 64 KiB
+	ts, cs := countChannels(rank.NewLocalGroup(3, 3))
+	var cases []arCase
+	for i, a := range []Algorithm{Ring, HalvingDoubling, RecursiveDoubling} {
+		cases = append(cases, arCase{count: count, op: Sum, v: variants[0], algo: a, inPlace: i%2 == 0},
+			arCase{count: count, op: Average, v: variant{Float32, Float16}, algo: a, inPlace: i%2 == 1})
+	}
+	cfg := Config{Channels: 3, SliceBytes: 16 << 10}
+	checkAllreduceInts(t, ts, cfg, cases)
+	for r, c := range cs {
+		for ch := range c.bytes {
+			if c.bytes[ch].Load() < count {
+				t.Errorf("rank %d sent %d bytes on channel %d of 3: the calls did not spread over the channels", r, c.bytes[ch].Load(), ch)
+			}
+		}
+	}
+	const per = 200_003 // bytes (Allgather, Broadcast) or float32 elements per rank (ReduceScatter)
+	errs := group(ts, cfg, func(c *Communicator) error {
+		n, me := c.Size(), c.Rank()
+		recv := make([]byte, n*per)
+		if err := c.Allgather(testCtx(t), pattern(me, per), recv); err != nil {
+			return err
+		}
+		for r := 0; r < n; r++ {
+			if !bytes.Equal(recv[r*per:(r+1)*per], pattern(r, per)) {
+				return fmt.Errorf("allgather over 3 channels: block %d wrong", r)
+			}
+		}
+		for root := 0; root < n; root++ {
+			buf := pattern(me+100, per)
+			if me == root {
+				buf = pattern(root, per)
+			}
+			if err := c.Broadcast(testCtx(t), buf, root); err != nil {
+				return err
+			}
+			if !bytes.Equal(buf, pattern(root, per)) {
+				return fmt.Errorf("broadcast over 3 channels from root %d: wrong bytes", root)
+			}
+		}
+		vals := make([]float64, n*per)
+		for i := range vals {
+			vals[i] = intValue(me, i)
+		}
+		out := make([]byte, 4*per)
+		if err := c.ReduceScatter(testCtx(t), makeBuf(Float32, vals), out, Float32, Sum); err != nil {
+			return err
+		}
+		for i, x := range readBuf(Float32, out) {
+			var want float64
+			for r := 0; r < n; r++ {
+				want += intValue(r, me*per+i)
+			}
+			if x != want {
+				return fmt.Errorf("reduce-scatter over 3 channels: rank %d element %d = %v, want %v", me, i, x, want)
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	// more channels asked for than the transport has: its 2 are used
+	two := rank.NewLocalGroup(3, 2)
+	errs = group(two, Config{Channels: 8}, func(c *Communicator) error {
+		if c.cfg.Channels != 2 {
+			return fmt.Errorf("Config.Channels 8 on a transport of 2 channels: the communicator uses %d", c.cfg.Channels)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	checkAllreduceInts(t, two, Config{Channels: 8}, []arCase{{count: count, op: Sum, v: variants[0], algo: Ring},
+		{count: count, op: Max, v: variants[0], algo: HalvingDoubling, inPlace: true}})
 }

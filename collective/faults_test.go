@@ -355,3 +355,105 @@ func TestInvalidArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidArgumentsEveryCollective: every collective refuses the
+// arguments it cannot run with, on every rank, with an error that says
+// which, instead of running something else (a root out of range taken
+// modulo the world size, the first n blocks of a longer buffer, a 16-bit
+// wire for 16-bit data of the other kind) or waiting.
+func TestInvalidArgumentsEveryCollective(t *testing.T) {
+	const n = 3
+	for _, k := range []struct {
+		name, want string
+		call       func(c *Communicator) error
+	}{
+		{"broadcast root n", "root 3 out of range", func(c *Communicator) error {
+			return c.Broadcast(testCtx(t), make([]byte, 100), n)
+		}},
+		{"broadcast root -1", "root -1 out of range", func(c *Communicator) error {
+			return c.Broadcast(testCtx(t), make([]byte, 100), -1)
+		}},
+		{"allgather recv too long", "recv has 1204 bytes, want 3 x 400", func(c *Communicator) error {
+			return c.Allgather(testCtx(t), make([]byte, 400), make([]byte, n*400+4))
+		}},
+		{"allgather recv too short", "recv has 1196 bytes, want 3 x 400", func(c *Communicator) error {
+			return c.Allgather(testCtx(t), make([]byte, 400), make([]byte, n*400-4))
+		}},
+		{"reduce-scatter send too long", "send has 1204 bytes, want 3 x 400", func(c *Communicator) error {
+			return c.ReduceScatter(testCtx(t), make([]byte, n*400+4), make([]byte, 400), Float32, Sum)
+		}},
+		{"reduce-scatter partial element", "not a whole number of float32 elements", func(c *Communicator) error {
+			return c.ReduceScatter(testCtx(t), make([]byte, n*6), make([]byte, 6), Float32, Sum)
+		}},
+		{"reduce-scatter bad op", "bad data type", func(c *Communicator) error {
+			return c.ReduceScatter(testCtx(t), make([]byte, n*8), make([]byte, 8), Float32, Op(9))
+		}},
+		{"reduce-scatter wire for float16 data", "only float32 data", func(c *Communicator) error {
+			return c.ReduceScatter(testCtx(t), make([]byte, n*8), make([]byte, 8), Float16, Sum, WithWire(BFloat16))
+		}},
+		{"allreduce wire for bfloat16 data", "only float32 data", func(c *Communicator) error {
+			return c.Allreduce(testCtx(t), nil, make([]byte, 800), BFloat16, Sum, WithWire(Float16))
+		}},
+		{"allreduce partial element", "not a whole number of float32 elements", func(c *Communicator) error {
+			return c.Allreduce(testCtx(t), nil, make([]byte, 802), Float32, Sum)
+		}},
+		{"allreduce bad op", "bad data type", func(c *Communicator) error {
+			return c.Allreduce(testCtx(t), nil, make([]byte, 800), Float32, Op(0))
+		}},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			errs := timed(t, rank.NewLocalGroup(n, 2), Config{}, 10*time.Second, k.call)
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), k.want) {
+					t.Errorf("rank %d: want an error saying %q, got %v", r, k.want, err)
+				}
+			}
+		})
+	}
+}
+
+// TestErrorTexts: what the errors say, from the fields every rank fills
+// in alike: a mismatch names this rank's call first and the peer's
+// second; an abort frame carries origin and culprit (and what differs)
+// to every rank, whose error names the rank that sent it the frame, the
+// call's number, the origin and the culprit each in its place; a call's
+// tag carries its length (above 16 bits too), type, reduction, wire,
+// algorithm and, for a broadcast, its root.
+func TestErrorTexts(t *testing.T) {
+	me := &MismatchError{Rank: 1, Peer: 2, Mine: "allreduce #4 of 10 x float32, sum, ring", Peers: "allreduce #4 of 11 x float32, sum, ring", What: "length"}
+	if got, want := me.Error(), "collective mismatch: rank 1 called allreduce #4 of 10 x float32, sum, ring but rank 2 called allreduce #4 of 11 x float32, sum, ring (length differs)"; got != want {
+		t.Errorf("MismatchError:\n got %s\nwant %s", got, want)
+	}
+	cl := call{seq: 7, kind: kAllreduce, count: 1000, dtype: Float32, op: Sum, wire: Float32, algo: Tree}
+	for _, k := range []struct {
+		reason abortReason
+		diff   uint16
+		want   string
+	}{
+		{reasonMismatch, dCount | dOp, "ranks 1 and 3 called different collectives (length, reduction differs)"},
+		{reasonPeer, 0, "rank 1 lost rank 3 (it failed, exited or closed its connection)"},
+		{reasonTimeout, 0, "rank 1 timed out waiting for rank 3"},
+		{reasonCancel, 0, "rank 1's call was cancelled"},
+		{reasonInvalid, 0, "rank 1 called it with invalid arguments"},
+		{reasonOther, 0, "rank 1 failed"},
+	} {
+		ab := fromAbort(0, 2, cl, abortTag(5, 1, 3, k.reason, k.diff))
+		if ab.Rank != 0 || ab.From != 2 || ab.Seq != 5 || ab.Origin != 1 || ab.Culprit != 3 || ab.reason != k.reason || ab.diff != k.diff {
+			t.Errorf("abort frame (origin 1, culprit 3, reason %d, diff %#x, call #5) from rank 2 read back on rank 0 as origin %d, culprit %d, reason %d, diff %#x, call #%d, from rank %d, on rank %d",
+				k.reason, k.diff, ab.Origin, ab.Culprit, ab.reason, ab.diff, ab.Seq, ab.From, ab.Rank)
+		}
+		want := "rank 0: allreduce #7 of 1000 x float32, sum, tree failed: rank 2 aborted collective #5: " + k.want
+		if got := ab.Error(); got != want {
+			t.Errorf("AbortError:\n got %s\nwant %s", got, want)
+		}
+	}
+	for _, c := range []call{
+		{seq: 9, kind: kAllreduce, count: 1<<20 + 3, dtype: Float32, op: Average, wire: BFloat16, algo: RecursiveDoubling},
+		{seq: 1<<32 - 1, kind: kReduceScatter, count: 70000, dtype: Float16, op: Min, wire: Float16, algo: Ring},
+		{seq: 3, kind: kBroadcast, count: 123456, root: 5},
+	} {
+		if got := fromTag(c.tag(2)); got != c {
+			t.Errorf("tag round trip of %+v gave %+v", c, got)
+		}
+	}
+}

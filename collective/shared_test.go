@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -281,6 +282,38 @@ func TestSharedAllreduceCounted(t *testing.T) {
 					t.Errorf("%v wire: rank %d counts %d bytes sent to rank %d, which counts %d received", v.wire, r, s.GroupSent, p, got[p][r].GroupRecv)
 				}
 			}
+		}
+	}
+}
+
+// TestSharedMismatchFailsTheCall: in the shm allreduce a host-mate's
+// different call is caught in the call's first round, on every rank,
+// whatever the order in which the ranks arrive: the call itself fails
+// everywhere (not only the next one), so that no rank goes on with a
+// result reduced from buffers of different lengths. Rank 0 comes late,
+// so rank 1 has long arrived and stopped looking at what rank 0 posts;
+// only the first round's comparison of the posted calls sees it then.
+func TestSharedMismatchFailsTheCall(t *testing.T) {
+	ts := loopback(t, 2, "shm")
+	errs := timed(t, ts, Config{Timeout: 8 * time.Second}, 20*time.Second, func(c *Communicator) error {
+		if err := c.Allreduce(testCtx(t), nil, make([]byte, 4000), Float32, Sum); err != nil {
+			return fmt.Errorf("first allreduce: %w", err)
+		}
+		n := 1000
+		if c.Rank() == 0 {
+			time.Sleep(100 * time.Millisecond)
+		} else {
+			n = 999
+		}
+		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+		if err == nil {
+			return errors.New("the mismatched allreduce (1000 elements on rank 0, 999 on rank 1) succeeded")
+		}
+		return err
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "length") || !names(err, 1-r) {
+			t.Errorf("rank %d: want the mismatched call to fail with an error about the length, got %v", r, err)
 		}
 	}
 }

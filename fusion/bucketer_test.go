@@ -516,6 +516,23 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 			}
 			return ps
 		}, "compression is none on rank 0 but fp16 on rank 1"},
+		{"average", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
+			cfg.Average = r == 1
+			return ps
+		}, "average is false on rank 0 but true on rank 1"},
+		// the parameters agree; the caps cut other buckets
+		{"cap", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
+			if r == 2 {
+				cfg.CapBytes = 8192
+			}
+			return ps
+		}, "bucket cap (bytes) is 4096 on rank 0 but 8192 on rank 2"},
+		{"first cap", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
+			if r == 1 {
+				cfg.FirstCapBytes = 256
+			}
+			return ps
+		}, "first bucket cap (bytes) is 512 on rank 0 but 256 on rank 1"},
 		{"device", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
 			cfg.Compression = CompressFP16
 			return ps
@@ -975,4 +992,240 @@ func TestParseCompression(t *testing.T) {
 // byte order, as the wire buffers hold them (no copy).
 func uint16Bytes(s []uint16) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
+}
+
+// TestLossScalerBounds: the scale never grows above Max, however many
+// clean windows; an overflow restarts the window of clean steps (the
+// growth needs Window clean steps in a row); and a growth restarts it
+// too (the next growth needs a whole window again).
+func TestLossScalerBounds(t *testing.T) {
+	l := NewLossScaler()
+	l.Scale = l.Max / 2
+	for i := 0; i < 3*l.Window; i++ {
+		l.Update(false)
+	}
+	if l.Scale != 1<<24 {
+		t.Fatalf("after three clean windows from 2^23: scale %v, want the maximum 2^24", l.Scale)
+	}
+	l = &LossScaler{Scale: 64, Min: 1, Max: 1 << 10, Factor: 2, Window: 4}
+	steps := []struct {
+		overflow bool
+		scale    float32
+	}{
+		{false, 64}, {false, 64}, {false, 64}, // 3 clean of 4
+		{true, 32},                            // overflow: halved, the window starts again
+		{false, 32}, {false, 32}, {false, 32}, // 3 clean of 4 again
+		{false, 64},                           // the 4th in a row: doubled
+		{false, 64}, {false, 64}, {false, 64}, // a new window: 3 of 4
+		{false, 128},
+	}
+	for i, s := range steps {
+		if skip := l.Update(s.overflow); skip != s.overflow {
+			t.Fatalf("step %d (overflow %v): skip = %v", i, s.overflow, skip)
+		}
+		if l.Scale != s.scale {
+			t.Fatalf("step %d (overflow %v): scale %v, want %v (clean steps counted: %d)", i, s.overflow, l.Scale, s.scale, l.Clean)
+		}
+	}
+}
+
+// TestScaleAndCheckEveryPosition: scaleAndCheck finds an Inf or a NaN at
+// any position of any length (the vector part of four sums and the
+// tail), with and without a scale, and one that only the scale makes;
+// it multiplies every element, the tail's too.
+func TestScaleAndCheckEveryPosition(t *testing.T) {
+	bads := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	for n := 1; n <= 13; n++ {
+		for _, sc := range []float32{1, 0.5, 3} {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(i+1) / 8
+			}
+			if scaleAndCheck(x, sc) {
+				t.Fatalf("n=%d scale %v: finite values reported as overflow", n, sc)
+			}
+			for i, v := range x {
+				if want := float32(i+1) / 8 * sc; v != want {
+					t.Fatalf("n=%d scale %v: element %d = %v, want %v", n, sc, i, v, want)
+				}
+			}
+			for pos := 0; pos < n; pos++ {
+				for _, bad := range append(bads, 2e38) {
+					x := make([]float32, n)
+					for i := range x {
+						x[i] = 1
+					}
+					x[pos] = bad
+					want := bad != 2e38 || sc == 3 // 2e38 overflows only scaled by 3
+					if got := scaleAndCheck(x, sc); got != want {
+						t.Fatalf("n=%d scale %v: %v at position %d: overflow %v, want %v", n, sc, bad, pos, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestLayoutBoundaries: a bucket closes as soon as it holds at least its
+// cap (exactly the cap included; the first cap for bucket 0 only), a
+// parameter of exactly CapBytes never joins a non-empty bucket and is
+// alone even under a larger first cap, and the cycle-time rule closes a
+// bucket before a gradient ready more than CycleTime after the bucket's
+// first one (not after the previous gradient; exactly CycleTime stays).
+func TestLayoutBoundaries(t *testing.T) {
+	span := func(bs []Bucket) string {
+		s := ""
+		for _, b := range bs {
+			s += fmt.Sprintf("[%d..%d]", b.Lo, b.Hi)
+		}
+		return s
+	}
+	mk := func(bytes ...int) []ParamInfo {
+		ps := make([]ParamInfo, len(bytes))
+		for i, b := range bytes {
+			ps[i] = ParamInfo{fmt.Sprintf("p%d", i), b / 4}
+		}
+		return ps
+	}
+	// readiness order: p7 p6 (64 B: the first cap, exactly), p5 p4 p3
+	// (128 B: the cap, exactly; 96 B would already fill a first cap), p2
+	// (16 B, closed before p1), p1 (128 B, alone), p0
+	ps := mk(8, 128, 16, 32, 48, 48, 32, 32)
+	bs := Layout(ps, BucketConfig{FirstCapBytes: 64, CapBytes: 128})
+	if got, want := span(bs), "[6..7][3..5][2..2][1..1][0..0]"; got != want {
+		t.Errorf("caps 64 then 128, parameters of %v bytes: buckets %s, want %s", []int{8, 128, 16, 32, 48, 48, 32, 32}, got, want)
+	}
+	off := 0
+	for k := len(bs) - 1; k >= 0; k-- {
+		if bs[k].Offset != off {
+			t.Errorf("bucket %d at offset %d, want %d", k, bs[k].Offset, off)
+		}
+		off += bs[k].Elems
+	}
+	if off != bkTotalLen(ps) {
+		t.Errorf("buckets hold %d elements, the parameters %d", off, bkTotalLen(ps))
+	}
+	// a first cap above the cap: a parameter of exactly the cap is alone
+	if got, want := span(Layout(mk(8, 128), BucketConfig{FirstCapBytes: 256, CapBytes: 128})), "[1..1][0..0]"; got != want {
+		t.Errorf("first cap 256, cap 128, parameters of 8 and 128 bytes: buckets %s, want %s", got, want)
+	}
+	// cycle time 10ms: p3 at 0, p2 at 6, p1 at 12 (12 after p3: a new
+	// bucket, though only 6 after p2), p0 at 22 (10 after p1: the same)
+	ps = mk(4, 4, 4, 4)
+	t0 := time.Unix(1000, 0)
+	ready := []time.Time{t0.Add(22 * time.Millisecond), t0.Add(12 * time.Millisecond), t0.Add(6 * time.Millisecond), t0}
+	got := span(layout(ps, []int{0, 1, 2, 3}, 1<<20, 1<<20, nil, ready, 10*time.Millisecond))
+	if want := "[2..3][0..1]"; got != want {
+		t.Errorf("cycle time 10ms, ready at 22, 12, 6, 0 ms: buckets %s, want %s", got, want)
+	}
+}
+
+// TestBucketerMisuse: a parameter marked twice in a step, or one that
+// does not exist, fails the step with an error that says so (the step
+// would otherwise launch a bucket before its gradients are all ready, or
+// drop the mark); a bucket or parameter out of range is an error from
+// WaitBucket and WaitParam, not a crash.
+func TestBucketerMisuse(t *testing.T) {
+	ps := bkOddParams()
+	run := func(t *testing.T, marks []int, want string) {
+		ts := rank.NewLocalGroup(1, 1)
+		defer rank.CloseAll(ts)
+		bkNoErrs(t, bkOnRanks(ts, func(r int, c *collective.Communicator) error {
+			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Timeout: 2 * time.Second})
+			if err != nil {
+				return err
+			}
+			if err := b.AttachFlat(make([]float32, bkTotalLen(ps))); err != nil {
+				return err
+			}
+			for _, i := range marks {
+				b.MarkReady(i)
+			}
+			_, err = b.Wait()
+			if err == nil || !strings.Contains(err.Error(), want) {
+				return fmt.Errorf("marks %v: Wait returned %v, want an error saying %q", marks, err, want)
+			}
+			if _, err2 := b.Wait(); err2 == nil {
+				return errors.New("the step after a failed one succeeded")
+			}
+			return nil
+		}))
+	}
+	all := func(extra ...int) []int {
+		var m []int
+		for i := len(ps) - 1; i >= 0; i-- {
+			m = append(m, i)
+			if i == 5 {
+				m = append(m, extra...)
+			}
+		}
+		return m
+	}
+	t.Run("twice", func(t *testing.T) { run(t, all(5), `parameter 5 "layer_5/w" marked ready twice`) })
+	t.Run("no such parameter", func(t *testing.T) { run(t, all(len(ps)), fmt.Sprintf("MarkReady(%d): no such parameter", len(ps))) })
+	t.Run("negative", func(t *testing.T) { run(t, all(-1), "MarkReady(-1): no such parameter") })
+	b, err := NewBucketer(nil, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nb := len(b.Buckets())
+	for _, k := range []int{nb, -1} {
+		if err := b.WaitBucket(k); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("no bucket %d", k)) {
+			t.Errorf("WaitBucket(%d) of %d buckets: %v", k, nb, err)
+		}
+	}
+	for _, i := range []int{len(ps), -1} {
+		if err := b.WaitParam(i); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("no parameter %d", i)) {
+			t.Errorf("WaitParam(%d) of %d parameters: %v", i, len(ps), err)
+		}
+	}
+}
+
+// TestBucketerOverflowFromScale: finite reduced gradients that SetScale's
+// factor takes past float32's range are an overflow, with host gradients
+// (scaled in the check's pass) and with device ones (the scale is applied
+// on the device after the copy back, so the host check must apply it
+// first); the same factor on smaller gradients is not.
+func TestBucketerOverflowFromScale(t *testing.T) {
+	for _, k := range []struct {
+		mode gradMode
+		comp Compression
+	}{{modeFlat, CompressNone}, {modeDevice, CompressNone}, {modeDevice, CompressFP16}} {
+		t.Run(fmt.Sprintf("%v/%v", k.mode, k.comp), func(t *testing.T) {
+			ps := bkOddParams()
+			ts := rank.NewLocalGroup(2, 1)
+			defer rank.CloseAll(ts)
+			bkNoErrs(t, bkOnRanks(ts, func(r int, c *collective.Communicator) error {
+				b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: k.comp})
+				if err != nil {
+					return err
+				}
+				flat := make([]float32, bkTotalLen(ps))
+				dev, err := attachGrads(b, ps, flat, k.mode, uint64(r))
+				if err != nil {
+					return err
+				}
+				b.SetScale(3e38) // |sum| >= 1/16 except zeros: 2e37 and more; sums above 1.2 overflow
+				for step, small := range []bool{false, true} {
+					bkFill(flat, ps, r, bkExactVal)
+					if small {
+						for i := range flat {
+							flat[i] /= 1 << 10 // |sum| <= 3.75/1024: at most 1.1e36 scaled
+						}
+					}
+					for i := len(ps) - 1; i >= 0; i-- {
+						b.MarkReady(i)
+					}
+					st, err := b.Wait()
+					if err != nil {
+						return err
+					}
+					if st.Overflow == small {
+						return fmt.Errorf("step %d (gradients %s, scale 3e38): Overflow = %v", step, map[bool]string{false: "up to 3.75", true: "up to 3.75/1024"}[small], st.Overflow)
+					}
+				}
+				return bkDeviceOK(dev, b, 2, k.comp.Wire())
+			}))
+		})
+	}
 }
