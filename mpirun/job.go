@@ -43,13 +43,29 @@ type Config struct {
 	RemoteGorun string // gorun on remote hosts (default: this executable's path)
 	Reaper      string // gorun binary to run as the job's reaper ("" = none; see RunReaper)
 
-	Iface          string // address or interface name for the rendezvous (and GORUN_IFACE)
+	// Iface is --iface: an address, an interface name or a list of them
+	// (rank.IfaceSpec) for the rendezvous and GORUN_IFACE. Without it, the
+	// interface parameters of MCA and the variables IfaceVars (from Export
+	// or IfaceVars) choose, with a line that says so.
+	Iface          string
 	RendezvousAddr string // host[:port] to serve the rendezvous on; overrides Iface for it
+	// MCA is every --mca KEY VALUE given: the interface ones choose the
+	// interface (iface.go), the others are dropped with a note.
+	MCA []MCAParam
+	// IfaceVars holds those of IfaceVars (NCCL_SOCKET_IFNAME, ...) that are
+	// set in gorun's environment.
+	IfaceVars map[string]string
+	// PortRange pins every port the job listens on: the rendezvous's
+	// (unless RendezvousAddr names a port) and each rank's UDP and TCP
+	// ports, which the ranks take from GORUN_PORT_RANGE. Zero: any free
+	// port.
+	PortRange rank.PortRange
+	BindTo    string // --bind-to: gorun binds nothing; any value but "none" gets a note
 
 	Tag       string        // TagRank (default), TagMPI or TagNone
 	OutputDir string        // also write DIR/rank.N/stdout and stderr
 	StdinRank int           // rank that gets gorun's stdin; -1 = none
-	Grace     time.Duration // between SIGTERM and SIGKILL (default 5s)
+	Grace     time.Duration // between SIGTERM and SIGKILL (default DefaultGrace)
 	Timeout   time.Duration // whole-job limit (0 = none)
 	// MaxRestarts: when a rank fails, stop the job as always, then start
 	// it again, up to this many times (torchrun's --max-restarts); each
@@ -58,6 +74,10 @@ type Config struct {
 	MaxRestarts int
 	DryRun      bool // print placement and commands, start nothing
 	Verbose     bool // placement and lifecycle lines on stderr
+	// DisplayMap prints the placement as OpenMPI's JOB MAP before the
+	// start; ReportBindings prints, as each rank starts, OpenMPI's line
+	// for a rank that is not bound.
+	DisplayMap, ReportBindings bool
 
 	Stdin          io.Reader      // gorun's stdin (nil: none)
 	Stdout, Stderr io.Writer      // gorun's stdout and stderr
@@ -98,6 +118,8 @@ type hostSpec struct {
 
 type plan struct {
 	cfg      Config
+	notes    []string // gorun's one-line notes about the flags, said once before the start
+	hostList []Host   // the hosts that got ranks, in node-rank order
 	specs    []rankSpec
 	remote   []*hostSpec
 	rdvIP    string
@@ -137,6 +159,12 @@ func Run(cfg Config) (int, error) {
 		}
 		return ExitSetup, err
 	}
+	for _, n := range p.notes {
+		fmt.Fprintln(p.cfg.Stderr, "gorun: "+n)
+	}
+	if cfg.DisplayMap {
+		p.printMap(p.cfg.Stdout)
+	}
 	if cfg.DryRun {
 		p.printDryRun()
 		return 0, nil
@@ -158,7 +186,7 @@ func prepare(cfg Config) (*plan, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	slots, err := placeRanks(cfg)
+	slots, hostList, err := placeRanks(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +204,7 @@ func prepare(cfg Config) (*plan, error) {
 		}
 	}
 	anyLocal := len(remoteHosts) < len(local)
-	exports, userCUDA, err := exportVars(cfg.Export)
+	exports, userCUDA, unset, err := exportVars(cfg.Export)
 	if err != nil {
 		return nil, err
 	}
@@ -197,10 +225,27 @@ func prepare(cfg Config) (*plan, error) {
 			}
 		}
 	}
-	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: len(local), rdvPort: "0"}
+	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: len(local), rdvPort: "0", hostList: hostList}
 	p.pl, p.plErr = newProgressLine(cfg.Stdout, cfg.Stderr)
-	iface, err := p.chooseRendezvous(remoteHosts, launcher)
+	for _, m := range cfg.MCA {
+		if !isIfaceMCA(m.Key) {
+			p.notes = append(p.notes, fmt.Sprintf("%s ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI", m))
+		}
+	}
+	if b := cfg.BindTo; b != "" && b != "none" {
+		// placement on cores is the kernel's (mpirun's --bind-to none);
+		// a program sizes its own threads (nmt-train --threads)
+		p.notes = append(p.notes, fmt.Sprintf("--bind-to %s: gorun does not bind ranks to cores (as --bind-to none); each rank sizes its own threads (nmt-train --threads)", b))
+	}
+	for _, name := range unset {
+		// mpirun's own words: "Warning: could not find environment variable"
+		p.notes = append(p.notes, fmt.Sprintf("warning: -x %s: %s is not set in gorun's environment, so the ranks do not get it (mpirun warns and goes on too)", name, name))
+	}
+	iface, err := p.chooseRendezvous(remoteHosts, launcher, exports)
 	if err != nil {
+		return nil, err
+	}
+	if err := p.checkPortRange(slots, local); err != nil {
 		return nil, err
 	}
 	// The environment and command of every rank, and of every remote host.
@@ -263,12 +308,81 @@ func (cfg *Config) check() error {
 	if cfg.PerNode < 0 {
 		return usagef("-N %d: need at least 1 rank per host", cfg.PerNode)
 	}
+	if n, ok, err := mapByPPR(cfg.MapBy); err != nil {
+		return err
+	} else if ok {
+		// OpenMPI's ppr:N:node is -N N, its ranks filling each node in turn
+		if cfg.PerNode != 0 && cfg.PerNode != n {
+			return usagef("--map-by %s and -N %d disagree: give one of them", cfg.MapBy, cfg.PerNode)
+		}
+		cfg.PerNode, cfg.MapBy = n, MapBySlot
+	}
 	return nil
 }
 
+// mapByPPR reads --map-by ppr:N:node (OpenMPI's N processes per node, as
+// -N N); ok is false for any other policy. ppr over sockets, NUMA
+// nodes or cores is an error: gorun sees hosts only.
+func mapByPPR(mapBy string) (n int, ok bool, err error) {
+	rest, ok := strings.CutPrefix(strings.ToLower(mapBy), "ppr:")
+	if !ok {
+		return 0, false, nil
+	}
+	count, unit, _ := strings.Cut(rest, ":")
+	n, err = strconv.Atoi(count)
+	if err != nil || n < 1 {
+		return 0, true, usagef("--map-by %s: want ppr:N:node with N >= 1", mapBy)
+	}
+	if unit != "node" {
+		return 0, true, usagef("--map-by %s: gorun places ranks per node only (ppr:N:node, the same as -N N); it does not place by socket, NUMA node or core", mapBy)
+	}
+	return n, true, nil
+}
+
+// checkPortRange refuses a --port-range narrower than one host needs:
+// each rank takes a UDP and a TCP port (the first free of the range, the
+// same number or not), and gorun's rendezvous one more UDP port on this
+// host unless --rendezvous-addr names its port. Ports other programs hold
+// are found only when the ranks listen (rank.PortsTakenError).
+func (p *plan) checkPortRange(slots []Slot, local map[string]bool) error {
+	pr := p.cfg.PortRange
+	if pr.IsZero() {
+		return nil
+	}
+	rdv := 0
+	if p.rdvPort == "0" {
+		rdv = 1
+	}
+	perHost := map[string]int{}
+	for _, s := range slots {
+		perHost[s.Host]++
+	}
+	need, why := rdv, "gorun's rendezvous takes a UDP port"
+	for _, h := range p.hostList {
+		n := perHost[h.Name]
+		w := fmt.Sprintf("host %s runs %s, each with a UDP and a TCP port", h.Name, plural(n, "rank"))
+		if local[h.Name] && rdv > 0 {
+			n++
+			w += ", and gorun's rendezvous takes one more UDP port there"
+		}
+		if n > need {
+			need, why = n, w
+		}
+	}
+	if need <= pr.Size() {
+		return nil
+	}
+	hint := ""
+	if pr.Lo+need-1 <= 65535 {
+		hint = fmt.Sprintf(" (at least %d-%d)", pr.Lo, pr.Lo+need-1)
+	}
+	return usagef("--port-range %s has %s, too few: %s; widen it%s", pr, plural(pr.Size(), "port"), why, hint)
+}
+
 // placeRanks places the job's ranks on cfg's hosts (this machine when
-// none are given) and returns their slots, one per rank.
-func placeRanks(cfg Config) ([]Slot, error) {
+// none are given) and returns their slots, one per rank, and the hosts
+// that got ranks, in node-rank order.
+func placeRanks(cfg Config) ([]Slot, []Host, error) {
 	hosts := cfg.Hosts
 	if len(hosts) == 0 {
 		n := cfg.NP
@@ -287,12 +401,12 @@ func placeRanks(cfg Config) ([]Slot, error) {
 		hosts = append([]Host(nil), hosts...)
 		for i := range hosts {
 			if hosts[i].MaxSlots > 0 && hosts[i].MaxSlots < cfg.PerNode {
-				return nil, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
+				return nil, nil, usagef("-N %d: host %s has max_slots=%d (%s)", cfg.PerNode, hosts[i].Name, hosts[i].MaxSlots, hosts[i].Where)
 			}
 			hosts[i].Slots = cfg.PerNode
 		}
 		if cfg.NP > 0 && cfg.NP != cfg.PerNode*len(hosts) {
-			return nil, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
+			return nil, nil, usagef("-np %d with -N %d on %d host(s): want -np %d, or no -np", cfg.NP, cfg.PerNode, len(hosts), cfg.PerNode*len(hosts))
 		}
 		// --map-by still orders the ranks: slot (default) fills each host
 		// in turn, node deals them round-robin, N on each host either way
@@ -305,12 +419,25 @@ func placeRanks(cfg Config) ([]Slot, error) {
 	}
 	slots, err := Place(hosts, np, cfg.MapBy, cfg.Oversubscribe)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, nil, usagef("%v", err)
 	}
 	if cfg.StdinRank >= np {
-		return nil, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
+		return nil, nil, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
 	}
-	return slots, nil
+	var used []Host
+	seen := map[string]bool{}
+	for _, s := range slots {
+		if !seen[s.Host] {
+			seen[s.Host] = true
+			for _, h := range hosts {
+				if h.Name == s.Host {
+					used = append(used, h)
+					break
+				}
+			}
+		}
+	}
+	return slots, used, nil
 }
 
 // locateProgram returns the ranks' working directory (absolute), the
@@ -348,7 +475,7 @@ func locateProgram(cfg Config, anyLocal bool) (dir, prog, remoteProg string, err
 }
 
 // rdvIface is the interface the ranks are told to use (GORUN_IFACE):
-// name, empty for none; localOnly when it was given as an address, which
+// a rank.IfaceSpec, empty for none; localOnly when it is an address, which
 // names this machine only.
 type rdvIface struct {
 	name      string
@@ -356,10 +483,26 @@ type rdvIface struct {
 }
 
 // chooseRendezvous sets the address the rendezvous is served on: the one
-// given, the interface's, or one the remote hosts can reach.
-func (p *plan) chooseRendezvous(remoteHosts, launcher []string) (rdvIface, error) {
+// given, the chosen interface's (--iface, or what --mca and the interface
+// variables say: chooseIface), or one the remote hosts can reach; and
+// returns the interface the ranks are told.
+func (p *plan) chooseRendezvous(remoteHosts, launcher, exports []string) (rdvIface, error) {
 	cfg := p.cfg
-	var iface rdvIface
+	var sshWords []string
+	if cfg.LaunchAgent == "" {
+		sshWords = launcher
+	}
+	defaultIP := func() (string, error) { return rendezvousIP(remoteHosts, sshWords), nil }
+	resolve := func(s rank.IfaceSpec) (string, error) { return s.Resolve(defaultIP) }
+	name, from, line, err := chooseIface(cfg, exports, resolve)
+	if err != nil {
+		return rdvIface{}, err
+	}
+	if line != "" {
+		p.notes = append(p.notes, line)
+	}
+	spec, _ := rank.ParseIfaceSpec(name)
+	iface := rdvIface{name, spec.Addr != ""}
 	switch {
 	case cfg.RendezvousAddr != "":
 		h, port, err := net.SplitHostPort(cfg.RendezvousAddr)
@@ -373,26 +516,14 @@ func (p *plan) chooseRendezvous(remoteHosts, launcher []string) (rdvIface, error
 			return iface, usagef("--rendezvous-addr %q: bad port", cfg.RendezvousAddr)
 		}
 		p.rdvIP, p.rdvPort = h, port
-	case cfg.Iface != "":
-		ip, isName, err := ifaceIP(cfg.Iface)
+	case name != "":
+		ip, err := resolve(spec)
 		if err != nil {
-			return iface, usagef("%v", err)
+			return iface, usagef("%s: %v", from, err)
 		}
 		p.rdvIP = ip
-		iface = rdvIface{cfg.Iface, !isName}
 	default:
-		var sshWords []string
-		if cfg.LaunchAgent == "" {
-			sshWords = launcher
-		}
-		p.rdvIP = rendezvousIP(remoteHosts, sshWords)
-	}
-	if cfg.Iface != "" && iface.name == "" {
-		_, isName, err := ifaceIP(cfg.Iface)
-		if err != nil {
-			return iface, usagef("%v", err)
-		}
-		iface = rdvIface{cfg.Iface, !isName}
+		p.rdvIP, _ = defaultIP()
 	}
 	return iface, nil
 }
@@ -403,6 +534,9 @@ func (p *plan) localEnv(s Slot, np int, exports []string, iface rdvIface, cudaLo
 	env := append([]string(nil), exports...)
 	if iface.name != "" && !hasVar(exports, rank.EnvIface) {
 		env = append(env, rank.EnvIface+"="+iface.name)
+	}
+	if !p.cfg.PortRange.IsZero() && !hasVar(exports, rank.EnvPortRange) {
+		env = append(env, rank.EnvPortRange+"="+p.cfg.PortRange.String())
 	}
 	env = append(env, rank.EnvRank+"="+strconv.Itoa(s.Rank), rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank))
 	env = append(env, p.jobEnv(np, s.LocalSize, s.NodeRank, s.Host)...)
@@ -445,6 +579,9 @@ func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface,
 	}
 	if iface.name != "" && !iface.localOnly && !hasVar(exports, rank.EnvIface) {
 		env = append(env, rank.EnvIface+"="+iface.name)
+	}
+	if !p.cfg.PortRange.IsZero() && !hasVar(exports, rank.EnvPortRange) {
+		env = append(env, rank.EnvPortRange+"="+p.cfg.PortRange.String())
 	}
 	env = append(env, p.jobEnv(np, first.LocalSize, first.NodeRank, hs.name)...)
 	if p.cfg.MaxRestarts > 0 {
@@ -524,36 +661,39 @@ func hasVar(env []string, name string) bool {
 	return false
 }
 
-// exportVars resolves -x NAME[=VALUE] into NAME=VALUE pairs.
-func exportVars(xs []string) (env []string, cuda bool, err error) {
+// exportVars resolves -x NAME[=VALUE] into NAME=VALUE pairs. A NAME
+// alone that is not set in gorun's environment is left out and listed in
+// unset (mpirun warns and goes on).
+func exportVars(xs []string) (env []string, cuda bool, unset []string, err error) {
 	seen := map[string]bool{}
 	for _, x := range xs {
 		name, val, hasVal := strings.Cut(x, "=")
 		if !validEnvName(name) {
-			return nil, false, usagef("-x %q: %q is not a valid environment variable name", x, name)
+			return nil, false, nil, usagef("-x %q: %q is not a valid environment variable name", x, name)
 		}
 		for _, c := range contractVars {
 			if name == c {
-				return nil, false, usagef("-x %s: gorun sets %s itself for every rank", name, name)
+				return nil, false, nil, usagef("-x %s: gorun sets %s itself for every rank", name, name)
 			}
 		}
+		if seen[name] {
+			return nil, false, nil, usagef("-x %s given twice", name)
+		}
+		seen[name] = true
 		if !hasVal {
 			v, ok := os.LookupEnv(name)
 			if !ok {
-				return nil, false, usagef("-x %s: %s is not set in gorun's environment (use -x %s=VALUE)", name, name, name)
+				unset = append(unset, name)
+				continue
 			}
 			val = v
 		}
-		if seen[name] {
-			return nil, false, usagef("-x %s given twice", name)
-		}
-		seen[name] = true
 		if name == "CUDA_VISIBLE_DEVICES" {
 			cuda = true
 		}
 		env = append(env, name+"="+val)
 	}
-	return env, cuda, nil
+	return env, cuda, unset, nil
 }
 
 func validEnvName(s string) bool {
@@ -761,7 +901,13 @@ func (p *plan) run() (int, error) {
 	cfg := p.cfg
 	p.failure = ""
 	secretBytes, _ := hex.DecodeString(p.secret)
-	rdv, err := rank.ListenRendezvous(net.JoinHostPort(p.rdvIP, p.rdvPort), len(p.specs), secretBytes)
+	var rdv *rank.RendezvousServer
+	var err error
+	if p.rdvPort == "0" {
+		rdv, err = rank.ListenRendezvousIn(p.rdvIP, cfg.PortRange, len(p.specs), secretBytes)
+	} else {
+		rdv, err = rank.ListenRendezvous(net.JoinHostPort(p.rdvIP, p.rdvPort), len(p.specs), secretBytes)
+	}
 	if err != nil {
 		return ExitSetup, err
 	}
@@ -818,6 +964,9 @@ func (p *plan) run() (int, error) {
 		}
 		pr.reaper = rp
 		rp.send("g", pr.cmd.Process.Pid)
+		if cfg.ReportBindings {
+			stderr.writeLine([]byte(bindingLine(sp.slot, pr.pid)))
+		}
 		procs = append(procs, pr)
 		go pr.wait(results)
 	}
@@ -1156,8 +1305,12 @@ func (c *control) forwardStdin(r io.Reader, rank int) {
 	}
 }
 
-// DefaultGrace is the time between SIGTERM and SIGKILL when a job stops.
-const DefaultGrace = 5 * time.Second
+// DefaultGrace is the time between SIGTERM and SIGKILL when a job stops:
+// Slurm's KillWait. It must cover a training step and a stop checkpoint
+// (nmt-train's Transformer-base writes about 700 MB with fsync); a rank
+// that exits sooner is not waited for, so a well-behaved job pays nothing
+// for it, and a second signal to gorun kills at once.
+const DefaultGrace = 30 * time.Second
 
 func plural(n int, word string) string {
 	if n == 1 {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -47,34 +46,6 @@ func IsLocalHost(name string) bool {
 		}
 	}
 	return false
-}
-
-// ifaceIP resolves --iface: an IP address, or an interface name (its first
-// IPv4 address, else its first address).
-func ifaceIP(iface string) (ip string, isName bool, err error) {
-	if a, err := netip.ParseAddr(iface); err == nil {
-		return a.String(), false, nil
-	}
-	ifc, err := net.InterfaceByName(iface)
-	if err != nil {
-		return "", true, fmt.Errorf("--iface %q is neither an IP address nor a network interface of this machine", iface)
-	}
-	addrs, _ := ifc.Addrs()
-	var first string
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok {
-			if ipn.IP.To4() != nil {
-				return ipn.IP.String(), true, nil
-			}
-			if first == "" && !ipn.IP.IsLinkLocalUnicast() {
-				first = ipn.IP.String()
-			}
-		}
-	}
-	if first == "" {
-		return "", true, fmt.Errorf("--iface %s has no usable address", iface)
-	}
-	return first, true, nil
 }
 
 // routeSource is the local address the kernel would use to reach host

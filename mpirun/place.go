@@ -72,7 +72,7 @@ func Place(hosts []Host, np int, mapBy string, oversubscribe bool) ([]Slot, erro
 			}
 		}
 	default:
-		return nil, fmt.Errorf("--map-by %q: want slot or node", mapBy)
+		return nil, fmt.Errorf("--map-by %q: want slot, node or ppr:N:node", mapBy)
 	}
 	// Oversubscription: round-robin over the hosts below their cap.
 	for len(hostOf) < np {

@@ -27,6 +27,8 @@ type remoteHost struct {
 	reaper  *reaper
 	stderr  *sink
 	readers sync.WaitGroup
+	// bindings: say each rank's binding line when it starts (--report-bindings)
+	bindings bool
 
 	mu       sync.Mutex
 	hello    bool
@@ -36,7 +38,8 @@ type remoteHost struct {
 
 // startHost starts the remote agent on one host, for all of its ranks.
 func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, results chan<- outcome, rp *reaper) (*remoteHost, []*proc, error) {
-	h := &remoteHost{spec: hs, procs: map[int]*proc{}, results: results, reaper: rp, stderr: stderr, reported: map[int]bool{}}
+	h := &remoteHost{spec: hs, procs: map[int]*proc{}, results: results, reaper: rp, stderr: stderr, reported: map[int]bool{},
+		bindings: p.cfg.ReportBindings}
 	var procs []*proc
 	fail := func(err error) (*remoteHost, []*proc, error) {
 		for _, pr := range procs {
@@ -163,6 +166,9 @@ func (h *remoteHost) readFrames(r io.Reader) {
 				pr.mu.Lock()
 				pr.pid, pr.started = pid, true
 				pr.mu.Unlock()
+				if h.bindings {
+					h.stderr.writeLine([]byte(bindingLine(pr.spec.slot, pid)))
+				}
 			}
 		case "exit", "signal":
 			if len(f) != 3 {

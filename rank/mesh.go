@@ -32,9 +32,15 @@ type Options struct {
 	// faster carries the data (choose.go); on one host it is QUIC. Every
 	// rank of a job must use the same setting. Env: GORUN_TRANSPORT.
 	Transport string
-	// Iface is the address (or interface name) to listen on and advertise.
-	// Default: the local address that routes to the rendezvous. Env: GORUN_IFACE.
+	// Iface is the address (or interface name, or list: IfaceSpec) to
+	// listen on and advertise. Default: the local address that routes to
+	// the rendezvous. Env: GORUN_IFACE.
 	Iface string
+	// Ports is where the UDP (QUIC) and TCP (TLS/TCP) ports are taken
+	// from, the first free of each. (The rendezvous that rank 0 serves
+	// under a foreign launcher is on the port its address names.)
+	// Default: any free port. Env: GORUN_PORT_RANGE.
+	Ports PortRange
 	// ConnsPerPeer stripes the channels to one peer over this many QUIC
 	// connections (one quic-go connection is driven by one goroutine and
 	// tops out near 0.3 GB/s here; more connections use more cores).
@@ -94,6 +100,13 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Iface == "" {
 		o.Iface = os.Getenv(EnvIface)
+	}
+	if o.Ports.IsZero() {
+		pr, err := ParsePortRange(os.Getenv(EnvPortRange))
+		if err != nil {
+			return o, fmt.Errorf("%s=%w", EnvPortRange, err)
+		}
+		o.Ports = pr
 	}
 	if err := autoOr(&o.TCPCipher, EnvTCPCipher, "aes-gcm"); err != nil {
 		return o, err
@@ -286,7 +299,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 	}
 	ip, err := listenIP(opt.Iface, id.Rendezvous)
 	if err != nil {
-		return fail(fmt.Errorf("rank %d: %v", id.Rank, err))
+		return fail(fmt.Errorf("rank %d on %s: %w", id.Rank, m.names[id.Rank], err))
 	}
 	addr, err := m.listen(ctx, auth, ip)
 	if err != nil {
@@ -375,9 +388,9 @@ func (m *Mesh) listen(ctx context.Context, auth *jobAuth, ip string) (string, er
 	var addrs []string
 	var err error
 	if m.sets[viaQUIC] != nil {
-		m.udp, err = net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
+		m.udp, err = m.opt.Ports.ListenUDP(ip)
 		if err != nil {
-			return "", fmt.Errorf("rank %d: cannot listen on %s: %v", m.id.Rank, ip, err)
+			return "", m.listenError(ip, err)
 		}
 		var conn net.PacketConn
 		conn, m.quicReceive = quicConn(m.udp, m.opt.QUICGRO == "auto")
@@ -390,13 +403,23 @@ func (m *Mesh) listen(ctx context.Context, auth *jobAuth, ip string) (string, er
 	}
 	if m.sets[viaTCP] != nil {
 		lc := net.ListenConfig{Control: sizeTCPBuffers} // accepted connections inherit them
-		m.tln, err = lc.Listen(ctx, "tcp", net.JoinHostPort(ip, "0"))
+		m.tln, err = m.opt.Ports.ListenTCP(ctx, lc, ip)
 		if err != nil {
-			return "", fmt.Errorf("rank %d: cannot listen on %s: %v", m.id.Rank, ip, err)
+			return "", m.listenError(ip, err)
 		}
 		addrs = append(addrs, m.tln.Addr().String())
 	}
 	return m.opt.Transport + "://" + strings.Join(addrs, ","), nil
+}
+
+// listenError is a failure to listen, naming the rank and its host; a
+// range with no free port says to widen it.
+func (m *Mesh) listenError(ip string, err error) error {
+	var taken *PortsTakenError
+	if errors.As(err, &taken) {
+		return fmt.Errorf("rank %d on %s: %w: widen --port-range (%s)", m.id.Rank, m.names[m.id.Rank], err, EnvPortRange)
+	}
+	return fmt.Errorf("rank %d on %s: cannot listen on %s: %w", m.id.Rank, m.names[m.id.Rank], ip, err)
 }
 
 // dialHigher connects to every higher rank at once and returns the first
@@ -1253,25 +1276,28 @@ func isLoopbackHost(h string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// listenIP picks the address to listen on: the configured one, else the
-// local address that routes to the rendezvous.
+// listenIP picks the address to listen on: the one iface names (an
+// IfaceSpec, resolved on this host), else the local address that routes
+// to the rendezvous.
 func listenIP(iface, rendezvous string) (string, error) {
-	if iface != "" {
-		if ip := net.ParseIP(iface); ip != nil {
-			return iface, nil
-		}
-		ifc, err := net.InterfaceByName(iface)
-		if err != nil {
-			return "", fmt.Errorf("%s=%q is neither an IP address nor an interface name", EnvIface, iface)
-		}
-		addrs, _ := ifc.Addrs()
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
-				return ipn.IP.String(), nil
-			}
-		}
-		return "", fmt.Errorf("interface %s has no IPv4 address", iface)
+	route := func() (string, error) { return routeIP(rendezvous) }
+	if iface == "" {
+		return route()
 	}
+	spec, err := ParseIfaceSpec(iface)
+	if err != nil {
+		return "", fmt.Errorf("%s=%w", EnvIface, err)
+	}
+	ip, err := spec.Resolve(route)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w", EnvIface, iface, err)
+	}
+	return ip, nil
+}
+
+// routeIP is the local address that routes to the rendezvous (its own
+// address when it is on loopback).
+func routeIP(rendezvous string) (string, error) {
 	host, _, err := net.SplitHostPort(rendezvous)
 	if err != nil {
 		return "", err

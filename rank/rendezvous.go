@@ -62,13 +62,36 @@ func ListenRendezvous(addr string, size int, secret []byte) (*RendezvousServer, 
 	if size < 1 {
 		return nil, fmt.Errorf("rendezvous: job size %d < 1", size)
 	}
-	auth, err := newJobAuth(secret, "rendezvous")
-	if err != nil {
-		return nil, fmt.Errorf("rendezvous: %v", err)
-	}
 	udp, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: cannot listen on %s: %v", addr, err)
+	}
+	return serveRendezvous(udp, size, secret)
+}
+
+// ListenRendezvousIn starts a rendezvous on host at the first free port of
+// ports (GORUN_PORT_RANGE; any free port for the zero range).
+func ListenRendezvousIn(host string, ports PortRange, size int, secret []byte) (*RendezvousServer, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("rendezvous: job size %d < 1", size)
+	}
+	udp, err := ports.ListenUDP(host)
+	if err != nil {
+		var taken *PortsTakenError
+		if errors.As(err, &taken) {
+			return nil, fmt.Errorf("rendezvous on %s: %w: widen --port-range (%s)", host, err, EnvPortRange)
+		}
+		return nil, fmt.Errorf("rendezvous: cannot listen on %s: %w", host, err)
+	}
+	return serveRendezvous(udp, size, secret)
+}
+
+// serveRendezvous serves the rendezvous on udp, which it then owns.
+func serveRendezvous(udp net.PacketConn, size int, secret []byte) (*RendezvousServer, error) {
+	auth, err := newJobAuth(secret, "rendezvous")
+	if err != nil {
+		udp.Close()
+		return nil, fmt.Errorf("rendezvous: %v", err)
 	}
 	tr := &quic.Transport{Conn: udp}
 	s := &RendezvousServer{

@@ -6,6 +6,8 @@
 //	gorun -np 4 ./prog args
 //	gorun -np 8 -hostfile hosts --map-by node ./prog
 //	gorun -H node1:4,node2:4 -x NCCL_DEBUG=INFO ./prog
+//	gorun --allow-run-as-root -n 4 -H vm1:2,vm2:2 -bind-to none -map-by slot \
+//	      --mca btl_tcp_if_include eth0 -x NCCL_SOCKET_IFNAME=eth0 python run.py
 //
 // The launcher itself is package mpirun; this file only turns flags into
 // an mpirun.Config. See docs/launcher.md.
@@ -23,6 +25,7 @@ import (
 
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/mpirun"
+	"github.com/gorun/gorun/rank"
 	"github.com/urfave/cli/v2"
 )
 
@@ -35,7 +38,7 @@ type usageError struct{ error }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	status := 0
-	args, notes := mcaArgs(args)
+	args, mca := mcaArgs(args)
 	app := &cli.App{
 		Name:                      "gorun",
 		Usage:                     "start a program as the ranks of a job (mpirun / horovodrun style)",
@@ -58,14 +61,6 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, version.String("gorun", gpus))
 				return nil
 			}
-			if b := c.String("bind-to"); b != "none" {
-				// placement on cores is the kernel's (mpirun's --bind-to none);
-				// a program sizes its own threads (nmt-train --threads)
-				notes = append(notes, fmt.Sprintf("--bind-to %s: gorun does not bind ranks to cores (as --bind-to none); each rank sizes its own threads (nmt-train --threads)", b))
-			}
-			for _, n := range notes {
-				fmt.Fprintln(stderr, "gorun: "+n)
-			}
 			if c.Bool(mpirun.AgentFlag) {
 				return runAgent(c, stdin, &status)
 			}
@@ -77,6 +72,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			if err != nil {
 				return usageError{err}
 			}
+			cfg.MCA = mca
 			cfg.Stdin, cfg.Stdout, cfg.Stderr = stdin, stdout, stderr
 			if cfg.StdinRank < 0 {
 				cfg.Stdin = nil
@@ -86,7 +82,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 			if !cfg.DryRun {
 				cfg.Signals = make(chan os.Signal, 4)
-				signal.Notify(cfg.Signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+				sigs := []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+				if !signal.Ignored(syscall.SIGHUP) {
+					// under nohup (the lab's habit) SIGHUP stays ignored, by
+					// gorun and by the ranks, which inherit that
+					sigs = append(sigs, syscall.SIGHUP)
+				}
+				signal.Notify(cfg.Signals, sigs...)
 				defer signal.Stop(cfg.Signals)
 			}
 			code, err := mpirun.Run(cfg)
@@ -118,7 +120,7 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "bind-to", Value: "none", Usage: "`WHAT` to bind ranks to: gorun binds nothing (mpirun's none); core and socket are accepted with a note"},
 		&cli.BoolFlag{Name: "allow-run-as-root", Usage: "accepted for mpirun habits (gorun runs as root without it)"},
 		&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version, CPU features and GPUs found"},
-		&cli.StringFlag{Name: "map-by", Value: mpirun.MapBySlot, Usage: "`POLICY` slot: fill a host's slots before the next; node: round-robin over hosts"},
+		&cli.StringFlag{Name: "map-by", Value: mpirun.MapBySlot, Usage: "`POLICY` slot: fill a host's slots before the next; node: round-robin over hosts; ppr:N:node: N ranks on every host (as -N N)"},
 		&cli.StringSliceFlag{Name: "x", Usage: "export `NAME[=VALUE]` to every rank (repeatable; NAME alone takes gorun's value)"},
 		&cli.StringFlag{Name: "wdir", Usage: "working `DIR` of every rank (default: gorun's, the same path on remote hosts)"},
 		&cli.IntFlag{Name: "ssh-port", Aliases: []string{"p"}, Usage: "ssh `PORT` of the remote hosts"},
@@ -126,16 +128,19 @@ func flags() []cli.Flag {
 		&cli.StringFlag{Name: "ssh-args", Usage: "extra ssh `ARGS`, split like a shell does (e.g. \"-F ./ssh_config -o StrictHostKeyChecking=no\")"},
 		&cli.StringFlag{Name: "launch-agent", Usage: "use `CMD` instead of ssh, invoked as CMD host remote-command (OpenMPI's plm_rsh_agent)"},
 		&cli.StringFlag{Name: "remote-gorun", Usage: "`PATH` of gorun on remote hosts, run as the remote agent (default: this gorun's path)"},
-		&cli.StringFlag{Name: "iface", Usage: "`ADDR` or interface name to serve the rendezvous on (also GORUN_IFACE for the ranks)"},
+		&cli.StringFlag{Name: "iface", Usage: "`ADDR`, interface name or list (eth0,ens5; eth*; ^docker*,lo; 10.0.0.0/24) the ranks bind and advertise and the rendezvous is served on (GORUN_IFACE; --mca btl_tcp_if_include, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME and HOROVOD_GLOO_IFACE choose it too)"},
+		&cli.StringFlag{Name: "port-range", Usage: "`LO-HI`: every port the job listens on comes from this range: the rendezvous's UDP port, and each rank's UDP and TCP port (default: any free port; env " + rank.EnvPortRange + ")"},
 		&cli.StringFlag{Name: "rendezvous-addr", Usage: "`IP[:PORT]` to serve the rendezvous on (default: loopback for local jobs, else the source address of the route to the first remote host)"},
 		&cli.BoolFlag{Name: "tag-output", Usage: "tag lines as mpirun does: [1,RANK]<stdout>: (default tag: [RANK] )"},
 		&cli.StringFlag{Name: "tag", Value: mpirun.TagRank, Usage: "output tag `STYLE`: rank ([3] line), mpi ([1,3]<stdout>:line) or none"},
 		&cli.StringFlag{Name: "output-dir", Aliases: []string{"output-filename"}, Usage: "also write each rank's output to `DIR`/rank.N/stdout and stderr"},
 		&cli.StringFlag{Name: "stdin", Value: "0", Usage: "`RANK` that receives gorun's stdin, or none"},
-		&cli.DurationFlag{Name: "grace", Value: mpirun.DefaultGrace, Usage: "`DURATION` between SIGTERM and SIGKILL when stopping ranks"},
+		&cli.DurationFlag{Name: "grace", Value: mpirun.DefaultGrace, Usage: "`DURATION` between SIGTERM and SIGKILL when stopping ranks (a rank that exits sooner is not waited for; a second signal to gorun kills at once)"},
 		&cli.DurationFlag{Name: "timeout", Usage: "stop the job after this `DURATION` (exit status 124)"},
 		&cli.IntFlag{Name: "max-restarts", Usage: "when a rank fails, stop the job and start it again, up to `N` times (torchrun's --max-restarts; the ranks see GORUN_RESTART=1, 2, ...)"},
 		&cli.BoolFlag{Name: "dry-run", Usage: "print the placement and each rank's command (secret redacted), start nothing"},
+		&cli.BoolFlag{Name: "display-map", Usage: "print the placement as mpirun's JOB MAP (hosts, slots, ranks) before starting"},
+		&cli.BoolFlag{Name: "report-bindings", Usage: "print mpirun's line for each rank as it starts: gorun binds none"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the commands and lifecycle events on stderr"},
 		// The remote agent (started by gorun through ssh; not for people).
 		&cli.BoolFlag{Name: mpirun.AgentFlag, Hidden: true},
@@ -190,6 +195,22 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	cfg.RemoteGorun = c.String("remote-gorun")
 	cfg.Iface = c.String("iface")
 	cfg.RendezvousAddr = c.String("rendezvous-addr")
+	cfg.IfaceVars = map[string]string{}
+	for _, name := range mpirun.IfaceVars {
+		if v, ok := os.LookupEnv(name); ok {
+			cfg.IfaceVars[name] = v
+		}
+	}
+	pr, from := c.String("port-range"), "--port-range "
+	if !c.IsSet("port-range") {
+		pr, from = os.Getenv(rank.EnvPortRange), rank.EnvPortRange+"="
+	}
+	ports, err := rank.ParsePortRange(pr)
+	if err != nil {
+		return cfg, fmt.Errorf("%s%v", from, err)
+	}
+	cfg.PortRange = ports
+	cfg.BindTo = c.String("bind-to")
 	cfg.Tag = c.String("tag")
 	if c.Bool("tag-output") {
 		cfg.Tag = mpirun.TagMPI
@@ -219,6 +240,8 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	}
 	cfg.DryRun = c.Bool("dry-run")
 	cfg.Verbose = c.Bool("verbose")
+	cfg.DisplayMap = c.Bool("display-map")
+	cfg.ReportBindings = c.Bool("report-bindings")
 	return cfg, nil
 }
 
@@ -242,9 +265,10 @@ func runAgent(c *cli.Context, stdin io.Reader, status *int) error {
 }
 
 // mcaArgs takes OpenMPI's --mca KEY VALUE (and -mca, --gmca) out of
-// gorun's own flags, which end at the program: they tune OpenMPI, which
-// gorun is not, so each is dropped with a note.
-func mcaArgs(args []string) ([]string, []string) {
+// gorun's own flags, which end at the program, for package mpirun: the
+// ones that name interfaces choose the ranks' interface, the others are
+// dropped with a note.
+func mcaArgs(args []string) ([]string, []mpirun.MCAParam) {
 	valueFlags := map[string]bool{}
 	for _, f := range flags() {
 		if _, isBool := f.(*cli.BoolFlag); isBool {
@@ -255,15 +279,15 @@ func mcaArgs(args []string) ([]string, []string) {
 		}
 	}
 	out := []string{args[0]}
-	var notes []string
+	var mca []mpirun.MCAParam
 	for i := 1; i < len(args); i++ {
 		a := args[i]
 		name := strings.TrimLeft(a, "-")
 		if !strings.HasPrefix(a, "-") || a == "--" {
-			return append(out, args[i:]...), notes // the program and its arguments
+			return append(out, args[i:]...), mca // the program and its arguments
 		}
 		if (name == "mca" || name == "gmca") && i+2 < len(args) {
-			notes = append(notes, fmt.Sprintf("%s %s %s ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI", a, args[i+1], args[i+2]))
+			mca = append(mca, mpirun.MCAParam{Flag: a, Key: args[i+1], Value: args[i+2]})
 			i += 2
 			continue
 		}
@@ -273,5 +297,5 @@ func mcaArgs(args []string) ([]string, []string) {
 			out = append(out, args[i])
 		}
 	}
-	return out, notes
+	return out, mca
 }

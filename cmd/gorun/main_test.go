@@ -58,13 +58,19 @@ type result struct {
 // gorun runs the gorun binary to completion (with a safety limit).
 func gorun(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
+	return gorunEnv(t, testEnv(), stdin, args...)
+}
+
+// gorunEnv is gorun with the environment env.
+func gorunEnv(t *testing.T, env []string, stdin string, args ...string) result {
+	t.Helper()
 	cmd := exec.Command(gorunBin, args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
-	cmd.Env = testEnv()
+	cmd.Env = env
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +203,7 @@ func TestOutputDirAndDryRun(t *testing.T) {
 		"1     localhost  1           2           0          exec\n",
 		"2     127.0.0.2  0           1           1          launch-agent\n",
 		"[0] cd ", "GORUN_RANK=0 ", "'GORUN_SECRET=<redacted>' /bin/sh -c 'touch ",
-		"[127.0.0.2: rank 2] " + agentSh + " 127.0.0.2 'cd ", "--internal-remote-agent --grace 5s --ranks 2.0 --cuda-local -- /bin/sh -c", "# job secret on stdin",
+		"[127.0.0.2: rank 2] " + agentSh + " 127.0.0.2 'cd ", "--internal-remote-agent --grace 30s --ranks 2.0 --cuda-local -- /bin/sh -c", "# job secret on stdin",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, r.stdout)
@@ -238,6 +244,14 @@ type job struct {
 func startJob(t *testing.T, args ...string) *job {
 	t.Helper()
 	j := &job{cmd: exec.Command(gorunBin, args...), done: make(chan struct{})}
+	j.start(t)
+	return j
+}
+
+// start starts j's command with the test's environment and collects its
+// output.
+func (j *job) start(t *testing.T) {
+	t.Helper()
 	j.cmd.Env = testEnv()
 	so, _ := j.cmd.StdoutPipe()
 	se, _ := j.cmd.StderrPipe()
@@ -276,7 +290,6 @@ func startJob(t *testing.T, args ...string) *job {
 			<-j.done
 		}
 	})
-	return j
 }
 
 func (j *job) out() (string, string) {
@@ -574,7 +587,7 @@ func TestLaunchAgent(t *testing.T) {
 	}
 	b, _ := os.ReadFile(calls[0])
 	host, cmd, _ := strings.Cut(string(b), "\n")
-	if host != "127.0.0.2" || !strings.HasPrefix(cmd, "cd ") || !strings.Contains(cmd, "'FOO=remote ok'") || !strings.Contains(cmd, "--internal-remote-agent --grace 5s --ranks 1.0,2.1 ") {
+	if host != "127.0.0.2" || !strings.HasPrefix(cmd, "cd ") || !strings.Contains(cmd, "'FOO=remote ok'") || !strings.Contains(cmd, "--internal-remote-agent --grace 30s --ranks 1.0,2.1 ") {
 		t.Errorf("agent called with host %q command %q", host, cmd)
 	}
 	if strings.Contains(cmd, secret) {
@@ -678,7 +691,11 @@ func TestBadInput(t *testing.T) {
 		{[]string{"--timeout", "-1s", "/bin/true"}, 2, "gorun: --timeout -1s is negative"},
 		{[]string{"-x", "A=1", "-x", "A=2", "/bin/true"}, 2, "gorun: -x A given twice"},
 		{[]string{"--tag", "json", "/bin/true"}, 2, "gorun: output tag style \"json\""},
-		{[]string{"--map-by", "core", "/bin/true"}, 2, "gorun: --map-by \"core\": want slot or node"},
+		{[]string{"--map-by", "core", "/bin/true"}, 2, "gorun: --map-by \"core\": want slot, node or ppr:N:node"},
+		{[]string{"--port-range", "29503-29500", "/bin/true"}, 2, "gorun: --port-range \"29503-29500\": 29503 is above 29500 (want LO-HI with LO <= HI)"},
+		{[]string{"--port-range", "0-10", "/bin/true"}, 2, "gorun: --port-range \"0-10\": ports go from 1 to 65535"},
+		{[]string{"--port-range", "29500", "/bin/true"}, 2, "gorun: --port-range \"29500\": want LO-HI, such as 29500-29531"},
+		{[]string{"--mca", "btl_tcp_if_include", "nosuch0", "/bin/true"}, 2, "gorun: --mca btl_tcp_if_include nosuch0: no interface of this host matches nosuch0 (it has "},
 		{[]string{"-H", "127.0.0.2", "-p", "65536", "/bin/true"}, 2, "gorun: --ssh-port 65536: not a port"},
 		{[]string{"-H", "nosuchhost.invalid", "/bin/true"}, 255, "gorun: cannot start rank 0 on host nosuchhost.invalid: ssh: Could not resolve hostname nosuchhost.invalid"},
 		{[]string{"-H", "127.0.0.2", "--launch-agent", "/nonexistent/agent", "/bin/true"}, 1, "gorun: cannot start /nonexistent/agent for rank 0 on host 127.0.0.2"},
