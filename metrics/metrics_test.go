@@ -181,3 +181,42 @@ func TestMeasureStepsAndWhatIf(t *testing.T) {
 		t.Errorf("no compute logged: %v", l)
 	}
 }
+
+// MeasureRun leaves the warm-up interval out (with three or more) and
+// counts the steps its intervals cover, from the start records on;
+// WhyNotEnough refuses fewer than minSamples timed steps, as the report
+// refuses a correlation of fewer logged intervals, and a spread as large
+// as the mean.
+func TestMeasureRunEnough(t *testing.T) {
+	rec := func(kind string, step int64, compute, sd float64) Record {
+		return Record{Kind: kind, Step: step, Values: map[string]float64{"step_time_s": compute, "compute_s": compute, "compute_sd_s": sd}}
+	}
+	// a run of 3 steps logged every step: 2 timed after the warm-up
+	short := []Record{rec("start", 0, 0, 0), rec("train", 1, 0.15, 0), rec("train", 2, 0.05, 0), rec("train", 3, 0.1, 0)}
+	st := MeasureRun(short, 2)
+	if st.Steps != 2 || st.Intervals != 2 || st.Skipped != 1 {
+		t.Errorf("3 steps: %+v: want 2 steps in 2 intervals after 1 left out", st)
+	}
+	if why := st.WhyNotEnough(); why != "2 step(s) timed after the first logged interval (the warm-up); a prediction needs at least 8 (a longer run: --max-steps)" {
+		t.Errorf("3 steps: %q", why)
+	}
+	// logged every 10 steps, resumed from step 20: 10 + 10 steps after the
+	// first interval, whatever the first log line's step
+	long := []Record{rec("start", 0, 0, 0), rec("train", 10, 0.5, 0.01), rec("train", 20, 0.1, 0.01), rec("stop", 20, 0, 0),
+		rec("start", 20, 0, 0), rec("train", 30, 0.1, 0.01)}
+	if st := MeasureRun(long, 1); st.Steps != 20 || st.WhyNotEnough() != "" {
+		t.Errorf("30 steps: %+v, %q: want 20 steps timed, enough", st, st.WhyNotEnough())
+	}
+	// two intervals: none left out
+	if st := MeasureRun(long[:3], 1); st.Steps != 20 || st.Skipped != 0 || st.WhyNotEnough() != "" {
+		t.Errorf("20 steps in 2 intervals: %+v, %q", st, st.WhyNotEnough())
+	}
+	// enough steps, but a spread as large as the mean
+	wild := []Record{rec("train", 10, 0.1, 0), rec("train", 20, 0.1, 0.2), rec("train", 30, 0.1, 0.2)}
+	if why := MeasureRun(wild, 1).WhyNotEnough(); !strings.HasPrefix(why, "the compute time of a step varied as much as its mean (sd 0.200 s of 0.100 s)") {
+		t.Errorf("spread 2x the mean: %q", why)
+	}
+	if !strings.Contains(WhatIf(RunInfo{Params: 1000, WorldSize: 2}, MeasureRun(short, 2))[0], "**not enough data**") {
+		t.Errorf("what if of 3 steps: %v", WhatIf(RunInfo{Params: 1000, WorldSize: 2}, MeasureRun(short, 2)))
+	}
+}

@@ -13,10 +13,14 @@ import (
 // logged intervals used; zero when not recorded).
 type StepTimes struct {
 	Intervals int
-	Step      float64 // step_time_s
-	Compute   float64 // compute_s: the step less its exposed communication
-	Sync      float64 // sync_s: of compute, the token-count allreduce (waiting for the slowest rank's forward)
-	Backward  float64 // backward_s
+	// Steps: the optimizer steps the intervals used cover; Skipped: the
+	// logged intervals left out at the start (the warm-up).
+	Steps    int64
+	Skipped  int
+	Step     float64 // step_time_s
+	Compute  float64 // compute_s: the step less its exposed communication
+	Sync     float64 // sync_s: of compute, the token-count allreduce (waiting for the slowest rank's forward)
+	Backward float64 // backward_s
 	// OwnSD: the standard deviation from step to step of compute less
 	// sync (the intervals' own spreads, compute_sd_s, with the spread of
 	// their means).
@@ -31,20 +35,27 @@ func (s StepTimes) Own() float64 { return s.Compute - s.Sync }
 // MeasureSteps averages the train records of a run of world ranks from
 // the from-th on (1 leaves the first interval, the warm-up, out).
 func MeasureSteps(recs []Record, world, from int) StepTimes {
-	var st StepTimes
+	st := StepTimes{Skipped: from}
 	var owns, sds []float64
 	var tokens float64
 	i := 0
+	var prev int64 // the step the interval starts after
 	for _, r := range recs {
+		if r.Kind == "start" {
+			prev = r.Step
+		}
 		if r.Kind != "train" {
 			continue
 		}
 		i++
+		steps := max(r.Step-prev, 0)
+		prev = r.Step
 		if i <= from {
 			continue
 		}
 		v := r.Values
 		st.Intervals++
+		st.Steps += steps
 		st.Step += v["step_time_s"]
 		st.Compute += v["compute_s"]
 		st.Sync += v["sync_s"]
@@ -66,6 +77,48 @@ func MeasureSteps(recs []Record, world, from int) StepTimes {
 	}
 	st.OwnSD = math.Sqrt(within/n + between/n)
 	return st
+}
+
+// MeasureRun is a run's step times as the report's predictions and
+// `nmt-train plan --from-run` take them: the logged intervals after the
+// first (its steps warm up: allocation, the first batches) when there are
+// three or more, else all of them. WhyNotEnough says whether they
+// suffice.
+func MeasureRun(recs []Record, world int) StepTimes {
+	trains := 0
+	for _, r := range recs {
+		if r.Kind == "train" {
+			trains++
+		}
+	}
+	from := 0
+	if trains >= 3 {
+		from = 1
+	}
+	return MeasureSteps(recs, world, from)
+}
+
+// WhyNotEnough says why st is not enough data to predict from ("" when
+// it is): the rule of the report's other "not enough data" answers
+// (notEnough: fewer than minSamples samples, here timed steps), and a
+// spread from step to step as large as the mean itself, which a run that
+// had not settled shows (a mean known no better than that predicts
+// nothing).
+func (st StepTimes) WhyNotEnough() string {
+	after := ""
+	if st.Skipped > 0 {
+		after = " after the first logged interval (the warm-up)"
+	}
+	if why := notEnough(int(st.Steps), "step(s) timed"+after, "a prediction", "a longer run: --max-steps"); why != "" {
+		return why
+	}
+	if !(st.Own() > 0) {
+		return "no compute time was logged"
+	}
+	if st.OwnSD >= st.Own() {
+		return fmt.Sprintf("the compute time of a step varied as much as its mean (sd %.3f s of %.3f s): the run had not settled (a longer run: --max-steps)", st.OwnSD, st.Own())
+	}
+	return ""
 }
 
 // RunWorkload is a run's step as the planner takes it: its own compute
@@ -126,8 +179,8 @@ func RunCluster(ri RunInfo) plan.Cluster {
 // models it, beside what it measured, then twice the hosts, then a link
 // ten times faster. Each line says it is a prediction.
 func WhatIf(ri RunInfo, st StepTimes) []string {
-	if !(st.Own() > 0) {
-		return []string{"No compute time was logged: nothing to predict from."}
+	if why := st.WhyNotEnough(); why != "" {
+		return []string{"Predictions: **not enough data**: " + why + "."}
 	}
 	w := RunWorkload(ri, st)
 	c := RunCluster(ri)

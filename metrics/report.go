@@ -263,12 +263,24 @@ const (
 	// counts as close; a gap that grew by more (and is more) counts as
 	// growing.
 	closeGap = 0.05
-	// minCorr is the fewest logged intervals a correlation is given for;
-	// flatCV the coefficient of variation below which a series counts as
-	// flat (nothing to correlate).
-	minCorr = 8
-	flatCV  = 0.01
+	// minSamples is the fewest samples the report draws a conclusion
+	// from (notEnough): logged intervals for a correlation, timed steps
+	// for a prediction; flatCV the coefficient of variation below which a
+	// series counts as flat (nothing to correlate).
+	minSamples = 8
+	flatCV     = 0.01
 )
+
+// notEnough is the report's one rule for "not enough data": "" when n
+// samples (counted as unit says) are at least minSamples, else why not,
+// what needs more and how to get them: "3 logged interval(s); a
+// correlation needs at least 8 (--log-every logs more often)".
+func notEnough(n int, unit, use, remedy string) string {
+	if n >= minSamples {
+		return ""
+	}
+	return fmt.Sprintf("%d %s; %s needs at least %d (%s)", n, unit, use, minSamples, remedy)
+}
 
 // report is one report being written: the run's records and run.json.
 type report struct {
@@ -340,7 +352,7 @@ func WriteReport(dir string, lr Schedule) (string, error) {
 	r.w("%s\n", describeCheckpoints(ckdir))
 	r.w("## What if? (predictions, not measurements)\n\n")
 	r.w("From this run's measured compute by `nmt-train plan --from-run %s` (docs/plan.md: the model and how well it matched real runs).\n\n", dir)
-	for _, l := range WhatIf(ri, MeasureSteps(recs, ri.WorldSize, 0)) {
+	for _, l := range WhatIf(ri, MeasureRun(recs, ri.WorldSize)) {
 		r.w("- %s\n", l)
 	}
 
@@ -365,14 +377,16 @@ func (r *report) deviceName() string {
 // segment is one part of a run, from a start (fresh, --resume, or a
 // restart) to its last record.
 type segment struct {
-	from, to   int64   // the step it started after, the last step it logged
+	from, to   int64   // the step it started after, the last step it made
 	start, end float64 // unix seconds: its start, its last record
-	logged     bool    // it logged a training step
+	logged     bool    // it made a training step: logged one, or stopped with a checkpoint after it
 }
 
 // segmentsOf cuts the records into segments at the "start" records. The
 // records before the first (a run directory from before start records)
-// form a segment that began at started, when known.
+// form a segment that began at started, when known. A segment ends with
+// its last record: a stop on a signal (its checkpoint holds the steps
+// made since the last log line, and their time) or its last log line.
 func segmentsOf(recs []Record, started float64) []segment {
 	var segs []segment
 	for _, rec := range recs {
@@ -389,7 +403,7 @@ func segmentsOf(recs []Record, started float64) []segment {
 		}
 		sg := &segs[len(segs)-1]
 		sg.end = max(sg.end, rec.Time)
-		if rec.Kind == "train" {
+		if rec.Kind == "train" || rec.Kind == "stop" && rec.Step > sg.from {
 			sg.to, sg.logged = max(sg.to, rec.Step), true
 		}
 	}
@@ -429,12 +443,18 @@ func (r *report) timeSection() {
 	if len(segs) > 1 {
 		every = ", from every segment"
 	}
-	r.w("- Average step time: **%s s** (median %s s) over %d logged intervals%s.\n", fmtNum(mean(r.stepTime), "%.3f"), fmtNum(median(r.stepTime), "%.3f"), len(r.stepTime), every)
-	toks := "n/a"
-	if m := mean(r.toks); !math.IsNaN(m) && !math.IsInf(m, 0) {
-		toks = Commas(int64(math.Round(m)))
+	if len(r.stepTime) == 0 {
+		if len(segs) > 0 { // it stopped before its first log line
+			r.w("- Step time and throughput: **not enough data**: no log line was written (--log-every logs more often).\n")
+		}
+	} else {
+		r.w("- Average step time: **%s s** (median %s s) over %d logged intervals%s.\n", fmtNum(mean(r.stepTime), "%.3f"), fmtNum(median(r.stepTime), "%.3f"), len(r.stepTime), every)
+		toks := "n/a"
+		if m := mean(r.toks); !math.IsNaN(m) && !math.IsInf(m, 0) {
+			toks = Commas(int64(math.Round(m)))
+		}
+		r.w("- Throughput: **%s target tokens/s** on average across the job.\n", toks)
 	}
-	r.w("- Throughput: **%s target tokens/s** on average across the job.\n", toks)
 	r.w("%s\n", describeInterruptions(r.recs))
 	r.w("%s\n\n", r.plot("step_time.png", "step time", "seconds", Line{"step time", r.stepTime}))
 }
@@ -664,11 +684,15 @@ func (r *report) devicesSection() {
 		}
 		r.w("- Trained on the CPU of %s; %s there, %s each. No GPU was used.\n", where, plural(max(onHost0, 1), "rank"), plural(ri.Threads, "compute thread"))
 	}
-	r.w("- CPU use: **%s %%** of the cores given to each rank on average", fmtNum(mean(r.cpu), "%.0f"))
-	if len(cpuRanks) > 1 {
-		r.w(" (%s)", byRank(cpuRanks, " %"))
+	if len(r.cpu) == 0 {
+		r.w("- CPU use: **not enough data**: no log line recorded it (--log-every logs more often).\n")
+	} else {
+		r.w("- CPU use: **%s %%** of the cores given to each rank on average", fmtNum(mean(r.cpu), "%.0f"))
+		if len(cpuRanks) > 1 {
+			r.w(" (%s)", byRank(cpuRanks, " %"))
+		}
+		r.w(".\n")
 	}
-	r.w(".\n")
 	if len(r.compute) > 0 && len(r.stepTime) > 0 {
 		r.w("- Compute (forward, backward, optimizer) is **%s %%** of the step time; the rest is exposed communication, data and logging.\n", fmtNum(100*mean(r.compute)/mean(r.stepTime), "%.0f"))
 	}
@@ -690,6 +714,10 @@ func (r *report) networkSection() {
 	r.w("## Was the network the bottleneck?\n\n")
 	if ri.WorldSize <= 1 {
 		r.w("- One rank: no gradients were exchanged, over a network or otherwise.\n\n")
+		return
+	}
+	if len(r.stepTime) == 0 {
+		r.w("- Communication and traffic: **not enough data**: no log line was written (--log-every logs more often).\n\n")
 		return
 	}
 	hosts := UniqueHosts(ri.Hosts)
@@ -794,9 +822,10 @@ func (r *report) correlationSection() {
 func (r *report) correlate(what string, x []Point, meaning func(r, chance float64) string) {
 	rr, n := pearson(r.stepTime, x)
 	cs, cx := cv(r.stepTime), cv(x)
+	few := notEnough(n, "logged interval(s)", "a correlation", "--log-every logs more often")
 	switch {
-	case n < minCorr:
-		r.w("- Step time and %s: **not enough data**: %d logged interval(s); a correlation needs at least %d (--log-every logs more often).\n", what, n, minCorr)
+	case few != "":
+		r.w("- Step time and %s: **not enough data**: %s.\n", what, few)
 	case !(mean(x) > 0):
 		r.w("- Step time and %s: **not enough data**: it was zero throughout.\n", what)
 	case !(cx >= flatCV) || !(cs >= flatCV):

@@ -373,6 +373,45 @@ func TestReportFixtures(t *testing.T) {
 			"`data/small`: **0.5 MB** on disk",
 		},
 		not: []string{"Slope", "bottleneck analysis", "**No**", "**Yes"},
+	}, {
+		// a real 3-step run (2 ranks, --log-every 1): step 1 warms up, and
+		// 2 steps after it are too few to predict from, as 3 intervals are
+		// too few for a correlation: the same rule says so for both
+		name: "three steps: not enough data to predict from", fixture: "three-steps",
+		want: []string{
+			"Step time and outgoing MB/s (network and shared memory): **not enough data**: 3 logged interval(s); a correlation needs at least 8 (--log-every logs more often).",
+			"- Predictions: **not enough data**: 2 step(s) timed after the first logged interval (the warm-up); a prediction needs at least 8 (a longer run: --max-steps).",
+		},
+		not: []string{"*Prediction*", "scaling efficiency"},
+	}, {
+		// a real run stopped by SIGTERM at step 90 (its last log line at
+		// step 80), resumed and stopped again at step 142 before its first
+		// log line: each stop's checkpoint holds the steps since the last
+		// log line, and the time up to it counts
+		name: "stopped between log lines, twice", fixture: "stopped-between-logs",
+		want: []string{
+			"Training time: **11s** for **142 steps**, the sum of 2 segments: steps 1-90 in 6.015s (started fresh); steps 91-142 in 5.257s (resumed from the checkpoint of step 90).",
+			"Stopped by terminated after step 90 (checkpoint ckpt-90 written).",
+			"Stopped by terminated after step 142 (checkpoint ckpt-142 written).",
+		},
+		not: []string{"in one go", "6.015s for"},
+	}, {
+		// the same without its log lines: the stops alone give the steps
+		// and the time
+		name: "stopped before any log line", fixture: "stopped-between-logs",
+		edit: func(_ *RunInfo, recs []Record) {
+			for i := range recs {
+				if recs[i].Kind == "train" {
+					recs[i].Kind = "removed"
+				}
+			}
+		},
+		want: []string{
+			"Training time: **11s** for **142 steps**, the sum of 2 segments: steps 1-90 in 6.015s",
+			"- Step time and throughput: **not enough data**: no log line was written (--log-every logs more often).",
+			"- Predictions: **not enough data**: 0 step(s) timed; a prediction needs at least 8 (a longer run: --max-steps).",
+		},
+		not: []string{"No training step was logged", "Average step time"},
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			rep := reportFixture(t, c.fixture, c.lr, c.edit)

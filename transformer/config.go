@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // Special token ids (the lab's SentencePiece ids).
@@ -56,7 +57,9 @@ func Presets() []string {
 func Preset(name string, vocab int) (Config, error) {
 	c, ok := presets[name]
 	if !ok {
-		return Config{}, fmt.Errorf("transformer: unknown preset %q (known: %v)", name, Presets())
+		names := Presets() // by size, as --preset's help lists them
+		sort.SliceStable(names, func(i, j int) bool { return presets[names[i]].DModel < presets[names[j]].DModel })
+		return Config{}, fmt.Errorf("unknown preset %q: --preset takes %s or %s", name, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 	}
 	c.Preset = name
 	c.Vocab = vocab

@@ -180,7 +180,7 @@ func TestTraceAndBatchErrors(t *testing.T) {
 	if _, err := m.Forward(bad, true); err == nil {
 		t.Fatal("inconsistent batch sizes accepted")
 	}
-	if _, err := Preset("huge", 100); err == nil || !strings.Contains(err.Error(), "tiny") {
+	if _, err := Preset("huge", 100); err == nil || err.Error() != `unknown preset "huge": --preset takes tiny, small, base or big` {
 		t.Fatalf("unknown preset: %v", err)
 	}
 	if _, err := m.Translate([][]int32{{4, 99}}, DefaultDecode); err == nil {

@@ -42,7 +42,7 @@ func main() {
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }
 
-// usageError is a bad flag (exit status 2).
+// usageError is a bad flag or argument (exit status 2; a failure exits 1).
 type usageError struct{ error }
 
 type options struct {
@@ -85,7 +85,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 0, Usage: "give up on a peer after this long (default: the transport's, GORUN_TIMEOUT or 60s)"},
 			&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version and CPU features"},
 		},
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usageError{fmt.Errorf("%v (see allreduce-perf --help)", err)}
+		},
+		ExitErrHandler: func(*cli.Context, error) {}, // one line, below, and the status it chooses
 		Action: func(c *cli.Context) error {
 			if c.Bool("version") {
 				fmt.Fprint(stdout, version.String("allreduce-perf", ""))
@@ -103,8 +106,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := app.Run(args); err != nil {
 		fmt.Fprintln(stderr, "allreduce-perf:", err)
+		// a usage error (as gorun's, mpirun.ExitUsage), or the CLI's "No
+		// help topic" of --help X; any other error is a failure
 		var ue usageError
-		if errors.As(err, &ue) {
+		var help cli.ExitCoder
+		if errors.As(err, &ue) || errors.As(err, &help) {
 			status = 2
 		} else {
 			status = 1

@@ -307,6 +307,37 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// TestExitStatus: as gorun's, a mistake in the command line exits 2 (the
+// help of an unknown topic too) and a failure 1, each with one line.
+func TestExitStatus(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  []string
+		code int
+		want string
+	}{
+		{[]string{"--nope"}, nil, 2, "allreduce-perf: flag provided but not defined: -nope (see allreduce-perf --help)"},
+		{[]string{"-n"}, nil, 2, "allreduce-perf: flag needs an argument: -n (see allreduce-perf --help)"},
+		{[]string{"--help", "extra"}, nil, 2, "allreduce-perf: No help topic for 'extra'"},
+		{[]string{"extra"}, nil, 2, `allreduce-perf: unexpected argument "extra"`},
+		// a failure: the launcher's variables are wrong, not the flags
+		{[]string{"-b", "8", "-e", "8"}, []string{"GORUN_RANK=0", "GORUN_SIZE=x"}, 1, "allreduce-perf: environment variable GORUN_SIZE"},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		cmd.Env = append(testenv.CleanEnv(), c.env...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != c.code || !strings.HasPrefix(stderr.String(), c.want) || strings.Count(stderr.String(), "\n") != 1 || stdout.Len() != 0 {
+			t.Errorf("%v: status %d, stdout %q, stderr %q; want status %d and one line starting %q", c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+		}
+	}
+}
+
 func TestParseSize(t *testing.T) {
 	for s, want := range map[string]int64{"8": 8, "1K": 1024, "64k": 65536, "256M": 256 << 20, "1G": 1 << 30, "2KiB": 2048, "3MB": 3 << 20, "0": 0} {
 		got, err := parseSize("b", s)

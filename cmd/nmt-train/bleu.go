@@ -25,7 +25,7 @@ func bleuCommand() *cli.Command {
    no smoothing, on a 0-1 scale (first reference only).`,
 		ArgsUsage: "[HYP.txt]",
 		Flags: []cli.Flag{
-			&cli.StringSliceFlag{Name: "ref", Aliases: []string{"r"}, Usage: "reference `FILE` (repeat for several references)", Required: true},
+			&cli.StringSliceFlag{Name: "ref", Aliases: []string{"r"}, Usage: "reference `FILE`, one segment per line (required; repeat for several references)"},
 			&cli.BoolFlag{Name: "tokenized", Usage: "also print the lab's tokenized BLEU (0-1)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object instead of text"},
 			&cli.BoolFlag{Name: "score-only", Aliases: []string{"b"}, Usage: "print only the score"},
@@ -53,8 +53,13 @@ func readTextLines(name string, r io.Reader) ([]string, error) {
 }
 
 func runBLEU(c *cli.Context) error {
-	if c.NArg() > 1 {
-		return fmt.Errorf("bleu: want at most one hypothesis file (or stdin), got %d arguments", c.NArg())
+	switch {
+	case c.NArg() > 1:
+		return usage(fmt.Errorf("bleu: want at most one hypothesis file (or stdin), got %d arguments", c.NArg()))
+	case len(c.StringSlice("ref")) == 0:
+		return usage(fmt.Errorf("bleu: no reference: give one with -r REF.txt (see nmt-train bleu --help)"))
+	case c.Bool("json") && c.Bool("score-only"):
+		return usage(fmt.Errorf("bleu: --json and --score-only: give one of them"))
 	}
 	hypName := "<stdin>"
 	var in io.Reader = os.Stdin

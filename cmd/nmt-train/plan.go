@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -27,9 +28,9 @@ func planCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
 			&cli.IntFlag{Name: "vocab", Value: 32768, Usage: "vocabulary size (the embedding's rows) without --from-run"},
-			&cli.IntFlag{Name: "hosts", Value: 2, Usage: "`H` hosts"},
-			&cli.IntFlag{Name: "per-host", Value: 1, Usage: "`G` ranks (devices) per host"},
-			&cli.StringFlag{Name: "link", Value: "1gbit", Usage: "each host's link, in bits per second: 1gbit, 10gbit, 25gbit, 100gbit, or a number with kbit, mbit, gbit or tbit (also Mbit/s, Gbit/s, mbps, gbps)"},
+			&cli.IntFlag{Name: "hosts", Value: 2, Usage: "`H` hosts (with --from-run: the run's unless given)"},
+			&cli.IntFlag{Name: "per-host", Value: 1, Usage: "`G` ranks (devices) per host (with --from-run: the run's unless given)"},
+			&cli.StringFlag{Name: "link", Value: "1gbit", Usage: "each host's link: a rate in " + linkForms},
 			&cli.Float64Flag{Name: "latency-us", Usage: "the link's one-way latency in µs, added to every ring step and tree hop (0: the namespace test hosts)"},
 			&cli.StringFlag{Name: "transport", Value: "auto", Usage: "between hosts: auto (as gorun's start-up probe picks: TLS/TCP where it moves more than 1.1x QUIC on this link, else QUIC) | quic | tcp"},
 			&cli.Float64Flag{Name: "transport-cap-gbs", Usage: "GB/s one connection carries each way when the CPU limits (0: as measured on this project's 2-core machine, plan/transport.go)"},
@@ -37,8 +38,8 @@ func planCommand() *cli.Command {
 			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu (compute measured on this machine, from --from-run, or --compute-s) | a GPU name (h100, a100, ...: needs --compute-s)"},
 			&cli.Float64Flag{Name: "compute-s", Usage: "`S`: forward+backward+optimizer seconds of one rank's step, measured (on a GPU: required)"},
 			&cli.Float64Flag{Name: "compute-sd-s", Usage: "its standard deviation from step to step (the ranks' batches differ; the step waits for the slowest)"},
-			&cli.IntFlag{Name: "cores-per-host", Usage: "CPU cores of a host (0: the run's, or this machine's for --device cpu); ranks whose threads outnumber them share them"},
-			&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (0: the run's, or cores per host / ranks per host)"},
+			&cli.IntFlag{Name: "cores-per-host", Usage: "CPU cores of a host; ranks whose threads outnumber them share them (0: the run's with --from-run, this machine's when plan measures the compute, and with --compute-s as many as the ranks' threads)"},
+			&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (with --compute-s: those its measurement used; 0: the run's with --from-run, cores per host / ranks per host when plan measures the compute)"},
 			&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
 			&cli.BoolFlag{Name: "overlap", Value: true, Usage: "buckets all-reduced while backward runs (false: one allreduce after backward)"},
 			&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank (compute scales with it from the measurement's)"},
@@ -51,7 +52,7 @@ func planCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
-				return fmt.Errorf("plan: unexpected argument %q (options start with --)", c.Args().First())
+				return usage(fmt.Errorf("plan: unexpected argument %q (options start with --)", c.Args().First()))
 			}
 			in, err := planInputs(c)
 			if err != nil {
@@ -81,23 +82,32 @@ type planIn struct {
 	runStep float64
 }
 
-// parseLink reads a rate in bits per second: 1gbit, 2.5Gbit/s, 400mbps.
+// linkRate is a rate with its unit: a number, a decimal (k, M, G, T) or
+// binary (Ki, Mi, Gi, Ti) prefix, a unit of bits (b, bit, bits) or bytes
+// (B, byte, bytes), and "ps" or "/s" optionally.
+var linkRate = regexp.MustCompile(`^([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?) ?([kKmMgGtT]i?)?((?i:bits?|bytes?)|b|B)(ps|/s)?$`)
+
+// linkForms is what --link accepts, for its help and its error.
+const linkForms = "bits per second with a lower-case b or bit (1gbit, 10Gbit/s, 10Gbps, 10Gb/s, 100mbit), or bytes per second with a capital B (1GB/s = 8 Gbit/s, 125MB/s = 1 Gbit/s, 1GBps, 1GB, 100MiB/s)"
+
+// parseLink reads a link's rate in Gbit/s: a number with its unit, bits
+// per second with a lower-case b or "bit" (1gbit, 2.5Gbit/s, 400Mbps,
+// 10Gb/s), bytes per second with a capital B (1GB/s, 125MB/s, 1GBps,
+// 100MiB/s); a bare number or an unknown unit is refused.
 func parseLink(s string) (float64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "/s"), "ps")
-	for _, u := range []struct {
-		suffix string
-		gbps   float64
-	}{{"tbit", 1e3}, {"gbit", 1}, {"mbit", 1e-3}, {"kbit", 1e-6}, {"tb", 1e3}, {"gb", 1}, {"mb", 1e-3}, {"kb", 1e-6}} {
-		if num, ok := strings.CutSuffix(t, u.suffix); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-			if err != nil || !(v > 0) || math.IsInf(v, 0) {
-				break
-			}
-			return v * u.gbps, nil
+	m := linkRate.FindStringSubmatch(strings.TrimSpace(s))
+	if m != nil {
+		v, err := strconv.ParseFloat(m[1], 64)
+		prefix := map[string]float64{"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}[strings.ToLower(m[2])]
+		bits := 1.0
+		if m[3] == "B" || strings.HasPrefix(strings.ToLower(m[3]), "byte") {
+			bits = 8
+		}
+		if g := v * prefix * bits / 1e9; err == nil && g > 0 && !math.IsInf(g, 0) {
+			return g, nil
 		}
 	}
-	return 0, fmt.Errorf("--link %q: want a positive rate in bits per second: 1gbit, 10gbit, 25gbit, 100gbit, or a number with kbit, mbit, gbit or tbit", s)
+	return 0, fmt.Errorf("--link %q: want a positive rate in %s", s, linkForms)
 }
 
 // planInputs gathers the cluster and the workload from the flags, a run
@@ -109,24 +119,24 @@ func planInputs(c *cli.Context) (planIn, error) {
 		gpu = ""
 	}
 	if c.Int("hosts") < 1 || c.Int("per-host") < 1 {
-		return in, fmt.Errorf("plan: --hosts %d --per-host %d: want at least 1 each", c.Int("hosts"), c.Int("per-host"))
+		return in, usage(fmt.Errorf("plan: --hosts %d --per-host %d: want at least 1 each", c.Int("hosts"), c.Int("per-host")))
 	}
 	for _, f := range []string{"compute-s", "compute-sd-s", "latency-us", "transport-cap-gbs", "transport-step-us"} {
 		if c.Float64(f) < 0 {
-			return in, fmt.Errorf("plan: --%s %g: must not be negative", f, c.Float64(f))
+			return in, usage(fmt.Errorf("plan: --%s %g: must not be negative", f, c.Float64(f)))
 		}
 	}
 	if c.Int("threads") < 0 || c.Int("cores-per-host") < 0 {
-		return in, fmt.Errorf("plan: --threads %d --cores-per-host %d: must not be negative", c.Int("threads"), c.Int("cores-per-host"))
+		return in, usage(fmt.Errorf("plan: --threads %d --cores-per-host %d: must not be negative", c.Int("threads"), c.Int("cores-per-host")))
 	}
 	switch c.String("compression") {
 	case "fp16", "bf16", "none":
 	default:
-		return in, fmt.Errorf("plan: --compression %q: want fp16, bf16 or none", c.String("compression"))
+		return in, usage(fmt.Errorf("plan: --compression %q: want fp16, bf16 or none", c.String("compression")))
 	}
 	tr, err := plan.ParseTransport(c.String("transport"))
 	if err != nil {
-		return in, fmt.Errorf("plan: --transport: %v", err)
+		return in, usage(fmt.Errorf("plan: --transport: %v", err))
 	}
 	if d := c.String("from-run"); d != "" {
 		if in, err = fromRun(c, d); err != nil {
@@ -175,15 +185,15 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	in := planIn{preset: c.String("preset")}
 	link, err := parseLink(c.String("link"))
 	if err != nil {
-		return in, fmt.Errorf("plan: %v", err)
+		return in, usage(fmt.Errorf("plan: %v", err))
 	}
 	cfg, err := transformer.Preset(in.preset, c.Int("vocab"))
 	if err != nil {
-		return in, fmt.Errorf("plan: --preset: %v", err)
+		return in, usage(fmt.Errorf("plan: %v", err))
 	}
 	ps, err := transformer.ParamList(cfg)
 	if err != nil {
-		return in, fmt.Errorf("plan: --preset %s --vocab %d: %v", in.preset, c.Int("vocab"), err)
+		return in, usage(fmt.Errorf("plan: --preset %s --vocab %d: %v", in.preset, c.Int("vocab"), err))
 	}
 	var params int64
 	for _, p := range ps {
@@ -200,7 +210,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 		return in, nil
 	}
 	if gpu != "" {
-		return in, fmt.Errorf("plan: --device %s: no compute time measured on a GPU in this project (nothing has run on one yet): give --compute-s, the seconds of one step measured on that GPU", gpu)
+		return in, usage(fmt.Errorf("plan: --device %s: no compute time measured on a GPU in this project (nothing has run on one yet): give --compute-s, the seconds of one step measured on that GPU", gpu))
 	}
 	if in.c.CoresPerHost == 0 {
 		in.c.CoresPerHost = runtime.NumCPU()
@@ -231,19 +241,13 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	if err != nil {
 		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
 	}
-	trains := 0
-	for _, r := range recs {
-		if r.Kind == "train" {
-			trains++
-		}
-	}
-	from := 0
-	if trains >= 3 {
-		from = 1 // the first interval warms up
-	}
-	st := metrics.MeasureSteps(recs, ri.WorldSize, from)
+	// the report's predictions take the run's steps so, by the same rule
+	st := metrics.MeasureRun(recs, ri.WorldSize)
 	if st.Intervals == 0 || !(st.Own() > 0) {
 		return in, fmt.Errorf("plan: --from-run %s: no compute time in metrics.jsonl (a run that logged no step)", dir)
+	}
+	if why := st.WhyNotEnough(); why != "" && !(c.Float64("compute-s") > 0) {
+		return in, fmt.Errorf("plan: --from-run %s: not enough data: %s; or give --compute-s", dir, why)
 	}
 	in.preset, in.c, in.w = ri.Preset, metrics.RunCluster(ri), metrics.RunWorkload(ri, st)
 	if len(ri.Buckets) == 0 {
@@ -260,11 +264,11 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	}
 	if c.IsSet("link") {
 		if in.c.LinkGbps, err = parseLink(c.String("link")); err != nil {
-			return in, fmt.Errorf("plan: %v", err)
+			return in, usage(fmt.Errorf("plan: %v", err))
 		}
 	}
 	in.tokens = "target tokens"
-	in.source = fmt.Sprintf("measured by the run in %s: %s, %s%s, compute less the token-count wait", dir, plural(ri.WorldSize, "rank"), plural(st.Intervals, "logged interval"), map[bool]string{true: " after the first"}[from == 1])
+	in.source = fmt.Sprintf("measured by the run in %s: %s, %s%s, compute less the token-count wait", dir, plural(ri.WorldSize, "rank"), plural(st.Intervals, "logged interval"), map[bool]string{true: " after the first"}[st.Skipped == 1])
 	in.runStep = st.Step
 	in.measure = fmt.Sprintf("%s on %s", plural(ri.WorldSize, "rank"), plural(len(metrics.UniqueHosts(ri.Hosts)), "host"))
 	return in, nil
@@ -276,7 +280,7 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
 	probe, err := transformer.Preset(ri.Preset, 1000)
 	if err != nil {
-		return fmt.Errorf("plan: --from-run: run.json's preset: %v", err)
+		return fmt.Errorf("plan: --from-run: run.json names preset %q, which this nmt-train does not know", ri.Preset)
 	}
 	ps, err := transformer.ParamList(probe)
 	if err != nil {

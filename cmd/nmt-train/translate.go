@@ -18,14 +18,15 @@ import (
 
 func translateCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "translate",
-		Usage: "translate sentences from stdin with a checkpoint (one per line, output detokenized)",
+		Name:      "translate",
+		Usage:     "translate sentences from stdin with a checkpoint, one per line, to stdout (detokenized unless --pieces)",
+		ArgsUsage: "< SOURCE.txt > TRANSLATION.txt",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "run-dir", Value: "runs/nmt", Usage: "run directory (its vocab.txt, bpe.codes and latest checkpoint)"},
 			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory (default: the run's latest)"},
 			&cli.IntFlag{Name: "beam", Value: 4, Usage: "beam width (1: greedy); the lab uses 4"},
-			&cli.Float64Flag{Name: "alpha", Value: 0.6, Usage: "length penalty exponent"},
-			&cli.StringFlag{Name: "input", Value: "auto", Usage: "auto | text (apply the run's BPE) | pieces (the lab's tokenized lines) | words (one piece per word)"},
+			&cli.Float64Flag{Name: "alpha", Value: 0.6, Usage: "length penalty exponent of beam search"},
+			&cli.StringFlag{Name: "input", Value: "auto", Usage: "auto (text when the run has bpe.codes; else pieces for a line that starts with " + data.WordBoundary + ", words for one that does not) | text (apply the run's BPE) | pieces (the lab's tokenized lines) | words (one piece per word)"},
 			&cli.BoolFlag{Name: "pieces", Usage: "print vocabulary pieces instead of detokenized text"},
 			&cli.IntFlag{Name: "batch", Value: 32, Usage: "sentences per decoding batch"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
@@ -36,6 +37,9 @@ func translateCommand() *cli.Command {
 					err = cuda.Failure(r)
 				}
 			}()
+			if err := translateArgs(c); err != nil {
+				return usage(err)
+			}
 			be, _, err := device.Open(c.String("device"))
 			if err != nil {
 				return err
@@ -126,6 +130,31 @@ func translateCommand() *cli.Command {
 			return flush()
 		},
 	}
+}
+
+// translateArgs checks the command line before anything is loaded.
+func translateArgs(c *cli.Context) error {
+	switch {
+	case c.NArg() > 0:
+		return fmt.Errorf("translate: unexpected argument %q (it reads the sentences from stdin; options start with --)", c.Args().First())
+	case c.Int("beam") < 1:
+		return fmt.Errorf("translate: --beam %d: want at least 1 (1: greedy)", c.Int("beam"))
+	case c.Int("batch") < 1:
+		return fmt.Errorf("translate: --batch %d: want at least 1 sentence", c.Int("batch"))
+	case c.Float64("alpha") < 0:
+		return fmt.Errorf("translate: --alpha %g: must not be negative", c.Float64("alpha"))
+	}
+	switch c.String("input") {
+	case "auto", "text", "pieces", "words":
+	default:
+		return fmt.Errorf("translate: --input %q: want auto, text, pieces or words", c.String("input"))
+	}
+	switch strings.ToLower(strings.TrimSpace(c.String("device"))) {
+	case "", "auto", "cpu", "cuda", "gpu":
+	default:
+		return fmt.Errorf("translate: unknown --device %q (want %s)", c.String("device"), device.Names)
+	}
+	return nil
 }
 
 func splitter(mode string, bpe *data.BPE) (func(string) []string, error) {

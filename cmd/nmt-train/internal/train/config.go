@@ -3,6 +3,7 @@
 package train
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,7 +18,8 @@ import (
 // ApplyConfigFile sets every flag named in a YAML or JSON config file that
 // was not given on the command line (the command line wins). Keys are the
 // flags' long names (learning-rate, warmup-steps, ...; underscores are
-// accepted for dashes). An unknown key is an error naming the file and line.
+// accepted for dashes). An unknown key, or a key given twice (max-steps
+// and max_steps are one key), is an error naming the file and the line.
 func ApplyConfigFile(c *cli.Context, path string) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -29,48 +31,34 @@ func ApplyConfigFile(c *cli.Context, path string) error {
 			known[n] = f
 		}
 	}
-	type kv struct {
-		key, val string
-		line     int
+	var items []configItem
+	if strings.ToLower(filepath.Ext(path)) == ".json" {
+		items, err = jsonItems(path, raw)
+	} else {
+		items, err = yamlItems(path, raw)
 	}
-	var items []kv
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".json":
-		var m map[string]any
-		dec := json.NewDecoder(strings.NewReader(string(raw)))
-		dec.UseNumber()
-		if err := dec.Decode(&m); err != nil {
-			return fmt.Errorf("%s: not valid JSON: %v", path, err)
-		}
-		for k, v := range m {
-			items = append(items, kv{k, scalarString(v), lineOf(string(raw), `"`+k+`"`)})
-		}
-	default:
-		var doc yaml.Node
-		if err := yaml.Unmarshal(raw, &doc); err != nil {
-			return fmt.Errorf("%s: not valid YAML: %v", path, err)
-		}
-		if len(doc.Content) == 0 {
-			return nil
-		}
-		m := doc.Content[0]
-		if m.Kind != yaml.MappingNode {
-			return fmt.Errorf("%s:%d: want a mapping of option: value", path, m.Line)
-		}
-		for i := 0; i+1 < len(m.Content); i += 2 {
-			k, v := m.Content[i], m.Content[i+1]
-			if v.Kind != yaml.ScalarNode {
-				return fmt.Errorf("%s:%d: %s: want a single value", path, v.Line, k.Value)
-			}
-			items = append(items, kv{k.Value, v.Value, k.Line})
-		}
+	if err != nil {
+		return err
 	}
-	sort.Slice(items, func(a, b int) bool { return items[a].line < items[b].line })
+	sort.SliceStable(items, func(a, b int) bool { return items[a].line < items[b].line })
+	first := map[string]configItem{} // by flag name
 	for _, it := range items {
 		name := strings.ReplaceAll(it.key, "_", "-")
-		if _, ok := known[name]; !ok || name == "config" || name == "help" {
+		f, ok := known[name]
+		if !ok || name == "config" || name == "help" {
 			return fmt.Errorf("%s:%d: unknown key %q (run nmt-train train --help for the options)", path, it.line, it.key)
 		}
+		if was, ok := first[f.Names()[0]]; ok {
+			as := ""
+			if was.key != it.key {
+				as = fmt.Sprintf(" as %q", was.key)
+			}
+			return fmt.Errorf("%s:%d: key %q is given twice (first at line %d%s)", path, it.line, it.key, was.line, as)
+		}
+		first[f.Names()[0]] = it
+	}
+	for _, it := range items {
+		name := strings.ReplaceAll(it.key, "_", "-")
 		if c.IsSet(name) {
 			continue // the command line wins
 		}
@@ -79,6 +67,73 @@ func ApplyConfigFile(c *cli.Context, path string) error {
 		}
 	}
 	return nil
+}
+
+// configItem is one key of a config file: its value as a flag's text and
+// the line it is on.
+type configItem struct {
+	key, val string
+	line     int
+}
+
+// yamlItems reads a YAML mapping of option: value (yaml.v3 keeps a key
+// given twice in a node tree; ApplyConfigFile refuses it).
+func yamlItems(path string, raw []byte) ([]configItem, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, fmt.Errorf("%s: not valid YAML: %v", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil, nil
+	}
+	m := doc.Content[0]
+	if m.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s:%d: want a mapping of option: value", path, m.Line)
+	}
+	var items []configItem
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if v.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("%s:%d: %s: want a single value", path, v.Line, k.Value)
+		}
+		items = append(items, configItem{k.Value, v.Value, k.Line})
+	}
+	return items, nil
+}
+
+// jsonItems reads a JSON object of "option": value token by token, every
+// key with its line (encoding/json's maps keep the last of a key given
+// twice, silently).
+func jsonItems(path string, raw []byte) ([]configItem, error) {
+	bad := func(err error) error { return fmt.Errorf("%s: not valid JSON: %v", path, err) }
+	lineAt := func(off int64) int { return bytes.Count(raw[:min(off, int64(len(raw)))], []byte("\n")) + 1 }
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	t, err := dec.Token()
+	if err != nil {
+		return nil, bad(err)
+	}
+	if d, ok := t.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("%s:%d: want an object of \"option\": value", path, lineAt(dec.InputOffset()))
+	}
+	var items []configItem
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, bad(err)
+		}
+		key, _ := t.(string) // an object's keys are strings
+		line := lineAt(dec.InputOffset())
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return nil, bad(err)
+		}
+		items = append(items, configItem{key, scalarString(v), line})
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, bad(err)
+	}
+	return items, nil
 }
 
 func scalarString(v any) string {
@@ -95,12 +150,4 @@ func scalarString(v any) string {
 		b, _ := json.Marshal(x)
 		return string(b)
 	}
-}
-
-func lineOf(text, needle string) int {
-	i := strings.Index(text, needle)
-	if i < 0 {
-		return 0
-	}
-	return strings.Count(text[:i], "\n") + 1
 }

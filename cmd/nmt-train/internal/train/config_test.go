@@ -67,3 +67,35 @@ func TestConfigUnknownKey(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// A key given twice is refused naming both lines, in YAML (yaml.v3's node
+// tree keeps both) and in JSON (encoding/json keeps the last, silently);
+// a dash and an underscore name one key. Nothing is applied.
+func TestConfigDuplicateKey(t *testing.T) {
+	for _, c := range []struct {
+		name, content, want string
+	}{
+		{"x.yaml", "# lab\nlearning-rate: 1\nwarmup-steps: 10\npreset: tiny\n\n\nwarmup-steps: 20\n", `x.yaml:7: key "warmup-steps" is given twice (first at line 3)`},
+		{"x.yaml", "warmup_steps: 10\nwarmup-steps: 20\n", `x.yaml:2: key "warmup-steps" is given twice (first at line 1 as "warmup_steps")`},
+		{"x.json", "{\n  \"warmup-steps\": 10,\n  \"preset\": \"tiny\",\n  \"warmup-steps\": 20\n}\n", `x.json:4: key "warmup-steps" is given twice (first at line 2)`},
+		{"x.json", `{"preset": "tiny", "preset": "small"}`, `x.json:1: key "preset" is given twice (first at line 1)`},
+	} {
+		got, err := runWithConfig(t, c.name, c.content)
+		if err == nil || !strings.HasSuffix(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s %q: got %v, want an error ending %q", c.name, c.content, err, c.want)
+		}
+		if len(got) != 0 {
+			t.Errorf("%s: applied %v", c.name, got)
+		}
+	}
+	// JSON: the line of each key, an object wanted
+	if _, err := runWithConfig(t, "c.json", "{\n \"learning-rate\": 1,\n\n \"lr\": 2}"); err == nil || !strings.Contains(err.Error(), `c.json:4: unknown key "lr"`) {
+		t.Errorf("unknown key on line 4: %v", err)
+	}
+	if _, err := runWithConfig(t, "c.json", `["preset"]`); err == nil || !strings.Contains(err.Error(), "c.json:1: want an object") {
+		t.Errorf("an array: %v", err)
+	}
+	if _, err := runWithConfig(t, "c.json", `{"preset": "tiny",}`); err == nil || !strings.Contains(err.Error(), "c.json: not valid JSON") {
+		t.Errorf("a trailing comma: %v", err)
+	}
+}
