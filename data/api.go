@@ -2,7 +2,8 @@
 // a SentencePiece-format vocabulary, a joint BPE (learn/apply), a compact
 // memory-mapped binary corpus, length-bucketed token batches sharded over
 // ranks with equal step counts, a built-in synthetic corpus, and
-// sacreBLEU-compatible BLEU.
+// sacreBLEU-compatible BLEU; Prepare is the whole pipeline from text files
+// to a prepared directory (`nmt-train prepare`, the trainer's corpus cache).
 //
 // It knows nothing of the model: a Batch is plain padded int32 matrices in
 // the layout transformer.Batch takes (B, S, T, Src, Tgt).

@@ -57,8 +57,12 @@ func nonPad(ids []int32) int {
 
 // BatchConfig configures a Batcher.
 type BatchConfig struct {
-	// TokensPerBatch bounds Padded() of every batch.
+	// TokensPerBatch bounds Padded() of every batch (when Rows is 0).
 	TokensPerBatch int
+	// Rows, when > 0, makes every batch hold Rows sentence pairs (the last
+	// of a length bucket fewer), whatever their length: OpenSeq2Seq's
+	// batch_size_per_gpu. TokensPerBatch is then not used.
+	Rows int
 	// MaxLen skips pairs whose longer side, with EOS, is longer (0: only
 	// the token budget limits it).
 	MaxLen int
@@ -76,20 +80,23 @@ type Position struct {
 	Epoch int   `json:"epoch"`
 	Index int   `json:"index"`
 	Seed  int64 `json:"seed"`
-	// Tokens is the budget of the batches (BatchConfig.TokensPerBatch).
+	// Tokens is the budget of the batches (BatchConfig.TokensPerBatch),
+	// 0 when they hold Rows pairs.
 	Tokens int `json:"batch_tokens"`
-	Lines  int `json:"lines"`
+	// Rows is BatchConfig.Rows (0: a token budget).
+	Rows  int `json:"batch_rows,omitempty"`
+	Lines int `json:"lines"`
 	// Steps is the number of batches per epoch.
 	Steps int `json:"steps_per_epoch"`
 }
 
 // Batcher cuts a Source into one seeded order of length-bucketed batches
-// of at most TokensPerBatch padded tokens.
+// of at most TokensPerBatch padded tokens, or of Rows sentence pairs.
 //
 // Lines are bucketed by the length of their longer side with EOS, with
 // bucket bounds growing by 10% from 8 (tensor2tensor's scheme); a bucket
-// with bound L holds batches of TokensPerBatch/L rows, padded to the
-// longest row. Every epoch the lines are shuffled within buckets and then
+// with bound L holds batches of TokensPerBatch/L rows (or of Rows rows),
+// padded to the longest row. Every epoch the lines are shuffled within buckets and then
 // the order of the batches, from (Seed, epoch): every line is seen exactly
 // once per epoch. Every rank of a job runs the same Batcher and takes its
 // batches of the order (Next), passing over the others' (Skip), so the
@@ -111,12 +118,27 @@ type Batcher struct {
 // NewBatcher plans the batches. Its error: a budget smaller than the
 // shortest possible pair.
 func NewBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
-	if cfg.TokensPerBatch < 2 {
+	var maxLen int
+	switch {
+	case cfg.Rows < 0:
+		return nil, fmt.Errorf("data: a batch of %d sentence pairs", cfg.Rows)
+	case cfg.Rows > 0:
+		cfg.TokensPerBatch = 0
+		maxLen = cfg.MaxLen
+		if maxLen <= 0 { // no limit: the longest pair bounds the buckets
+			maxLen = 2
+			for i := 0; i < s.Len(); i++ {
+				ls, lt := s.Lens(i)
+				maxLen = max(maxLen, max(ls, lt)+1)
+			}
+		}
+	case cfg.TokensPerBatch < 2:
 		return nil, fmt.Errorf("data: a batch of %d tokens cannot hold a sentence and its EOS", cfg.TokensPerBatch)
-	}
-	maxLen := cfg.TokensPerBatch
-	if cfg.MaxLen > 0 {
-		maxLen = min(maxLen, cfg.MaxLen)
+	default:
+		maxLen = cfg.TokensPerBatch
+		if cfg.MaxLen > 0 {
+			maxLen = min(maxLen, cfg.MaxLen)
+		}
 	}
 	b := &Batcher{src: s, cfg: cfg, maxLen: maxLen}
 	for l := 8; ; l = max(l+1, l*11/10) {
@@ -129,6 +151,9 @@ func NewBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
 	b.rows = make([]int, len(b.bounds))
 	for i, l := range b.bounds {
 		b.rows[i] = cfg.TokensPerBatch / l
+		if cfg.Rows > 0 {
+			b.rows[i] = cfg.Rows
+		}
 	}
 	n := s.Len()
 	// bucket of every line; -1 when too long
@@ -157,7 +182,7 @@ func NewBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
 	for k, c := range hist {
 		b.steps += (c + b.rows[k] - 1) / b.rows[k]
 	}
-	b.pos = Position{Seed: cfg.Seed, Tokens: cfg.TokensPerBatch, Lines: n, Steps: b.steps}
+	b.pos = Position{Seed: cfg.Seed, Tokens: cfg.TokensPerBatch, Rows: cfg.Rows, Lines: n, Steps: b.steps}
 	b.plan = b.makePlan(0)
 	return b, nil
 }
@@ -194,11 +219,11 @@ func (b *Batcher) Restore(j json.RawMessage) error {
 	if err := json.Unmarshal(j, &p); err != nil {
 		return fmt.Errorf("data: batcher position %s: %v", j, err)
 	}
-	if p.Tokens == 0 {
+	if p.Tokens == 0 && p.Rows == 0 {
 		if p.Size > 1 {
 			return fmt.Errorf("data: the data position is one of %d per-rank shards, written by a version before the data order was global: this version cannot continue it; start a new run, or finish this one with the version that wrote it", p.Size)
 		}
-		p.Tokens = b.cfg.TokensPerBatch
+		p.Tokens, p.Rows = b.cfg.TokensPerBatch, b.cfg.Rows
 		if err := b.SetPos(p.Position); err != nil {
 			return fmt.Errorf("%v (a position written before the data order was global does not record its batch size: resume with the settings of the run that wrote it)", err)
 		}
@@ -207,9 +232,9 @@ func (b *Batcher) Restore(j json.RawMessage) error {
 	return b.SetPos(p.Position)
 }
 
-// SetPos continues from p. When p's token budget differs from this
-// Batcher's, the batches are planned again with p's: a job continues its
-// own order of batches.
+// SetPos continues from p. When p's batch size (token budget or rows)
+// differs from this Batcher's, the batches are planned again with p's: a
+// job continues its own order of batches.
 func (b *Batcher) SetPos(p Position) error {
 	if p.Seed != b.pos.Seed || p.Lines != b.pos.Lines {
 		return fmt.Errorf("data: cannot resume the data position: it was saved with seed %d and %d lines; this run has seed %d and %d lines",
@@ -217,9 +242,9 @@ func (b *Batcher) SetPos(p Position) error {
 	}
 	// Checked on a copy: a position that is refused leaves b as it was.
 	nb := *b
-	if p.Tokens != b.cfg.TokensPerBatch {
+	if p.Tokens != b.cfg.TokensPerBatch || p.Rows != b.cfg.Rows {
 		cfg := b.cfg
-		cfg.TokensPerBatch = p.Tokens
+		cfg.TokensPerBatch, cfg.Rows = p.Tokens, p.Rows
 		re, err := NewBatcher(b.src, cfg)
 		if err != nil {
 			return fmt.Errorf("data: cannot resume the data position: %v", err)
@@ -227,8 +252,8 @@ func (b *Batcher) SetPos(p Position) error {
 		nb = *re
 	}
 	if p.Steps != nb.steps {
-		return fmt.Errorf("data: cannot resume the data position: it was saved with %d batches of %d tokens per epoch; this corpus gives %d (another --max-length or corpus?)",
-			p.Steps, p.Tokens, nb.steps)
+		return fmt.Errorf("data: cannot resume the data position: it was saved with %d batches of %s per epoch; this corpus gives %d (another --max-length or corpus?)",
+			p.Steps, p.BatchSize(), nb.steps)
 	}
 	if p.Epoch < 0 || p.Index < 0 || p.Index > p.Steps {
 		return fmt.Errorf("data: invalid data position epoch %d index %d", p.Epoch, p.Index)
@@ -239,6 +264,15 @@ func (b *Batcher) SetPos(p Position) error {
 	nb.pos = p
 	*b = nb
 	return nil
+}
+
+// BatchSize says what a batch of the position holds: "4096 tokens" or
+// "128 sentence pairs".
+func (p Position) BatchSize() string {
+	if p.Rows > 0 {
+		return fmt.Sprintf("%d sentence pairs", p.Rows)
+	}
+	return fmt.Sprintf("%d tokens", p.Tokens)
 }
 
 // Next returns the next batch, starting a new epoch when one ends. Its only

@@ -1183,3 +1183,70 @@ func goodCorpus(t *testing.T) (dir string, b []byte) {
 	}
 	return dir, b
 }
+
+// Rows: every batch holds Rows sentence pairs of one length bucket (the
+// last of a bucket fewer), every eligible line once an epoch, whatever the
+// lengths; the position records the rows and continues a Batcher planned
+// with a token budget by re-planning with rows, and the reverse.
+func TestBatcherRows(t *testing.T) {
+	src := batchSource(300, 6)
+	b, err := NewBatcher(src, BatchConfig{Rows: 7, MaxLen: 20, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]int{}
+	partial := 0
+	for k := 0; k < b.StepsPerEpoch(); k++ {
+		bt, err := b.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bt.B > 7 || bt.B < 1 {
+			t.Fatalf("batch %d has %d rows, want 1..7", k, bt.B)
+		}
+		if bt.B < 7 {
+			partial++
+		}
+		for _, l := range bt.Lines {
+			seen[l]++
+		}
+	}
+	if len(seen) != b.Lines() || b.Lines()+b.Skipped() != 300 {
+		t.Fatalf("an epoch saw %d lines, %d eligible, %d skipped", len(seen), b.Lines(), b.Skipped())
+	}
+	for l, n := range seen {
+		if n != 1 {
+			t.Fatalf("line %d seen %d times in an epoch", l, n)
+		}
+	}
+	if partial > len(b.bounds) {
+		t.Errorf("%d batches below 7 rows; at most one per bucket (%d)", partial, len(b.bounds))
+	}
+	if b.Pos().Rows != 7 || b.Pos().Tokens != 0 || b.Pos().BatchSize() != "7 sentence pairs" {
+		t.Errorf("position %+v (%s)", b.Pos(), b.Pos().BatchSize())
+	}
+	// A token-budget Batcher continues a rows position with its rows.
+	b.Next()
+	j, _ := json.Marshal(b.Pos())
+	tok, _ := NewBatcher(src, BatchConfig{TokensPerBatch: 150, MaxLen: 20, Seed: 5})
+	if err := tok.Restore(j); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := NewBatcher(src, BatchConfig{Rows: 7, MaxLen: 20, Seed: 5})
+	for k := 0; k < again.StepsPerEpoch()+1; k++ {
+		again.Skip()
+	}
+	want, _ := again.Next()
+	got, _ := tok.Next()
+	if !reflect.DeepEqual(got.Lines, want.Lines) {
+		t.Errorf("resumed rows position: lines %v, want %v", got.Lines, want.Lines)
+	}
+	// Without MaxLen the longest pair bounds the buckets: nothing skipped.
+	all, err := NewBatcher(src, BatchConfig{Rows: 16, Seed: 5})
+	if err != nil || all.Skipped() != 0 || all.Lines() != 300 {
+		t.Fatalf("rows without a max length: %v, %d skipped", err, all.Skipped())
+	}
+	if _, err := NewBatcher(src, BatchConfig{Rows: -1}); err == nil {
+		t.Error("negative rows accepted")
+	}
+}

@@ -44,6 +44,9 @@ func main() {
 	app := &cli.App{
 		Name:  "nmt-train",
 		Usage: "distributed training of a Transformer translation model (run it under gorun)",
+		Description: "As OpenSeq2Seq's run.py, with its config file:\n" +
+			"     nmt-train --config_file=transformer-base.py --mode=train_eval|train|eval|infer [--infer_output_file=F] [--continue_learning]\n" +
+			"   (nmt-train --config_file=x --help lists run.py's flags; docs/openseq2seq.md)",
 		Commands: []*cli.Command{
 			trainCommand(stop, &training),
 			prepareCommand(),
@@ -60,7 +63,7 @@ func main() {
 			}
 			if c.NArg() > 0 {
 				name := c.Args().First()
-				return fmt.Errorf("unknown command '%s'%s (see nmt-train --help)", name, suggest(name, c.App.Commands))
+				return usage(fmt.Errorf("unknown command '%s'%s (see nmt-train --help)", name, suggest(name, c.App.Commands)))
 			}
 			return cli.ShowAppHelp(c)
 		},
@@ -72,11 +75,19 @@ func main() {
 	// One bad flag: one line and where the help is, not the usage dump.
 	for _, cmd := range app.Commands {
 		cmd.OnUsageError = func(c *cli.Context, err error, _ bool) error {
-			return fmt.Errorf("%v (see nmt-train %s --help)", err, c.Command.Name)
+			return usage(fmt.Errorf("%v (see nmt-train %s --help)", err, c.Command.Name))
 		}
 	}
-	app.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return fmt.Errorf("%v (see nmt-train --help)", err) }
-	if err := app.RunContext(ctx, bleuFlagsFirst(os.Args)); err != nil {
+	app.OnUsageError = func(_ *cli.Context, err error, _ bool) error {
+		return usage(fmt.Errorf("%v (see nmt-train --help)", err))
+	}
+	var err error
+	if runPyArgs(os.Args) { // started as OpenSeq2Seq's run.py: --config_file=FILE --mode=...
+		err = runPy(ctx, os.Args[1:], stop, func() { training.Store(true) })
+	} else {
+		err = app.RunContext(ctx, bleuFlagsFirst(os.Args))
+	}
+	if err != nil {
 		var stopped *train.StoppedError
 		if errors.As(err, &stopped) {
 			os.Exit(128 + int(stopped.Sig.(syscall.Signal)))
@@ -84,8 +95,37 @@ func main() {
 		if !errors.Is(err, train.ErrReported) {
 			fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
 		}
-		os.Exit(1)
+		os.Exit(exitStatus(err))
 	}
+}
+
+// exitUsage is the status of a mistake in the command line, as gorun's
+// (mpirun.ExitUsage); a failure exits 1.
+const exitUsage = 2
+
+// usageError is a mistake in the command line: an unknown command or
+// flag, a missing or extra argument, a flag value the flag does not take.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// usage marks err (nil stays nil) as a mistake in the command line.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// exitStatus is exitUsage for a mistake in the command line (ours, or the
+// CLI's "No help topic" of `help X` and `--help X`), else 1.
+func exitStatus(err error) int {
+	var ue usageError
+	var help cli.ExitCoder
+	if errors.As(err, &ue) || errors.As(err, &help) {
+		return exitUsage
+	}
+	return 1
 }
 
 func trainCommand(stop <-chan os.Signal, training *atomic.Bool) *cli.Command {
@@ -96,16 +136,16 @@ func trainCommand(stop <-chan os.Signal, training *atomic.Bool) *cli.Command {
 		Flags:     train.Flags(),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
-				return fmt.Errorf("train: unexpected argument %q (options start with --)", c.Args().First())
+				return usage(fmt.Errorf("train: unexpected argument %q (options start with --)", c.Args().First()))
 			}
 			if f := c.String("config"); f != "" {
 				if err := train.ApplyConfigFile(c, f); err != nil {
-					return err
+					return usage(err)
 				}
 			}
 			o, err := train.OptionsFromCLI(c)
 			if err != nil {
-				return err
+				return usage(err)
 			}
 			o.Stop = stop
 			training.Store(true)
@@ -121,7 +161,7 @@ func reportCommand() *cli.Command {
 		ArgsUsage: "RUN_DIR",
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
-				return fmt.Errorf("report: want one run directory")
+				return usage(fmt.Errorf("report: want one run directory, got %d arguments (nmt-train report RUN_DIR)", c.NArg()))
 			}
 			p, err := train.WriteReport(c.Args().First())
 			if err != nil {

@@ -368,3 +368,35 @@ func TestPrepareFailureKeepsOut(t *testing.T) {
 		t.Errorf("--out holds %v, want train.bin, valid.bin, vocab.txt, prepare.md", ents)
 	}
 }
+
+// Flags given with a value that data.PrepareConfig would read as "not
+// given" are refused as given, and flags that do not apply to --synthetic
+// are refused whatever their value; --valid-lines matters only without
+// validation files.
+func TestPrepareFlagValues(t *testing.T) {
+	dir := t.TempDir()
+	a := writeFile(t, dir, "a", "▁a ▁b\n▁c\n▁d\n▁e\n")
+	out := filepath.Join(dir, "out")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--src", a, "--tgt", a, "--vocab-size", "0"}, "prepare: --vocab-size 0: want at least 5"},
+		{[]string{"--src", a, "--tgt", a, "--bpe-merges", "0", "--vocab-size", "10"}, "prepare: --bpe-merges 0: want at least 1"},
+		{[]string{"--synthetic", "--vocab-size", "3"}, "prepare: --synthetic makes its own data; --vocab-size does not apply"},
+		{[]string{"--synthetic", "--src", ""}, "prepare: --synthetic makes its own data; --src does not apply"},
+		{[]string{"--synthetic", "--synthetic-lines", "0"}, "prepare: --synthetic-lines 0: want at least 1"},
+		{[]string{"--src", "", "--tgt", a, "--vocab-size", "10"}, "prepare: --src: want a file name"},
+		{[]string{"--src", a, "--tgt", a, "--vocab", ""}, "prepare: --vocab: want a file name"},
+	} {
+		if o, err := runCmd(t, "", append(append([]string{"prepare"}, c.args...), "--out", out)...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q\n%s", c.args, err, c.want, o)
+		}
+	}
+	if o, err := runCmd(t, "", "prepare", "--src", a, "--tgt", a, "--vocab-size", "10", "--valid-src", a, "--valid-tgt", a, "--valid-lines", "0", "--out", out); err != nil {
+		t.Errorf("--valid-lines 0 with validation files: %v\n%s", err, o)
+	}
+	if o, err := runCmd(t, "", "prepare", "--synthetic", "--synthetic-lines", "20", "--valid-lines", "0", "--out", out); err != nil {
+		t.Errorf("--valid-lines 0 with --synthetic: %v\n%s", err, o)
+	}
+}

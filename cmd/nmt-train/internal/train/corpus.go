@@ -29,6 +29,15 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 		err        error
 		validRefsF func(i int) string
 	)
+	// Text files (an OpenSeq2Seq config's): their entry in the corpus
+	// cache, prepared now if need be, read as --data.
+	var text *Cached
+	if o.Text != nil {
+		if text, err = o.Text.Open(); err != nil {
+			return nil, err
+		}
+		o.Data = text.Dir
+	}
 	if o.Data == "" {
 		v = data.SyntheticVocab()
 		src, tgt := data.Synthetic(data.SyntheticTrainSeed, o.SyntheticLines)
@@ -97,9 +106,13 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 	c.Vocab, c.VocabSize, c.VocabHash = v, v.Size(), v.Hash()
 	c.Decode = func(ids []int32) string { return data.Detokenize(v.Decode(ids)) }
 	c.Pieces = func(ids []int32) []string { return v.Decode(ids) }
+	evalMax := o.MaxLength
+	if o.EvalMaxLength > 0 {
+		evalMax = o.EvalMaxLength
+	}
 	for i := 0; i < valid.Len(); i++ {
 		s, t := valid.Pair(i)
-		if len(s)+1 > o.MaxLength || len(t)+1 > o.MaxLength { // EOS counts, as in prepare
+		if len(s)+1 > evalMax || len(t)+1 > evalMax { // EOS counts, as in prepare
 			continue // as the lab: evaluate on what the model was trained for
 		}
 		c.Valid = append(c.Valid, [2][]int32{append(append([]int32{}, s...), data.EOS), append(append([]int32{}, t...), data.EOS)})
@@ -109,7 +122,7 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 	// takes --backward-passes-per-step x ranks: the order, and so a
 	// checkpoint's position, does not depend on the number of ranks.
 	bs := &batchSource{rank: r, size: n, passes: o.PassesPerStep, perStep: o.PassesPerStep * n}
-	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, MaxLen: o.MaxLength, Seed: int64(o.Seed), VocabSize: v.Size()}
+	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, Rows: o.BatchPairs, MaxLen: o.MaxLength, Seed: int64(o.Seed), VocabSize: v.Size()}
 	if bs.b, err = data.NewBatcher(train, cfg); err != nil {
 		return fail(fmt.Errorf("%s: %v", c.Name, err))
 	}
@@ -117,6 +130,9 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 		return fail(fmt.Errorf("%s: no sentence pair fits --max-length %d", c.Name, o.MaxLength))
 	}
 	c.Stats.Dropped += int64(bs.b.Skipped())
+	if text != nil {
+		text.attach(c, bs.b, train)
+	}
 	c.Train = bs
 	return c, nil
 }
@@ -203,7 +219,7 @@ func (s *batchSource) Restore(j json.RawMessage) error {
 
 func (s *batchSource) Epoch() int { return s.b.Epoch() }
 
-func (s *batchSource) GlobalBatch() (batches, tokens int) { return s.perStep, s.b.Pos().Tokens }
+func (s *batchSource) GlobalBatch() (batches int, size data.Position) { return s.perStep, s.b.Pos() }
 
 // shareNote says how size ranks take a step of batches batches.
 func shareNote(batches, size int) string {

@@ -11,11 +11,6 @@ import (
 	"github.com/gorun/gorun/transformer"
 )
 
-// evalMaxExtra bounds a translation at len(source)+evalMaxExtra tokens
-// (the lab uses 50; an untrained model would spend most of the eval
-// emitting garbage up to that bound).
-const evalMaxExtra = 20
-
 // evaluate computes the validation loss (all validation sentences, split
 // over the ranks) and BLEU (the first --eval-sentences, translated in
 // parallel by all ranks), and logs them on rank 0.
@@ -25,7 +20,8 @@ func (t *Trainer) evaluate(ctx context.Context) error {
 	defer end()
 	valid := t.data.Valid
 	N, r := t.id.Size, t.id.Rank
-	// Loss over this rank's share, in batches of at most BatchTokens.
+	// Loss over this rank's share, in batches of at most BatchTokens/2
+	// tokens, or of EvalBatchPairs pairs.
 	var n, raw, lab float64
 	var src, tgt [][]int32
 	toks := 0
@@ -49,7 +45,7 @@ func (t *Trainer) evaluate(ctx context.Context) error {
 	}
 	for i := r; i < len(valid); i += N {
 		p := valid[i]
-		if toks+len(p[0])+len(p[1]) > t.o.BatchTokens/2 {
+		if full := t.o.EvalBatchPairs > 0 && len(src) == t.o.EvalBatchPairs; full || t.o.EvalBatchPairs == 0 && toks+len(p[0])+len(p[1]) > t.o.BatchTokens/2 {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -129,7 +125,7 @@ func (t *Trainer) translateShared(ctx context.Context, pairs [][2][]int32) ([][]
 	for _, p := range pairs {
 		maxSrc = max(maxSrc, len(p[0]))
 	}
-	width := maxSrc + evalMaxExtra + 1 // slot: length, then ids
+	width := maxSrc + t.o.DecodeExtra + 1 // slot: length, then ids
 	slots := (K + N - 1) / N
 	mine := make([]int32, slots*width)
 	var idx []int
@@ -138,7 +134,7 @@ func (t *Trainer) translateShared(ctx context.Context, pairs [][2][]int32) ([][]
 		idx = append(idx, i)
 		srcs = append(srcs, pairs[i][0]) // with EOS, as in training
 	}
-	opt := transformer.DecodeOptions{Beam: t.o.Beam, Alpha: 0.6, MaxExtra: evalMaxExtra}
+	opt := transformer.DecodeOptions{Beam: t.o.Beam, Alpha: t.o.Alpha, MaxExtra: t.o.DecodeExtra}
 	const chunk = 64
 	for lo := 0; lo < len(srcs); lo += chunk {
 		hi := min(lo+chunk, len(srcs))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -25,7 +27,9 @@ type setting struct{ name, value string }
 // --run-dir and --resume (rank 0 alone reads and writes the run
 // directory, and broadcasts the checkpoint), --config (its values are
 // compared). --data is compared by content (vocabulary hash and corpus
-// size), not by path, so hosts may mount it in different places.
+// size), not by path, so hosts may mount it in different places; text
+// files (Options.Text) by their sizes and first and last MiB's hashes and
+// the vocabulary's hash, not by path or modification time.
 func (t *Trainer) settings() []setting {
 	o := t.o
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
@@ -37,8 +41,11 @@ func (t *Trainer) settings() []setting {
 		data = fmt.Sprintf("vocabulary %.12s with %s pairs and %s+%s tokens", t.data.VocabHash,
 			metrics.Commas(s.Lines), metrics.Commas(s.SrcTokens), metrics.Commas(s.TgtTokens))
 	}
+	if ct := cachedOf(t.data); o.Text != nil && ct != nil {
+		data = ct.content // the files' sizes and hashes, not paths or times (textDiffer reads it)
+	}
 	lines := "unused"
-	if o.Data == "" {
+	if o.Data == "" && o.Text == nil {
 		lines = i(o.SyntheticLines)
 	}
 	return []setting{
@@ -46,6 +53,9 @@ func (t *Trainer) settings() []setting {
 		{"--synthetic-lines", lines},
 		{"--preset", o.Preset},
 		{"--batch-tokens", i(o.BatchTokens)},
+		{"--batch-pairs", i(o.BatchPairs)},
+		{"model", modelSetting(o)},
+		{"optimizer", adamSetting(o.Adam)},
 		{"--max-length", i(o.MaxLength)},
 		{"--lr-policy", o.LRPolicy},
 		{"--learning-rate", f(o.LearningRate)},
@@ -54,7 +64,12 @@ func (t *Trainer) settings() []setting {
 		{"--log-every", i(o.LogEvery)},
 		{"--eval-every", i(o.EvalEvery)},
 		{"--eval-sentences", i(o.EvalSentences)},
+		{"--eval-max-length", i(o.EvalMaxLength)},
+		{"eval batch pairs", i(o.EvalBatchPairs)},
+		{"evaluation", b(!o.NoEval)},
 		{"--beam", i(o.Beam)},
+		{"--alpha", f(o.Alpha)},
+		{"--decode-extra", i(o.DecodeExtra)},
 		{"--checkpoint-every", i(o.CkptEvery)},
 		{"--keep-checkpoints", i(o.KeepCkpts)},
 		{"--seed", strconv.FormatUint(o.Seed, 10)},
@@ -69,6 +84,23 @@ func (t *Trainer) settings() []setting {
 		{"--precision", t.prec}, // as resolved: auto is fp16 on a GPU, fp32 on the CPU
 		{"--no-dropout", b(o.NoDropout)},
 	}
+}
+
+// modelSetting is the architecture a config gives, or "--preset's".
+func modelSetting(o Options) string {
+	if o.Model == nil {
+		return "--preset's"
+	}
+	j, _ := json.Marshal(o.Model)
+	return string(j)
+}
+
+// adamSetting is the optimizer a config gives, or "LazyAdam's defaults".
+func adamSetting(a *AdamConfig) string {
+	if a == nil {
+		return "LazyAdam's defaults"
+	}
+	return fmt.Sprintf("%+v", *a)
 }
 
 func encodeSettings(ss []setting) []byte {
@@ -145,6 +177,21 @@ func (t *Trainer) checkSettings(ctx context.Context, ss []setting) error {
 	per := make([]map[string]string, n)
 	for r := 0; r < n; r++ {
 		per[r] = decodeSettings(recv[r*width : r*width+int(binary.LittleEndian.Uint64(lens[8*r:]))])
+	}
+	return t.settingsDiffer(ss, per)
+}
+
+// settingsDiffer is the package's settingsDiffer, except that text files
+// (Options.Text) that differ are named with the hosts that have each.
+func (t *Trainer) settingsDiffer(ss []setting, per []map[string]string) error {
+	if t.o.Text != nil {
+		vals := make([]string, len(per))
+		for r, m := range per {
+			vals[r] = m["--data"]
+		}
+		if msg, ok := textDiffer(vals, t.mesh.HostNames(), t.o.Text); ok {
+			return errors.New(msg)
+		}
 	}
 	return settingsDiffer(ss, per)
 }

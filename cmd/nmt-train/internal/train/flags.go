@@ -9,47 +9,76 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/transformer"
 )
 
 // Options is everything `nmt-train train` can be told.
 type Options struct {
-	Data           string // directory written by `nmt-train prepare`; "" = built-in corpus
-	SyntheticLines int
-	Preset         string
-	BatchTokens    int // per rank, source+target tokens including padding
-	MaxLength      int
-	LRPolicy       string
-	LearningRate   float64
-	Warmup         int
-	MaxSteps       int
-	LogEvery       int
-	EvalEvery      int
-	EvalSentences  int
-	Beam           int
-	CkptEvery      int
-	KeepCkpts      int
-	Seed           uint64
-	RunDir         string
-	Resume         bool
-	Compression    string
-	BucketCapMB    float64
-	FirstBucketMB  float64
-	CycleTime      time.Duration
-	Overlap        bool
-	PassesPerStep  int
-	Timeline       string
-	LinkGbps       float64
-	Threads        int
-	Device         string // auto, cpu or cuda (kernels/device)
-	Precision      string // auto, fp32, fp16 or bf16: the inputs of matrix products
-	NoDropout      bool
-	Timeout        time.Duration
-	Quiet          bool
+	// Mode is ModeTrain (""), ModeEval or ModeInfer (OpenSeq2Seq's
+	// --mode); infer translates InferInput into InferOutput.
+	Mode                    string
+	InferInput, InferOutput string
+	Data                    string // directory written by `nmt-train prepare`; "" = built-in corpus
+	SyntheticLines          int
+	Preset                  string
+	BatchTokens             int // per rank, source+target tokens including padding
+	BatchPairs              int // per rank, sentence pairs (OpenSeq2Seq's batch_size_per_gpu); 0: BatchTokens
+	MaxLength               int
+	LRPolicy                string
+	LearningRate            float64
+	Warmup                  int
+	MaxSteps                int
+	LogEvery                int
+	EvalEvery               int
+	EvalSentences           int
+	EvalMaxLength           int // 0: MaxLength
+	EvalBatchPairs          int // sentence pairs per eval batch; 0: BatchTokens/2 tokens
+	NoEval                  bool
+	Beam                    int
+	Alpha                   float64 // length penalty of beam search
+	DecodeExtra             int     // a translation has at most len(source)+DecodeExtra tokens
+	CkptEvery               int
+	KeepCkpts               int
+	Seed                    uint64
+	RunDir                  string
+	Resume                  bool
+	Compression             string
+	BucketCapMB             float64
+	FirstBucketMB           float64
+	CycleTime               time.Duration
+	Overlap                 bool
+	PassesPerStep           int
+	Timeline                string
+	LinkGbps                float64
+	Threads                 int
+	Device                  string // auto, cpu or cuda (kernels/device)
+	Precision               string // auto, fp32, fp16 or bf16: the inputs of matrix products
+	NoDropout               bool
+	Timeout                 time.Duration
+	// Text names the corpus as text files (OpenSeq2Seq configs), prepared
+	// into a cache; nil: Data or the built-in corpus.
+	Text *TextData
+	// Model is the architecture an OpenSeq2Seq config gives (its Vocab is
+	// the corpus's); nil: Preset's.
+	Model *transformer.Config
+	// Adam is the optimizer's beta1, beta2 and epsilon, and Lazy whether it
+	// is LazyAdam (the lab's); nil: LazyAdam 0.9, 0.997, 1e-9.
+	Adam *AdamConfig
+	// Notes are lines rank 0 prints at the start (what a config file set
+	// without effect).
+	Notes []string
+	Quiet bool
 	// Stop, when a signal arrives on it (SIGTERM, SIGINT: a scheduler's
 	// time limit, a preemption, Ctrl-C), makes the job stop after the
 	// step every rank is in, rank 0 writing a checkpoint first; Run then
 	// returns a *StoppedError. Not a flag: the command wires its signals.
 	Stop <-chan os.Signal
+}
+
+// AdamConfig is an OpenSeq2Seq config's optimizer.
+type AdamConfig struct {
+	Lazy              bool
+	Beta1, Beta2, Eps float64
 }
 
 // Flags are the `train` command's flags. Names follow the lab
@@ -61,6 +90,7 @@ func Flags() []cli.Flag {
 		&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "sentence pairs of the built-in corpus (when --data is empty)"},
 		&cli.StringFlag{Name: "preset", Value: "base", Usage: "model size: tiny | small | base | big"},
 		&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank: rows x the longer side's padded length (tensor2tensor's count); a step takes this x ranks x --backward-passes-per-step (the global batch, kept by --resume on any number of ranks)"},
+		&cli.IntFlag{Name: "batch-pairs", Usage: "sentence pairs per batch per rank (OpenSeq2Seq's batch_size_per_gpu), in place of --batch-tokens; 0: --batch-tokens"},
 		&cli.IntFlag{Name: "max-length", Value: 56, Usage: "skip sentence pairs with a side longer than this many tokens (EOS included)"},
 		&cli.StringFlag{Name: "lr-policy", Value: "transformer", Usage: "transformer | inverse_sqrt | constant"},
 		&cli.Float64Flag{Name: "learning-rate", Value: 2.0, Usage: "lab's learning_rate (transformer_policy multiplies it by d_model^-0.5)"},
@@ -69,7 +99,10 @@ func Flags() []cli.Flag {
 		&cli.IntFlag{Name: "log-every", Value: 100, Usage: "print and record a log line every K steps"},
 		&cli.IntFlag{Name: "eval-every", Value: 1000, Usage: "evaluate (loss and BLEU) every E steps; 0: only at the end"},
 		&cli.IntFlag{Name: "eval-sentences", Value: 500, Usage: "validation sentences translated for BLEU (the eval loss uses all of them)"},
+		&cli.IntFlag{Name: "eval-max-length", Usage: "evaluate on the validation pairs of at most this many tokens a side (EOS included); 0: --max-length"},
 		&cli.IntFlag{Name: "beam", Value: 1, Usage: "beam width for the BLEU translations (1: greedy)"},
+		&cli.Float64Flag{Name: "alpha", Value: 0.6, Usage: "length penalty exponent of beam search (OpenSeq2Seq's alpha)"},
+		&cli.IntFlag{Name: "decode-extra", Value: 20, Usage: "a translation has at most the source's length plus this many tokens (OpenSeq2Seq's extra_decode_length is 50)"},
 		&cli.IntFlag{Name: "checkpoint-every", Value: 1000, Usage: "write a checkpoint every C steps; 0: only at the end"},
 		&cli.IntFlag{Name: "keep-checkpoints", Value: 5, Usage: "keep the newest N checkpoints"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the weights, the data order and dropout"},
@@ -99,7 +132,8 @@ func OptionsFromCLI(c *cli.Context) (Options, error) {
 		BatchTokens: c.Int("batch-tokens"), MaxLength: c.Int("max-length"),
 		LRPolicy: c.String("lr-policy"), LearningRate: c.Float64("learning-rate"), Warmup: c.Int("warmup-steps"),
 		MaxSteps: c.Int("max-steps"), LogEvery: c.Int("log-every"), EvalEvery: c.Int("eval-every"),
-		EvalSentences: c.Int("eval-sentences"), Beam: c.Int("beam"), CkptEvery: c.Int("checkpoint-every"),
+		EvalSentences: c.Int("eval-sentences"), EvalMaxLength: c.Int("eval-max-length"), Beam: c.Int("beam"),
+		Alpha: c.Float64("alpha"), DecodeExtra: c.Int("decode-extra"), CkptEvery: c.Int("checkpoint-every"), BatchPairs: c.Int("batch-pairs"),
 		KeepCkpts: c.Int("keep-checkpoints"), Seed: c.Uint64("seed"), RunDir: c.String("run-dir"),
 		Resume: c.Bool("resume"), Compression: c.String("compression"), BucketCapMB: c.Float64("bucket-cap-mb"),
 		FirstBucketMB: c.Float64("first-bucket-mb"), CycleTime: c.Duration("cycle-time"), Overlap: c.Bool("overlap"),
@@ -130,11 +164,23 @@ func (o Options) Validate() error {
 	if o.Data == "" && o.SyntheticLines < 100 {
 		return fmt.Errorf("--synthetic-lines %d: want at least 100", o.SyntheticLines)
 	}
-	if o.EvalEvery < 0 || o.CkptEvery < 0 || o.EvalSentences < 0 || o.Threads < 0 || o.Warmup < 0 {
-		return fmt.Errorf("--eval-every, --checkpoint-every, --eval-sentences, --threads and --warmup-steps must not be negative")
+	if o.EvalEvery < 0 || o.CkptEvery < 0 || o.EvalSentences < 0 || o.Threads < 0 || o.Warmup < 0 || o.BatchPairs < 0 ||
+		o.EvalMaxLength < 0 || o.EvalBatchPairs < 0 || o.DecodeExtra < 0 {
+		return fmt.Errorf("--eval-every, --checkpoint-every, --eval-sentences, --threads, --warmup-steps, --batch-pairs, --eval-max-length and --decode-extra must not be negative")
+	}
+	if o.Alpha < 0 {
+		return fmt.Errorf("--alpha %g: must not be negative", o.Alpha)
 	}
 	if o.LearningRate <= 0 {
 		return fmt.Errorf("--learning-rate %g: must be positive", o.LearningRate)
+	}
+	if o.Model == nil {
+		if _, err := transformer.Preset(o.Preset, 1000); err != nil {
+			return err
+		}
+	}
+	if _, err := transformer.ParsePolicy(o.LRPolicy, o.LearningRate, 512, o.Warmup); err != nil {
+		return fmt.Errorf("--lr-policy: %v", err)
 	}
 	switch o.Precision {
 	case "auto", "fp32", "fp16", "bf16":
@@ -147,7 +193,7 @@ func (o Options) Validate() error {
 	if o.BucketCapMB <= 0 || o.FirstBucketMB <= 0 {
 		return fmt.Errorf("--bucket-cap-mb and --first-bucket-mb must be positive")
 	}
-	if o.BatchTokens < o.MaxLength {
+	if o.BatchPairs == 0 && o.BatchTokens < o.MaxLength {
 		return fmt.Errorf("--batch-tokens %d is smaller than one sentence pair of --max-length %d", o.BatchTokens, o.MaxLength)
 	}
 	if o.RunDir == "" {

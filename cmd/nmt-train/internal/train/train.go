@@ -37,9 +37,10 @@ type source interface {
 	Position() json.RawMessage
 	Restore(json.RawMessage) error
 	Epoch() int
-	// GlobalBatch is the batches per step, over all ranks, and their
-	// token budget: the run's, kept across resumes.
-	GlobalBatch() (batches, tokens int)
+	// GlobalBatch is the batches per step, over all ranks, and the
+	// position, whose Tokens or Rows say their size: the run's, kept
+	// across resumes.
+	GlobalBatch() (batches int, size data.Position)
 }
 
 // corpus is what the trainer needs from the data side.
@@ -56,6 +57,7 @@ type corpus struct {
 	ValidRefs []string     // detokenized references
 	Stats     metrics.Dataset
 	Close     func()
+	text      *Cached // the cache entry of a corpus of text files (Options.Text)
 }
 
 // Trainer is one rank of a training job.
@@ -175,6 +177,12 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 		case <-done:
 		}
 	}()
+	for _, n := range o.Notes {
+		t.logf("nmt-train: %s", n)
+	}
+	if o.Mode == ModeEval || o.Mode == ModeInfer {
+		return t.runFromCheckpoint(ctx)
+	}
 	if err := t.setup(ctx); err != nil {
 		if s := t.stopRequested(); s != nil && ctx.Err() != nil {
 			// the stop cancelled the setup: that, not what it interrupted, is the cause
@@ -283,7 +291,8 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := transformer.Preset(o.Preset, t.data.VocabSize)
+	t.logText()
+	cfg, err := t.modelConfig()
 	if err != nil {
 		return err
 	}
@@ -299,7 +308,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 		return err
 	}
 	t.m.Activations = t.acts
-	t.opt = transformer.NewLazyAdam(t.m)
+	t.opt = newOptimizer(t.m, o.Adam)
 	t.lr, err = transformer.ParsePolicy(o.LRPolicy, o.LearningRate, cfg.DModel, o.Warmup)
 	if err != nil {
 		return err
@@ -381,12 +390,40 @@ func (t *Trainer) setup(ctx context.Context) error {
 		t.id.Size, strings.Join(metrics.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, metrics.Commas(int64(t.m.NumParams())), t.data.Name, compute, o.RunDir)
 	if st != nil {
 		t.logf("nmt-train: resumed from step %d", t.step)
-		if p, u := t.data.Train.GlobalBatch(); p != o.PassesPerStep*t.id.Size || u != o.BatchTokens {
-			t.logf("nmt-train: the run's global batch is kept: %d batches of %d tokens a step (not --backward-passes-per-step %d x %d rank(s) of --batch-tokens %d); %s",
-				p, u, o.PassesPerStep, t.id.Size, o.BatchTokens, shareNote(p, t.id.Size))
+		if p, u := t.data.Train.GlobalBatch(); p != o.PassesPerStep*t.id.Size || u.Tokens != o.BatchTokens && u.Rows == 0 || u.Rows != o.BatchPairs {
+			asked := fmt.Sprintf("--batch-tokens %d", o.BatchTokens)
+			if o.BatchPairs > 0 {
+				asked = fmt.Sprintf("--batch-pairs %d", o.BatchPairs)
+			}
+			t.logf("nmt-train: the run's global batch is kept: %d batches of %s a step (not --backward-passes-per-step %d x %d rank(s) of %s); %s",
+				p, u.BatchSize(), o.PassesPerStep, t.id.Size, asked, shareNote(p, t.id.Size))
 		}
 	}
 	return nil
+}
+
+// modelConfig is the architecture: --preset's, or the one an OpenSeq2Seq
+// config gives, for the corpus's vocabulary.
+func (t *Trainer) modelConfig() (transformer.Config, error) {
+	if t.o.Model == nil {
+		return transformer.Preset(t.o.Preset, t.data.VocabSize)
+	}
+	cfg := *t.o.Model
+	cfg.Vocab = t.data.VocabSize
+	if cfg.LNEps == 0 {
+		cfg.LNEps = 1e-6
+	}
+	return cfg, cfg.Validate()
+}
+
+// newOptimizer is the lab's LazyAdam, or the optimizer a config names.
+func newOptimizer(m *transformer.Model, a *AdamConfig) *transformer.Adam {
+	if a == nil {
+		return transformer.NewLazyAdam(m)
+	}
+	o := transformer.NewAdam(m, a.Beta1, a.Beta2, a.Eps)
+	o.Lazy = a.Lazy
+	return o
 }
 
 // configure sets the backend up: the CPU threads (0 on a device, the
@@ -737,7 +774,8 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	if d, ok := t.m.Backend().(interface{ Describe() string }); ok {
 		dev += " (" + d.Describe() + ")"
 	}
-	_, batchTokens := t.data.Train.GlobalBatch() // a resumed run's own, whatever --batch-tokens says
+	_, batch := t.data.Train.GlobalBatch() // a resumed run's own, whatever --batch-tokens says
+	batchTokens := batch.Tokens
 	buckets, err := bucketBytes(t.m, t.o)
 	if err != nil {
 		return err
@@ -1001,7 +1039,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 				}
 			}
 		}
-		evalNow := (o.EvalEvery > 0 && t.step%o.EvalEvery == 0) || t.step == o.MaxSteps
+		evalNow := !o.NoEval && ((o.EvalEvery > 0 && t.step%o.EvalEvery == 0) || t.step == o.MaxSteps)
 		if evalNow {
 			t.bar.clear()
 			if err := t.evaluate(ctx); err != nil {
