@@ -53,7 +53,7 @@ ptx:
 ptx-check:
 	@bash kernels/cuda/ptx.sh check
 
-# Benchmarks print numbers (see README); they assert nothing.
+# Benchmarks print numbers (docs/performance.md); they assert nothing.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./bench/...
 

@@ -98,6 +98,12 @@ func runPyOptions(args []string, cacheDir string) (o train.Options, err error) {
 		o.Notes = append(o.Notes, fmt.Sprintf("%s: accepted without effect (docs/openseq2seq.md says why): %s", a.ConfigFile, strings.Join(ignored, ", ")))
 	}
 	o.Notes = append(o.Notes, a.Notes...)
+	if a.NoDirCheck {
+		o.Notes = append(o.Notes, "--no_dir_check: no effect; a logdir that holds a run is continued with --continue_learning, never overwritten")
+	}
+	if a.EnableLogs {
+		o.Notes = append(o.Notes, "--enable_logs: no effect; the logdir gets run.json, metrics.jsonl and report.md, and the checkpoints, in any case")
+	}
 	return o, o.Validate()
 }
 

@@ -7,7 +7,7 @@ For each mutation below, in a scratch git worktree of COMMIT: change one
 line of product code (the original must occur exactly once), run the tests
 named, and count the mutation killed when they fail. Prints one line per
 mutation and the share killed. Not in `make test` (a few minutes on 2 cores);
-README, "Tests", has the last results.
+docs/architecture.md, "Mutation testing", has the last results.
 """
 import os
 import subprocess
