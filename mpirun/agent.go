@@ -26,7 +26,9 @@ import (
 // where the environment holds what the host's ranks share and --ranks lists
 // each rank with its local rank. It starts one PROG per rank, each in its own
 // process group, with GORUN_RANK, GORUN_LOCAL_RANK, CUDA_VISIBLE_DEVICES (with
-// --cuda-local) and the job secret added to its environment.
+// --cuda-local) and the job secret added to its environment, and its signal
+// notices as fd 3 (GORUN_SIGNAL_NOTICES=3, signals.go): every stop signal
+// the agent sends a rank, forwarded or its own, has its notice first.
 //
 // Its stdin is the control channel from the launcher: the first line is the
 // job secret (so it never appears in a command line); the lines after it are
@@ -113,10 +115,11 @@ func (f *frameWriter) data(stream byte, rank int, p []byte) {
 
 type agentRank struct {
 	AgentRank
-	cmd    *exec.Cmd
-	stdin  *os.File
-	pumps  sync.WaitGroup
-	exited chan struct{}
+	cmd     *exec.Cmd
+	notices *os.File // the agent's end of the rank's signal notices (signals.go)
+	stdin   *os.File
+	pumps   sync.WaitGroup
+	exited  chan struct{}
 }
 
 // RunAgent runs the remote agent until every rank has ended; it returns 0,
@@ -196,6 +199,7 @@ func (ag *agent) start(ar AgentRank, secret, host string, gpus int) *agentRank {
 	env := append(os.Environ(),
 		rank.EnvRank+"="+strconv.Itoa(ar.Rank),
 		rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
+		EnvSignalNotices+"="+strconv.Itoa(noticeFD),
 		rank.EnvSecret+"="+secret)
 	if cfg.CUDALocal {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(ar.Local, gpus))
@@ -203,12 +207,14 @@ func (ag *agent) start(ar AgentRank, secret, host string, gpus int) *agentRank {
 	cmd := exec.Command(cfg.Prog, cfg.Args...)
 	cmd.Env = env
 	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
+	noteR, noteW, err0 := noticePipe()
 	outR, outW, err1 := os.Pipe()
 	errR, errW, err2 := os.Pipe()
-	if err1 != nil || err2 != nil {
-		out.line("error %d %v", ar.Rank, firstErr(err1, err2))
+	if err0 != nil || err1 != nil || err2 != nil {
+		out.line("error %d %v", ar.Rank, firstErr(err0, err1, err2))
 		return nil
 	}
+	cmd.ExtraFiles = []*os.File{noteR} // fd 3 = noticeFD
 	cmd.Stdout, cmd.Stderr = outW, errW
 	var inR *os.File
 	if ar.Rank == cfg.StdinRank {
@@ -218,16 +224,16 @@ func (ag *agent) start(ar AgentRank, secret, host string, gpus int) *agentRank {
 		}
 	}
 	err := cmd.Start()
-	closeAll(outW, errW)
+	closeAll(noteR, outW, errW)
 	if inR != nil {
 		inR.Close()
 	}
 	if err != nil {
-		closeAll(outR, errR)
+		closeAll(noteW, outR, errR)
 		out.line("error %d cannot start %s on %s: %v", ar.Rank, cfg.Prog, host, unwrapExec(err))
 		return nil
 	}
-	a.cmd = cmd
+	a.cmd, a.notices = cmd, noteW
 	ag.rp.send("g", cmd.Process.Pid)
 	out.line("started %d %d", ar.Rank, cmd.Process.Pid)
 	for _, p := range []struct {
@@ -253,14 +259,15 @@ func (ag *agent) start(ar AgentRank, secret, host string, gpus int) *agentRank {
 	return a
 }
 
-// kill signals a's process group unless a has exited.
+// kill signals a's process group, after the signal's notice, unless a
+// has exited.
 func (ag *agent) kill(a *agentRank, sig syscall.Signal) {
 	ag.mu.Lock()
 	defer ag.mu.Unlock()
 	select {
 	case <-a.exited:
 	default:
-		_ = syscall.Kill(-a.cmd.Process.Pid, sig)
+		signalGroup(a.cmd.Process.Pid, a.notices, sig)
 	}
 }
 
@@ -333,6 +340,7 @@ func (ag *agent) wait(a *agentRank) {
 	close(a.exited)
 	// Nothing the rank left in its process group outlives it.
 	_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
+	a.notices.Close()
 	ag.mu.Unlock()
 	ag.rp.send("x", a.cmd.Process.Pid)
 	done := make(chan struct{})

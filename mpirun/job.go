@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,6 +92,16 @@ const (
 	ExitSetup   = 1   // could not set the job up (rendezvous, output dir)
 	ExitTimeout = 124 // --timeout expired
 	ExitLaunch  = 255 // a remote rank could not be started (ssh, agent)
+	// ExitKilled: a job stopped by a signal to gorun (or by its output's
+	// reader going away) in which gorun had to kill a rank with SIGKILL
+	// (--grace ran out, or a second signal): 128+9, as a killed process.
+	// It differs from the clean stop's 128+N, so that a script can tell a
+	// rank's stop (nmt-train's checkpoint) may not have finished.
+	ExitKilled = 128 + 9
+	// ExitBrokenPipe: gorun's stdout or stderr was a pipe whose reader
+	// exited (`gorun ... | head`): gorun stopped the job as for SIGTERM
+	// and exits as a pipeline's writer killed by SIGPIPE would.
+	ExitBrokenPipe = 128 + 13
 )
 
 // UsageError is bad input, found before anything started.
@@ -139,7 +150,7 @@ type plan struct {
 
 // contractVars are set by gorun itself; -x may not override them.
 var contractVars = []string{rank.EnvRank, rank.EnvSize, rank.EnvLocalRank, rank.EnvLocalSize, rank.EnvNodeRank,
-	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart, rank.EnvRestartCause, EnvProgressLine}
+	rank.EnvRendezvous, rank.EnvJobID, rank.EnvSecret, rank.EnvHost, rank.EnvRestart, rank.EnvRestartCause, EnvProgressLine, EnvSignalNotices}
 
 // tuningVars are forwarded from gorun's environment to every rank, remote
 // ones included, because the mesh needs them equal everywhere (the TCP
@@ -876,7 +887,9 @@ type proc struct {
 	reaper *reaper
 	files  []*os.File
 	pumps  sync.WaitGroup
-	to, te *tagger
+	// notices: gorun's end of a local rank's signal notices (signals.go)
+	notices *os.File
+	to, te  *tagger
 
 	mu      sync.Mutex
 	pid     int // remote: the program's pid on its host, once started
@@ -915,6 +928,15 @@ func (p *plan) run() (int, error) {
 	_, port, _ := net.SplitHostPort(rdv.Addr())
 	p.rdvPort = port
 
+	// gorun's stdout or stderr closed by its reader stops the job (a
+	// terminal is never such a pipe).
+	outGone := make(chan string, 2)
+	if p.pl == nil {
+		cfg.Stdout = newBrokenPipe(cfg.Stdout, "stdout", outGone)
+	}
+	if !p.plErr {
+		cfg.Stderr = newBrokenPipe(cfg.Stderr, "stderr", outGone)
+	}
 	stdout, stderr := &sink{w: cfg.Stdout, pl: p.pl}, &sink{w: cfg.Stderr}
 	if p.pl != nil {
 		defer p.pl.end()
@@ -982,6 +1004,10 @@ func (p *plan) run() (int, error) {
 	// The lifecycle: the first failure (or a signal, or the timeout) stops
 	// everyone: SIGTERM (or the signal received), SIGKILL after the grace.
 	status, stopping := 0, false
+	// byGorun: the stop came from outside the job (a signal to gorun, or
+	// its output's reader gone), so its status is gorun's own (128+N) and
+	// ExitKilled when a rank had to be killed.
+	byGorun := false
 	var grace, hard <-chan time.Time
 	var timeout <-chan time.Time
 	if cfg.Timeout > 0 {
@@ -990,10 +1016,18 @@ func (p *plan) run() (int, error) {
 		timeout = t.C
 	}
 	done := map[*proc]bool{}
+	// killing: the ranks still running when gorun sent SIGKILL, and why
+	// it did; killed: those of them that died of it (or were lost).
+	killing := map[*proc]bool{}
+	var killed []int
+	killWhy := ""
 	stopAll := func(sig syscall.Signal) {
 		for _, q := range procs {
 			if !done[q] {
 				q.signal(sig)
+				if sig == syscall.SIGKILL {
+					killing[q] = true
+				}
 			}
 		}
 		if !stopping {
@@ -1005,6 +1039,9 @@ func (p *plan) run() (int, error) {
 		select {
 		case r := <-results:
 			done[r.p] = true
+			if killing[r.p] && (r.signal == int(syscall.SIGKILL) || r.fail != "") {
+				killed = append(killed, r.p.spec.slot.Rank)
+			}
 			if stopping {
 				continue
 			}
@@ -1020,17 +1057,26 @@ func (p *plan) run() (int, error) {
 				sig = syscall.SIGTERM
 			}
 			if stopping {
-				if cfg.Verbose {
-					fmt.Fprintf(cfg.Stderr, "gorun: %v again: killing every rank\n", sig)
+				if killWhy == "" {
+					killWhy = fmt.Sprintf(" at a second signal (%v)", sig)
+					if !byGorun { // the job was stopping after a failure or --timeout
+						killWhy = fmt.Sprintf(" at a signal (%v) while the job was stopping", sig)
+					}
 				}
 				stopAll(syscall.SIGKILL)
 				continue
 			}
-			if cfg.Verbose {
-				fmt.Fprintf(cfg.Stderr, "gorun: %v: forwarded to every rank; SIGKILL in %s\n", sig, cfg.Grace)
-			}
-			status = 128 + int(sig)
+			fmt.Fprintf(cfg.Stderr, "gorun: %v: stopping the job: forwarded to every rank, which are killed if still running after --grace %s; a second signal kills them at once\n", sig, cfg.Grace)
+			status, byGorun = 128+int(sig), true
 			stopAll(sig)
+		case name := <-outGone:
+			if stopping {
+				continue // the job is ending already; its output is dropped
+			}
+			p.failure = ""
+			fmt.Fprintf(cfg.Stderr, "gorun: %s: broken pipe (its reader exited): stopping the job as for SIGTERM\n", name)
+			status, byGorun = ExitBrokenPipe, true
+			stopAll(syscall.SIGTERM)
 		case <-timeout:
 			if !stopping {
 				fmt.Fprintf(cfg.Stderr, "gorun: job timed out after %s (--timeout); stopping %d ranks\n", cfg.Timeout, len(procs)-len(done))
@@ -1038,8 +1084,8 @@ func (p *plan) run() (int, error) {
 				stopAll(syscall.SIGTERM)
 			}
 		case <-grace:
-			if cfg.Verbose {
-				fmt.Fprintf(cfg.Stderr, "gorun: %d ranks still running %s after SIGTERM: SIGKILL\n", len(procs)-len(done), cfg.Grace)
+			if killWhy == "" {
+				killWhy = fmt.Sprintf(": still running %s after the stop began (--grace)", cfg.Grace)
 			}
 			stopAll(syscall.SIGKILL)
 			hard = time.After(2 * time.Second)
@@ -1049,6 +1095,13 @@ func (p *plan) run() (int, error) {
 					q.killLocal()
 				}
 			}
+		}
+	}
+	if len(killed) > 0 {
+		sort.Ints(killed)
+		fmt.Fprintf(cfg.Stderr, "gorun: %s killed with SIGKILL%s\n", rankList(killed), killWhy)
+		if byGorun {
+			status = ExitKilled
 		}
 	}
 	return status, nil
@@ -1112,15 +1165,22 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 	if p.restart > 0 {
 		env = append(env, rank.EnvRestartCause+"="+p.cause)
 	}
-	cmd.Env = append(env, rank.EnvSecret+"="+p.secret)
+	cmd.Env = append(env, EnvSignalNotices+"="+strconv.Itoa(noticeFD), rank.EnvSecret+"="+p.secret)
+	noteR, noteW, err := noticePipe()
+	if err != nil {
+		pr.closeOutput()
+		return nil, err
+	}
+	cmd.ExtraFiles = []*os.File{noteR} // fd 3 = noticeFD
 	outR, outW, err := os.Pipe()
 	if err != nil {
+		closeAll(noteR, noteW)
 		pr.closeOutput()
 		return nil, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		closeAll(outR, outW)
+		closeAll(noteR, noteW, outR, outW)
 		pr.closeOutput()
 		return nil, err
 	}
@@ -1129,7 +1189,7 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 	if sp.slot.Rank == cfg.StdinRank && cfg.Stdin != nil {
 		sr, sw, err := os.Pipe()
 		if err != nil {
-			closeAll(outR, outW, errR, errW)
+			closeAll(noteR, noteW, outR, outW, errR, errW)
 			pr.closeOutput()
 			return nil, err
 		}
@@ -1137,16 +1197,16 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 		defer sr.Close()
 	}
 	err = cmd.Start()
-	closeAll(outW, errW)
+	closeAll(noteR, outW, errW)
 	if err != nil {
-		closeAll(outR, errR)
+		closeAll(noteW, outR, errR)
 		if stdinW != nil {
 			stdinW.Close()
 		}
 		pr.closeOutput()
 		return nil, fmt.Errorf("cannot start rank %d (%s): %v", sp.slot.Rank, sp.argv[0], unwrapExec(err))
 	}
-	pr.cmd, pr.pid, pr.started = cmd, cmd.Process.Pid, true
+	pr.cmd, pr.pid, pr.started, pr.notices = cmd, cmd.Process.Pid, true, noteW
 	pr.pumps.Add(2)
 	go func() { defer pr.pumps.Done(); pr.to.pump(outR); outR.Close() }()
 	go func() { defer pr.pumps.Done(); pr.te.pump(errR); errR.Close() }()
@@ -1186,6 +1246,7 @@ func (pr *proc) wait(results chan<- outcome) {
 	_ = pr.cmd.Wait()
 	// Whatever the rank left in its process group goes with it.
 	_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
+	pr.notices.Close()
 	pr.reaper.send("x", pr.pid) // its group id may be reused now
 	ch := make(chan struct{})
 	go func() { pr.pumps.Wait(); close(ch) }()
@@ -1219,14 +1280,14 @@ func (o outcome) describe() (int, string) {
 	return 0, ""
 }
 
-// signal sends sig to the rank: to its process group here, or through its
-// host's agent.
+// signal sends sig to the rank: to its process group here, after its
+// notice (signals.go), or through its host's agent, which does the same.
 func (pr *proc) signal(sig syscall.Signal) {
 	if pr.host != nil {
 		pr.host.signal(pr.spec.slot.Rank, sig)
 		return
 	}
-	_ = syscall.Kill(-pr.pid, sig)
+	signalGroup(pr.pid, pr.notices, sig)
 }
 
 // killLocal kills what runs here for the rank: the rank itself, or its

@@ -105,9 +105,10 @@ func TestRunFirstFailureStopsJob(t *testing.T) {
 	if code != 3 {
 		t.Fatalf("status %d, want 3\n%s%s", code, out, errs)
 	}
-	lines := sortedLines(errs)
-	if len(lines) != 1 || !regexp.MustCompile(`^gorun: rank 1 \(host localhost, pid \d+\) exited with status 3$`).MatchString(lines[0]) {
-		t.Fatalf("stderr %q, want one line naming rank 1", errs)
+	lines := strings.Split(strings.TrimSuffix(errs, "\n"), "\n")
+	if len(lines) != 2 || !regexp.MustCompile(`^gorun: rank 1 \(host localhost, pid \d+\) exited with status 3$`).MatchString(lines[0]) ||
+		lines[1] != "gorun: rank 2 killed with SIGKILL: still running 500ms after the stop began (--grace)" {
+		t.Fatalf("stderr %q, want one line naming rank 1, then one about rank 2's kill", errs)
 	}
 
 	code, _, errs = runSh(t, Config{NP: 2, StdinRank: -1}, `if [ $GORUN_RANK = 1 ]; then kill -SEGV $$; fi; sleep 60`)
@@ -528,7 +529,8 @@ func runAsync(t *testing.T, cfg Config) (sigs chan os.Signal, o, e *testenv.Buff
 
 // TestRunSecondSignalKills: the first SIGINT to gorun reaches every rank;
 // a second one kills them at once (it is not forwarded, and gorun does not
-// wait for --grace); the status is 128+SIGINT.
+// wait for --grace); gorun says so, and the status is 137 (ExitKilled),
+// not the clean stop's 128+SIGINT.
 func TestRunSecondSignalKills(t *testing.T) {
 	sigs, o, e, done := runAsync(t, Config{NP: 2, Grace: 10 * time.Second, Program: "/bin/sh",
 		Args: []string{"-c", `trap 'echo "got INT"' INT; echo ready; while :; do sleep 0.05; done`}})
@@ -538,8 +540,11 @@ func TestRunSecondSignalKills(t *testing.T) {
 	sigs <- syscall.SIGINT
 	code := <-done
 	done <- code
-	if code != 128+int(syscall.SIGINT) {
-		t.Errorf("status %d, want 130", code)
+	if code != ExitKilled {
+		t.Errorf("status %d, want 137", code)
+	}
+	if want := "gorun: ranks 0,1 killed with SIGKILL at a second signal (interrupt)\n"; !strings.HasSuffix(e.String(), want) {
+		t.Errorf("stderr %q, want it to end with %q", e.String(), want)
 	}
 	if got := strings.Join(sortedLines(o.String()), ","); got != "[0] got INT,[0] ready,[1] got INT,[1] ready" {
 		t.Errorf("stdout %q: the second SIGINT must kill the ranks, not reach them\nstderr %q", got, e.String())

@@ -205,7 +205,8 @@ func TestRunRemoteRestartAndSignal(t *testing.T) {
 
 // TestRunGraceEndsInSIGKILL: after a failure, the other ranks, local and
 // remote, get SIGTERM once and, if they ignore it, SIGKILL after --grace
-// (not another SIGTERM); gorun's status stays the failed rank's.
+// (not another SIGTERM), which gorun says in a line of its own; gorun's
+// status stays the failed rank's.
 func TestRunGraceEndsInSIGKILL(t *testing.T) {
 	agent := sshLikeAgent(t)
 	self, _ := os.Executable()
@@ -230,8 +231,9 @@ func TestRunGraceEndsInSIGKILL(t *testing.T) {
 		}
 	}
 	// (the ranks' shells may say "Terminated" of their sleep)
-	if m := regexp.MustCompile(`(?m)^gorun: .*$`).FindAllString(e.String(), -1); len(m) != 1 || !regexp.MustCompile(`^gorun: rank 2 \(host 127\.0\.0\.2, pid \d+\) exited with status 3$`).MatchString(m[0]) {
-		t.Errorf("stderr %q, want one line of gorun's naming rank 2", e.String())
+	if m := regexp.MustCompile(`(?m)^gorun: .*$`).FindAllString(e.String(), -1); len(m) != 2 || !regexp.MustCompile(`^gorun: rank 2 \(host 127\.0\.0\.2, pid \d+\) exited with status 3$`).MatchString(m[0]) ||
+		m[1] != "gorun: ranks 0,1 killed with SIGKILL: still running 2s after the stop began (--grace)" {
+		t.Errorf("stderr %q, want gorun's line naming rank 2, then its line about the kill", e.String())
 	}
 }
 

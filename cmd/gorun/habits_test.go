@@ -321,15 +321,16 @@ func TestOpenMPIReportFlags(t *testing.T) {
 
 // TestDefaultGraceSecondSignal: the default grace is 30s (for a stop
 // checkpoint), and it does not delay a job whose ranks ignore SIGTERM once
-// gorun gets a second signal: that kills at once.
+// gorun gets a second signal: that kills at once, gorun says so, and exits
+// 137 (not the clean stop's 143).
 func TestDefaultGraceSecondSignal(t *testing.T) {
-	j := startJob(t, "-v", "-np", "2", "/bin/sh", "-c", `trap "" TERM; echo ready; while :; do sleep 0.1; done`)
+	j := startJob(t, "-np", "2", "/bin/sh", "-c", `trap "" TERM; echo ready; while :; do sleep 0.1; done`)
 	j.waitOutput(t, "ready", 2)
 	id := jobIDOf(t, j.cmd.Process.Pid, 2)
 	ranks, _ := jobProcs(id)
 	j.cmd.Process.Signal(syscall.SIGTERM)
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, e := j.out(); strings.Contains(e, "gorun: terminated: forwarded to every rank; SIGKILL in 30s\n") {
+		if _, e := j.out(); strings.Contains(e, "gorun: terminated: stopping the job: forwarded to every rank, which are killed if still running after --grace 30s; a second signal kills them at once\n") {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("no line about the first SIGTERM:\n%s", e)
@@ -338,8 +339,8 @@ func TestDefaultGraceSecondSignal(t *testing.T) {
 	j.cmd.Process.Signal(syscall.SIGTERM)
 	j.wait(t, 15*time.Second)
 	_, e := j.out()
-	if j.code != 128+15 || !strings.Contains(e, "gorun: terminated again: killing every rank\n") {
-		t.Errorf("status %d, want 143; stderr:\n%s", j.code, e)
+	if j.code != 137 || !strings.HasSuffix(e, "gorun: ranks 0,1 killed with SIGKILL at a second signal (terminated)\n") {
+		t.Errorf("status %d, want 137; stderr:\n%s", j.code, e)
 	}
 	var pids []int
 	for _, p := range ranks {

@@ -30,6 +30,13 @@ import (
 )
 
 func main() {
+	// A write to a pipe whose reader exited (`gorun ... | head`, an ssh
+	// session gone) returns EPIPE instead of killing gorun with SIGPIPE
+	// (Go's rule for stdout and stderr without this), which would leave
+	// the ranks to die without their stop: package mpirun then says so in
+	// one line and stops the job as for SIGTERM. The ranks, exec'd, get
+	// SIGPIPE's default back.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	os.Exit(run(os.Args, os.Stdin, os.Stdout, os.Stderr))
 }
 

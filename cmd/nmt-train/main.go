@@ -18,28 +18,43 @@ import (
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/kernels/cuda"
+	"github.com/gorun/gorun/mpirun"
 )
 
 func main() {
-	// SIGINT and SIGTERM: `train` stops after the current step with a
-	// checkpoint (a preemption, a scheduler's time limit, Ctrl-C); the
-	// other commands stop at once. A second signal exits at once.
+	// SIGINT, SIGTERM and SIGHUP: `train` stops after the current step with
+	// a checkpoint (a preemption, a scheduler's time limit, Ctrl-C, a closed
+	// terminal or ssh session); the other commands stop at once. Under
+	// nohup SIGHUP stays ignored. A second signal exits at once, but a
+	// signal gorun sent is never that second one: when Slurm, systemd or
+	// Kubernetes send SIGTERM to every process of the job, a rank gets it
+	// directly and again from gorun, and that is one stop
+	// (mpirun.StopSignals: gorun's signal notices; docs/nmt-train.md).
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := make(chan os.Signal, 1)
 	var training atomic.Bool
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 8)
+	stopSigs := []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopSigs = append(stopSigs, syscall.SIGHUP)
+	}
+	signal.Notify(sigs, stopSigs...)
+	counted := mpirun.NewStopSignals()
 	go func() {
 		s := <-sigs
+		counted.Again() // the first is never a second
 		if training.Load() {
 			stop <- s
 		} else {
 			cancel()
 		}
-		s = <-sigs
-		fmt.Fprintf(os.Stderr, "nmt-train: %v again: exiting now\n", s)
-		os.Exit(128 + int(s.(syscall.Signal)))
+		for s := range sigs {
+			if counted.Again() {
+				fmt.Fprintf(os.Stderr, "nmt-train: %v again: exiting now\n", s)
+				os.Exit(128 + int(s.(syscall.Signal)))
+			}
+		}
 	}()
 	app := &cli.App{
 		Name:  "nmt-train",
