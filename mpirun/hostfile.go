@@ -30,8 +30,9 @@ const maxCount = 1 << 20
 //	host [slots=N] [max_slots=M]   # comment
 //
 // or Horovod's "host:N" lines (the two may be mixed). Blank lines and
-// everything after '#' are ignored. A host listed twice gets the sum of its
-// slots. name is used in error messages ("hosts:3: ...").
+// everything after '#' are ignored, and so is a UTF-8 byte-order mark at the
+// start of the file (Windows editors write one). A host listed twice gets
+// the sum of its slots. name is used in error messages ("hosts:3: ...").
 func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 	var hosts []Host
 	sc := bufio.NewScanner(r)
@@ -40,6 +41,9 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 	for sc.Scan() {
 		line++
 		text := sc.Text()
+		if line == 1 {
+			text = strings.TrimPrefix(text, byteOrderMark)
+		}
 		if i := strings.IndexByte(text, '#'); i >= 0 {
 			text = text[:i]
 		}
@@ -106,6 +110,10 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 	}
 	return hosts, nil
 }
+
+// byteOrderMark is U+FEFF in UTF-8, which Windows editors put at the start
+// of a text file.
+const byteOrderMark = "\ufeff"
 
 // ReadHostfile opens and parses a hostfile.
 func ReadHostfile(path string) ([]Host, error) {
@@ -208,6 +216,10 @@ func checkHostName(name string) error {
 	}
 	if strings.HasPrefix(name, "-") {
 		return fmt.Errorf("host name may not start with '-'")
+	}
+	if strings.Contains(name, byteOrderMark) {
+		// Two files joined into one, the second saved with a BOM.
+		return fmt.Errorf("host name contains a byte-order mark (U+FEFF): save the hostfile as UTF-8 without BOM")
 	}
 	for _, c := range name {
 		if c <= ' ' || c == 0x7f || strings.ContainsRune("=,'\"\\`$;&|<>()[]{}*?!", c) {

@@ -24,6 +24,10 @@ func TestParseHostfile(t *testing.T) {
 		{"duplicate merges", "a slots=2\nb\na slots=3\n", []Host{{Name: "a", Slots: 5}, {Name: "b", Slots: 1}}, ""},
 		{"ipv6", "::1 slots=2\n[fe80::1]:3\n", []Host{{Name: "::1", Slots: 2}, {Name: "fe80::1", Slots: 3}}, ""},
 		{"crlf", "a slots=2\r\nb:1\r\n", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}}, ""},
+		// Windows editors start a UTF-8 file with a byte-order mark.
+		{"bom", "\ufeffa slots=2\r\nb:1\r\n", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}}, ""},
+		{"bom then comment", "\ufeff# hosts\na:2\n", []Host{{Name: "a", Slots: 2}}, ""},
+		{"bom inside", "a\n\ufeffb\n", nil, `hosts:2: "\ufeffb": host name contains a byte-order mark`},
 		{"slots zero", "a slots=2\nb slots=0\n", nil, "hosts:2: host b has slots=0"},
 		{"colon zero", "a:0\n", nil, "hosts:1: host a has 0 slots"},
 		{"negative", "a slots=-1\n", nil, "hosts:1: slots=\"-1\""},
@@ -88,12 +92,19 @@ func TestReadHostfile(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), p+":2: ") {
 		t.Fatalf("error %v, want it to start with %s:2:", err, p)
 	}
+	// A hostfile saved by a Windows editor: a byte-order mark, CRLF.
+	bom := filepath.Join(dir, "hosts-bom")
+	os.WriteFile(bom, []byte("\xef\xbb\xbfnode1 slots=2\r\nnode2:1\r\n"), 0o644)
+	hs, err := ReadHostfile(bom)
+	if err != nil || len(hs) != 2 || hs[0].Name != "node1" || hs[0].Slots != 2 || hs[1].Name != "node2" {
+		t.Fatalf("hostfile with a byte-order mark: %+v, %v", hs, err)
+	}
 	_, err = ReadHostfile(filepath.Join(dir, "missing"))
 	if err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Fatalf("missing hostfile: %v", err)
 	}
 	// The example at the repository root parses.
-	hs, err := ReadHostfile("../hostfile.example")
+	hs, err = ReadHostfile("../hostfile.example")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +148,7 @@ func FuzzParseHostfile(f *testing.F) {
 	for _, s := range []string{
 		"a slots=2\nb slots=4 max_slots=6\n", "a:4\n# c\n\nb:2", "::1 slots=2\n[fe80::1]:3",
 		"a slots=0", "a:0", "a slots=1 slots=2", "[", "[]:", "a:b:c", "x max_slots=1 slots=1\nx slots=1\n",
-		"a slots=1048576\na slots=1048576", "\xff\xfe slots=1", "a\x00b",
+		"a slots=1048576\na slots=1048576", "\xff\xfe slots=1", "a\x00b", "\ufeffa:2", "a\n\ufeffb",
 	} {
 		f.Add(s)
 	}

@@ -106,17 +106,69 @@ func fromEnv(get envGetter) (Identity, error) {
 			break
 		}
 	}
+	job := e.launcherJob(id.Launcher)
 	id.JobID = e.str(EnvJobID)
 	if id.JobID == "" {
-		for _, k := range []string{"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"} {
-			if v := e.str(k); v != "" {
-				id.JobID = v
-				break
-			}
-		}
+		id.JobID = job.id
 	}
-	err = e.secret(&id)
+	err = e.secret(&id, job)
 	return id, err
+}
+
+// launcherJob is what a foreign launcher tells every rank of one job and no
+// rank of another: its job id (and, for Slurm, the step), and where the
+// launcher gives one, a random key of the job.
+type launcherJob struct {
+	id    string // the job id as the launcher names it; "" when there is none
+	key   string // what the derived secret mixes in: id and more; "" when there is none
+	where string // the variables it comes from, for messages
+	why   string // why there is none, for messages
+}
+
+// launcherJob reads the job id of launcher from its variables.
+func (e envReader) launcherJob(launcher string) launcherJob {
+	switch launcher {
+	case "openmpi":
+		// OpenMPI 4's mpirun exports its job id to every rank
+		// (OMPI_MCA_ess_base_jobid) and a random 128-bit key per job for
+		// its transports (OMPI_MCA_orte_precondition_transports, the same
+		// on every rank: PSM needs it so); OpenMPI 5's PRRTE names the job
+		// in PMIX_NAMESPACE.
+		j := launcherJob{where: "OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE"}
+		j.id = e.str("OMPI_MCA_ess_base_jobid")
+		if j.id == "" {
+			j.id = e.str("PMIX_NAMESPACE")
+		}
+		if j.id != "" {
+			j.key = j.id + "\x00" + e.str("OMPI_MCA_orte_precondition_transports")
+		}
+		return j
+	case "slurm":
+		// Two steps of one allocation share SLURM_JOB_ID (and the first
+		// host's rendezvous port); the step tells them apart.
+		j := launcherJob{where: "SLURM_JOB_ID", id: e.str("SLURM_JOB_ID")}
+		step := e.str("SLURM_STEP_ID")
+		if step == "" {
+			step = e.str("SLURM_STEPID")
+		}
+		if j.id != "" {
+			j.key = j.id + "." + step
+		}
+		return j
+	case "torchrun":
+		// torchrun's run id is --rdzv-id, "none" unless given (a fresh
+		// UUID with --standalone): "none" is every such job's id.
+		j := launcherJob{where: "TORCHELASTIC_RUN_ID", id: e.str("TORCHELASTIC_RUN_ID")}
+		switch j.id {
+		case "":
+		case "none":
+			j.why = `TORCHELASTIC_RUN_ID is torchrun's default "none", which every job started without --rdzv-id shares`
+		default:
+			j.key = j.id
+		}
+		return j
+	}
+	return launcherJob{}
 }
 
 // envReader reads the variables of one environment.
@@ -249,8 +301,11 @@ func (e envReader) rendezvous(id Identity) (string, error) {
 }
 
 // secret sets id's job secret: GORUN_SECRET, or, under a foreign launcher
-// without it, one derived from what every rank of the job sees.
-func (e envReader) secret(id *Identity) error {
+// without it, one derived from what every rank of the job sees: the
+// launcher, its job id, the rendezvous address and the job's size. Without
+// a job id two jobs on one rendezvous port would derive the same secret
+// and a rank of one could join the other, so then it asks for the secret.
+func (e envReader) secret(id *Identity, job launcherJob) error {
 	if s := e.str(EnvSecret); s != "" {
 		b, err := hex.DecodeString(s)
 		if err != nil || len(b) < 16 {
@@ -261,14 +316,41 @@ func (e envReader) secret(id *Identity) error {
 		if id.Launcher == "gorun" {
 			return fmt.Errorf("%s is not set: gorun passes it to every rank; was this process started by an older gorun?", EnvSecret)
 		}
+		if job.key == "" {
+			return e.noJobID(id, job)
+		}
 		// A foreign launcher without a secret: derive one from what every
 		// rank of the job sees. This authenticates against accidents, not
 		// attackers; export GORUN_SECRET for real protection.
-		h := sha256.Sum256([]byte("gorun insecure job secret\x00" + id.Launcher + "\x00" + id.JobID + "\x00" + id.Rendezvous + "\x00" + strconv.Itoa(id.Size)))
+		h := sha256.Sum256([]byte("gorun insecure job secret v2\x00" + id.Launcher + "\x00" + job.key + "\x00" + id.Rendezvous + "\x00" + strconv.Itoa(id.Size)))
 		id.Secret = h[:]
 		id.InsecureSecret = true
 	}
 	return nil
+}
+
+// noJobID is the error of a rank whose launcher gives no job id and that
+// has no GORUN_SECRET, in one line.
+func (e envReader) noJobID(id *Identity, job launcherJob) error {
+	name := map[string]string{"openmpi": "OpenMPI", "slurm": "Slurm"}[id.Launcher]
+	if name == "" {
+		name = id.Launcher
+	}
+	why := job.where
+	if job.why != "" {
+		why = job.why
+	}
+	where := "on rendezvous " + id.Rendezvous
+	if e.str(EnvRendezvous) == "" && e.str("MASTER_ADDR") != "" {
+		_, port, _ := net.SplitHostPort(id.Rendezvous)
+		where = "on MASTER_PORT " + port
+	}
+	hint := ""
+	if id.Launcher == "torchrun" {
+		hint = ", or start torchrun with --standalone or --rdzv-id=<an id of this job>"
+	}
+	return fmt.Errorf("started by %s without a job id (%s) or %s: two jobs %s could join each other; set %s to the same random value on every rank (openssl rand -hex 32)%s",
+		name, why, EnvSecret, where, EnvSecret, hint)
 }
 
 // FirstSlurmHost returns the first host of a Slurm node list such as

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -64,6 +65,11 @@ func ListenRendezvous(addr string, size int, secret []byte) (*RendezvousServer, 
 	}
 	udp, err := net.ListenPacket("udp", addr)
 	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			if h := boundHolder(addr); h != nil {
+				return nil, fmt.Errorf("rendezvous: cannot listen on %s: UDP port %d is held by %s: another job on the same port? give this job another one", addr, h.port, h)
+			}
+		}
 		return nil, fmt.Errorf("rendezvous: cannot listen on %s: %v", addr, err)
 	}
 	return serveRendezvous(udp, size, secret)
@@ -253,19 +259,31 @@ func (s *RendezvousServer) handle(conn *quic.Conn) {
 	}
 }
 
+// silentDials is how many dials in a row a socket bound to the
+// rendezvous' port on this host may leave unanswered before a rank gives
+// up on it: a gorun rendezvous answers the first (rank 0 binds the port
+// and serves it at once), so two are a margin for a loaded machine.
+const silentDials = 2
+
 // register sends reg to the rendezvous at addr and waits for the table.
+//
+// A dial that nothing answers is retried until the timeout: rank 0 may not
+// have started yet. But where the rendezvous is on this host and a socket
+// is bound to its port that leaves silentDials dials in a row unanswered,
+// the port is held by something that is not a gorun rendezvous, and
+// register fails at once, naming it (portholder.go).
 func register(ctx context.Context, addr string, auth *jobAuth, reg registration, timeout time.Duration) (*table, error) {
 	var conn *quic.Conn
-	var lastErr error
+	silent, holder := 0, holderCheck(addr)
 	for {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		c, err := quic.DialAddr(dctx, addr, auth.clientTLS(), quicConfig(30*time.Second))
+		unanswered := dctx.Err() != nil
 		cancel()
 		if err == nil {
 			conn = c
 			break
 		}
-		lastErr = err
 		e := explainHandshake(err)
 		if e != err { // authentication or protocol: retrying will not help
 			return nil, fmt.Errorf("rendezvous at %s: %v", addr, e)
@@ -276,12 +294,20 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("rendezvous at %s did not answer within %s (is the launcher or rank 0 running, and is the address reachable?)", addr, timeout)
 		}
+		if unanswered {
+			if h := holder(); h != nil {
+				if silent++; silent >= silentDials {
+					return nil, fmt.Errorf("no gorun rendezvous answers at %s: UDP port %d there is held by %s, which does not answer: another program on this port? give the job another one (MASTER_PORT or %s)", addr, h.port, h, EnvRendezvous)
+				}
+			} else {
+				silent = 0 // nobody there yet
+			}
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	_ = lastErr
 	defer conn.CloseWithError(0, "")
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {

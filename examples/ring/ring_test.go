@@ -101,7 +101,7 @@ func TestForeignLaunchers(t *testing.T) {
 // rendezvous and who is missing, instead of hanging.
 func TestAloneRankTimesOut(t *testing.T) {
 	cmd := exec.Command(ringBin, "-timeout", "2s")
-	cmd.Env = append(testenv.CleanEnv(), "RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+testenv.FreeUDPPort(t))
+	cmd.Env = append(testenv.CleanEnv(), "RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+testenv.FreeUDPPort(t), "TORCHELASTIC_RUN_ID=alone")
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err == nil {

@@ -20,6 +20,7 @@ func CleanEnv() []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		if strings.HasPrefix(k, "GORUN_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") ||
+			strings.HasPrefix(k, "TORCHELASTIC_") || strings.HasPrefix(k, "PMIX_") ||
 			k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "MASTER_ADDR" || k == "MASTER_PORT" {
 			continue
 		}
