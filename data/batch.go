@@ -116,8 +116,12 @@ type Batcher struct {
 }
 
 // NewBatcher plans the batches. Its error: a budget smaller than the
-// shortest possible pair.
+// shortest possible pair (or a corpus file that changed under it).
 func NewBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
+	return readSource(s, func() (*Batcher, error) { return newBatcher(s, cfg) })
+}
+
+func newBatcher(s Source, cfg BatchConfig) (*Batcher, error) {
 	var maxLen int
 	switch {
 	case cfg.Rows < 0:
@@ -275,10 +279,12 @@ func (p Position) BatchSize() string {
 	return fmt.Sprintf("%d tokens", p.Tokens)
 }
 
-// Next returns the next batch, starting a new epoch when one ends. Its only
-// error is an id outside cfg.VocabSize.
+// Next returns the next batch, starting a new epoch when one ends. Its
+// errors: an id outside cfg.VocabSize, and a corpus file that changed
+// under it (a *ChangedError naming the file; see readSource).
 func (b *Batcher) Next() (*Batch, error) {
-	return padBatch(b.src, b.advance(), b.cfg.VocabSize)
+	lines := b.advance()
+	return readSource(b.src, func() (*Batch, error) { return padBatch(b.src, lines, b.cfg.VocabSize, b.maxLen) })
 }
 
 // Skip passes over the next batch without reading its tokens (a batch
@@ -331,11 +337,16 @@ func shuffle[T any](rng *rand.Rand, s []T) {
 	}
 }
 
-// padBatch gathers lines of s into a padded batch with EOS appended.
-func padBatch(s Source, lines []int32, vocab int) (*Batch, error) {
+// padBatch gathers lines of s into a padded batch with EOS appended. The
+// lines were planned at most maxLen long: one longer now is a corpus that
+// changed since (its offsets rewritten), refused before it sizes a batch.
+func padBatch(s Source, lines []int32, vocab, maxLen int) (*Batch, error) {
 	bt := &Batch{B: len(lines), S: 1, T: 1, Lines: make([]int, len(lines))}
 	for i, l := range lines {
 		ls, lt := s.Lens(int(l))
+		if max(ls, lt)+1 > maxLen {
+			return nil, fmt.Errorf("data: line %d is %d tokens long, planned at most %d: the corpus changed since the batches were planned", l+1, max(ls, lt)+1, maxLen)
+		}
 		bt.S, bt.T = max(bt.S, ls+1), max(bt.T, lt+1)
 		bt.Lines[i] = int(l)
 	}

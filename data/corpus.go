@@ -8,6 +8,9 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"runtime"
+	"runtime/debug"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -41,8 +44,17 @@ const (
 
 // Corpus is a memory-mapped binary corpus; Pair returns views into the
 // mapping (zero-copy), valid until Close.
+//
+// The file stays open while it is mapped, so that Changed can tell, with
+// one fstat, whether the mapped file itself was truncated or written over
+// in place (reading a truncated mapping's lost pages is a SIGBUS). A file
+// replaced by a rename (a second nmt-train prepare into the directory, a
+// cache entry published again) is no change: the mapping holds the old
+// file, which lives on until Close.
 type Corpus struct {
 	path                 string
+	file                 *os.File // open while mapped (nil after Close)
+	mtime                unix.Timespec
 	mem                  []byte
 	n                    int
 	srcOff, tgtOff       []uint64
@@ -208,31 +220,56 @@ func (w *CorpusWriter) Close(dropped int64) (err error) {
 // OpenCorpus memory-maps a binary corpus and validates its header and
 // offsets (not the tokens: a rank reads only its shard's tokens). Every
 // problem is one error naming the file.
-func OpenCorpus(path string) (*Corpus, error) {
+func OpenCorpus(path string) (_ *Corpus, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
 	}
-	if fi.Size() < headerSize {
-		return nil, fmt.Errorf("%s: not a gorun corpus (%d bytes, shorter than the %d-byte header)", path, fi.Size(), headerSize)
+	if st.Size < headerSize {
+		return nil, fmt.Errorf("%s: not a gorun corpus (%d bytes, shorter than the %d-byte header)", path, st.Size, headerSize)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("%s: mmap: %v", path, err)
 	}
-	c, err := parseCorpus(mem)
+	var c *Corpus
+	err = readMem(mem, func() (err error) { c, err = parseCorpus(mem); return err })
 	if err != nil {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("%s: %v", path, err)
 	}
-	c.path = path
-	c.size = fi.Size()
+	c.path, c.file, c.size, c.mtime = path, f, st.Size, st.Mtim
 	return c, nil
+}
+
+// readMem runs parse over the fresh mapping mem: a file truncated while
+// it is being checked is an error, not a SIGBUS.
+func readMem(mem []byte, parse func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if a, ok := r.(interface{ Addr() uintptr }); ok && inMem(mem, a.Addr()) {
+				err = fmt.Errorf("the file changed while it was being opened (%v)", r)
+				return
+			}
+			panic(r)
+		}
+	}()
+	return parse()
+}
+
+func inMem(mem []byte, addr uintptr) bool {
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	return len(mem) > 0 && addr >= base && addr-base < uintptr(len(mem))
 }
 
 // parseCorpus validates b and builds the views into it.
@@ -298,13 +335,29 @@ func littleEndianHost() bool {
 func (c *Corpus) Len() int { return c.n }
 
 // Pair returns line i as views into the mapping.
+//
+// Offsets that no longer fit the mapping (the file was written over in
+// place after OpenCorpus checked them) panic with a *ChangedError; the
+// Batcher turns that, and a fault on the mapping, into its error.
 func (c *Corpus) Pair(i int) (src, tgt []int32) {
-	return c.srcIDs[c.srcOff[i]:c.srcOff[i+1]:c.srcOff[i+1]], c.tgtIDs[c.tgtOff[i]:c.tgtOff[i+1]:c.tgtOff[i+1]]
+	s0, s1, t0, t1 := c.span(i)
+	return c.srcIDs[s0:s1:s1], c.tgtIDs[t0:t1:t1]
 }
 
-// Lens returns the lengths of line i from the offsets alone.
+// Lens returns the lengths of line i from the offsets alone (checked as
+// Pair checks them).
 func (c *Corpus) Lens(i int) (int, int) {
-	return int(c.srcOff[i+1] - c.srcOff[i]), int(c.tgtOff[i+1] - c.tgtOff[i])
+	s0, s1, t0, t1 := c.span(i)
+	return int(s1 - s0), int(t1 - t0)
+}
+
+// span returns line i's token ranges, checked against the mapping.
+func (c *Corpus) span(i int) (s0, s1, t0, t1 uint64) {
+	s0, s1, t0, t1 = c.srcOff[i], c.srcOff[i+1], c.tgtOff[i], c.tgtOff[i+1]
+	if s0 > s1 || s1 > uint64(len(c.srcIDs)) || t0 > t1 || t1 > uint64(len(c.tgtIDs)) {
+		panic(&ChangedError{Path: c.path, Detail: fmt.Sprintf("the offsets of line %d point outside it", i+1)})
+	}
+	return
 }
 
 // VocabHash is the hash of the vocabulary the corpus was made with.
@@ -334,12 +387,105 @@ func (c *Corpus) CheckVocab(v *Vocab) error {
 	return nil
 }
 
-// Close unmaps the file; slices from Pair are invalid afterwards.
+// Close unmaps and closes the file; slices from Pair are invalid
+// afterwards.
 func (c *Corpus) Close() error {
 	if c.mem == nil {
 		return nil
 	}
 	err := unix.Munmap(c.mem)
-	c.mem, c.srcIDs, c.tgtIDs, c.srcOff, c.tgtOff = nil, nil, nil, nil, nil
+	if c.file != nil {
+		c.file.Close()
+	}
+	c.mem, c.file, c.srcIDs, c.tgtIDs, c.srcOff, c.tgtOff = nil, nil, nil, nil, nil, nil
 	return err
+}
+
+// ChangedError says that a corpus file changed under the job reading it.
+type ChangedError struct {
+	Path   string
+	Detail string // what changed: "size 123 → 45 bytes: truncated ..."
+}
+
+func (e *ChangedError) Error() string {
+	return fmt.Sprintf("data: %s changed under the running job (%s): stop, and start again once it is whole (a run resumes from its last checkpoint)", e.Path, e.Detail)
+}
+
+// Changed returns a *ChangedError when the mapped file is no longer as it
+// was opened: its size or modification time differ (truncated, or written
+// over in place: cp or dd onto it, rsync --inplace, a tool writing into
+// it). One fstat of the open file; nil after Close. A file replaced by a
+// rename is not a change (see Corpus).
+func (c *Corpus) Changed() error {
+	if c.file == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(c.file.Fd()), &st); err != nil {
+		return fmt.Errorf("data: %s: %v", c.path, err)
+	}
+	switch {
+	case st.Size != c.size:
+		what := "truncated"
+		if st.Size > c.size {
+			what = "grew"
+		}
+		return &ChangedError{Path: c.path, Detail: fmt.Sprintf("size %d → %d bytes: %s, or written over in place, which nmt-train prepare never does", c.size, st.Size, what)}
+	case st.Mtim != c.mtime:
+		return &ChangedError{Path: c.path, Detail: fmt.Sprintf("written over in place at %s, same size, which nmt-train prepare never does",
+			time.Unix(st.Mtim.Unix()).Format("2006-01-02 15:04:05"))}
+	}
+	return nil
+}
+
+// readFailed turns a panic recovered while reading c into the error that
+// says why: a fault on the mapping (the file lost the page: truncated) or
+// offsets outside it (written over in place). Any other panic goes on.
+func (c *Corpus) readFailed(r any) error {
+	var detail string
+	switch e := r.(type) {
+	case *ChangedError:
+		if e.Path != c.path {
+			panic(r)
+		}
+		detail = e.Detail
+	case runtime.Error:
+		a, ok := e.(interface{ Addr() uintptr })
+		if !ok || !inMem(c.mem, a.Addr()) {
+			panic(r)
+		}
+		detail = fmt.Sprintf("a read of byte %d of the mapping failed: an I/O error, or the file was truncated", a.Addr()-uintptr(unsafe.Pointer(unsafe.SliceData(c.mem))))
+	default:
+		panic(r)
+	}
+	if err := c.Changed(); err != nil {
+		return err // what changed, by the file's size and time
+	}
+	return &ChangedError{Path: c.path, Detail: detail}
+}
+
+// readSource runs read, which reads s. When s is a mapped Corpus, a fault
+// on its mapping (a truncated file: SIGBUS, turned into a panic by
+// debug.SetPanicOnFault) or offsets outside it (a file written over in
+// place) comes back as a *ChangedError naming the file instead of a crash,
+// and so does a change the read did not trip over (one fstat after it):
+// what read returns is then not used.
+func readSource[T any](s Source, read func() (T, error)) (v T, err error) {
+	c, ok := s.(*Corpus)
+	if !ok || c.file == nil {
+		return read()
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			var zero T
+			v, err = zero, c.readFailed(r)
+		}
+	}()
+	v, err = read()
+	if cerr := c.Changed(); cerr != nil {
+		var zero T
+		return zero, cerr
+	}
+	return v, err
 }

@@ -219,7 +219,7 @@ func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err e
 	}
 	defer f.Close()
 	_, size := shmLayout(channels)
-	if err := f.Truncate(int64(size)); err != nil {
+	if err := shmReserve(f, size); err != nil {
 		os.Remove(path)
 		return "", nil, err
 	}
@@ -237,6 +237,42 @@ func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err e
 	u64At(seg, 0).Store(shmMagic)
 	return name, seg, nil
 }
+
+// shmReserve gives a new segment file its size with every page allocated
+// (fallocate(2), mode 0), so that a segment that does not fit in the
+// directory (a nearly full /dev/shm) is this error, naming the directory,
+// what the segment needs and what is free, and never a SIGBUS at the first
+// write to a page the file system has no room for, however full it gets
+// afterwards. A file system without fallocate gets the size alone
+// (ftruncate), as before.
+func shmReserve(f *os.File, size int) error {
+	fd := int(f.Fd())
+	var err error
+	for {
+		// tmpfs gives up a long fallocate on a signal (Go's preemption
+		// sends them): again, keeping what it allocated
+		if err = unix.Fallocate(fd, 0, 0, int64(size)); err != unix.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == nil:
+		return nil
+	case err == unix.EOPNOTSUPP || err == unix.ENOSYS:
+		return f.Truncate(int64(size))
+	case err == unix.ENOSPC:
+		dir := filepath.Dir(f.Name())
+		var st unix.Statfs_t
+		if unix.Fstatfs(fd, &st) != nil {
+			return fmt.Errorf("%s is full: the segment needs %s (fallocate: %v)", dir, mib(uint64(size)), err)
+		}
+		return fmt.Errorf("%s is full: the segment needs %s, %s free of %s (fallocate: %v)", dir, mib(uint64(size)),
+			mib(st.Bavail*uint64(st.Bsize)), mib(st.Blocks*uint64(st.Bsize)), err)
+	}
+	return fmt.Errorf("fallocate %s: %v", f.Name(), err)
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // shmMap opens and maps an existing segment by name, checking that it is
 // this user's, mode 0600, of the expected size; unlink removes the name
@@ -392,7 +428,7 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 	if want && local[0] == m.id.Rank && os.Getenv(EnvShmGroup) != "0" {
 		g, name, err := grpCreate(m.id.JobID, m.id.Rank, len(local))
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared-memory group segment (%v)\n", m.id.Rank, err)
+			fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared-memory group segment (%v); the host's allreduce goes through messages\n", m.id.Rank, err)
 		} else {
 			grp, grpName = g, name
 		}
@@ -432,7 +468,11 @@ func (m *Mesh) setupShm(ctx context.Context) error {
 			}
 			if sp == nil {
 				if want && why != "" {
-					fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared memory with rank %d on the same host (%s); using %s\n", m.id.Rank, p, why, m.opt.Transport)
+					via := m.opt.Transport
+					if via == "" || via == "auto" {
+						via = "sockets" // QUIC or TLS/TCP, chosen after this
+					}
+					fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared memory with rank %d on the same host (%s); using %s\n", m.id.Rank, p, why, via)
 				}
 				return
 			}

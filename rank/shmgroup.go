@@ -82,7 +82,7 @@ func grpCreate(job string, leader, n int) (*LocalGroup, string, error) {
 	}
 	defer f.Close()
 	dataOff, size := grpLayout(n)
-	if err := f.Truncate(int64(size)); err != nil {
+	if err := shmReserve(f, size); err != nil {
 		os.Remove(path)
 		return nil, "", err
 	}
