@@ -67,6 +67,12 @@ func (h *pairHeap) Pop() any {
 // order, then merges in order), so the result is deterministic. Learning
 // stops early when no pair occurs twice.
 func LearnBPECounts(counts map[string]int64, merges int) *BPE {
+	return learnBPEUntil(counts, merges, nil)
+}
+
+// learnBPEUntil is LearnBPECounts, returning nil as soon as done is
+// closed (a nil done never is).
+func learnBPEUntil(counts map[string]int64, merges int, done <-chan struct{}) *BPE {
 	words := make([]string, 0, len(counts))
 	for w := range counts {
 		if w != "" {
@@ -118,6 +124,11 @@ func LearnBPECounts(counts map[string]int64, merges int) *BPE {
 	}
 	delta := map[uint64]int64{}
 	for m := 0; m < merges && h.Len() > 0; {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
 		top := heap.Pop(&h).(pairCount)
 		if pairs[top.key] != top.count {
 			continue // stale entry
@@ -249,11 +260,8 @@ func (b *BPE) Apply(line string) []string {
 
 var asciiSpace = [utf8.RuneSelf]bool{'\t': true, '\n': true, '\v': true, '\f': true, '\r': true, ' ': true}
 
-type bpeSym struct {
-	id         int32
-	start, end int32
-}
-
+// applyWord returns the pieces of one word (no white space in it),
+// remembered in the word cache.
 func (b *BPE) applyWord(w string) []string {
 	b.mu.RLock()
 	v, ok := b.cache[w]
@@ -261,8 +269,52 @@ func (b *BPE) applyWord(w string) []string {
 	if ok {
 		return v
 	}
+	pieces := b.segment(w)
+	b.mu.Lock()
+	if len(b.cache) < bpeCacheMax {
+		b.cache[strings.Clone(w)] = pieces
+	}
+	b.mu.Unlock()
+	return pieces
+}
+
+// bpeNode is one symbol of a word being segmented: its id (-1: a rune no
+// merge knows), its bytes word[start:end], and its neighbours in the list
+// of live symbols (-1: none). A node that merged into its left neighbour
+// is dead.
+type bpeNode struct {
+	id         int32
+	start, end int32
+	prev, next int32
+	dead       bool
+}
+
+// bpeSmall is the word length (in runes, "▁" included) up to which
+// segment's work arrays live on the stack.
+const bpeSmall = 32
+
+// segment splits "▁"+w into pieces by the merges: while two adjacent
+// symbols make a pair some merge knows, it merges the pair of the lowest
+// merge index, the leftmost of them on a tie, one pair at a time. That is
+// the rule of the plain loop (find the best pair, merge it, look again,
+// O(n²) for n runes); here the candidate pairs are kept in a binary heap
+// ordered by (merge index, position), over a linked list of the symbols:
+// a merge removes one node and pushes at most two new pairs (its new
+// left and right pairs), and entries whose pair has since changed are
+// skipped when popped, so a word takes O(n log n). The pieces are the
+// same as the plain loop's for every word and merge list
+// (TestBPESegmentSameAsReference).
+func (b *BPE) segment(w string) []string {
 	word := WordBoundary + w
-	syms := make([]bpeSym, 0, utf8.RuneCountInString(word))
+	var nodeBuf [bpeSmall]bpeNode
+	var heapBuf [bpeSmall]uint64
+	nodes, h := nodeBuf[:0], heapBuf[:0]
+	if n := len(word); n > bpeSmall { // at most one node per byte
+		n = min(n, utf8.RuneCountInString(word))
+		if n > bpeSmall {
+			nodes, h = make([]bpeNode, 0, n), make([]uint64, 0, n)
+		}
+	}
 	for i, r := range word {
 		n := utf8.RuneLen(r)
 		if r == utf8.RuneError {
@@ -275,34 +327,152 @@ func (b *BPE) applyWord(w string) []string {
 		if !ok {
 			id = -1
 		}
-		syms = append(syms, bpeSym{id, int32(i), int32(i + n)})
+		k := int32(len(nodes))
+		nodes = append(nodes, bpeNode{id: id, start: int32(i), end: int32(i + n), prev: k - 1, next: k + 1})
 	}
-	for len(syms) > 1 {
-		best, at := int32(-1), -1
-		for i := 0; i+1 < len(syms); i++ {
-			if syms[i].id < 0 || syms[i+1].id < 0 {
-				continue
-			}
-			if r, ok := b.rank[pairKey(syms[i].id, syms[i+1].id)]; ok && (best < 0 || r < best) {
-				best, at = r, i
+	nodes[len(nodes)-1].next = -1
+	// rankAt is the merge index of the pair starting at node i, or -1.
+	rankAt := func(i int32) int32 {
+		j := nodes[i].next
+		if j < 0 || nodes[i].id < 0 || nodes[j].id < 0 {
+			return -1
+		}
+		if r, ok := b.rank[pairKey(nodes[i].id, nodes[j].id)]; ok {
+			return r
+		}
+		return -1
+	}
+	// An entry is rank<<32 | node: ordered by merge index, then by
+	// position (nodes are numbered left to right and a merged node keeps
+	// its left half's number).
+	for i := range nodes {
+		if r := rankAt(int32(i)); r >= 0 {
+			h = append(h, uint64(r)<<32|uint64(i))
+		}
+	}
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		bpeDown(h, i)
+	}
+	for len(h) > 0 {
+		top := h[0]
+		last := len(h) - 1
+		h[0] = h[last]
+		h = h[:last]
+		if last > 0 {
+			bpeDown(h, 0)
+		}
+		i, r := int32(uint32(top)), int32(top>>32)
+		if nodes[i].dead || rankAt(i) != r {
+			continue // stale: the pair changed since it was pushed
+		}
+		j := nodes[i].next
+		nodes[i].id = b.result[r]
+		nodes[i].end = nodes[j].end
+		nodes[i].next = nodes[j].next
+		if k := nodes[j].next; k >= 0 {
+			nodes[k].prev = i
+		}
+		nodes[j].dead = true
+		if p := nodes[i].prev; p >= 0 {
+			if r := rankAt(p); r >= 0 {
+				h = bpePush(h, uint64(r)<<32|uint64(p))
 			}
 		}
-		if at < 0 {
+		if r := rankAt(i); r >= 0 {
+			h = bpePush(h, uint64(r)<<32|uint64(i))
+		}
+	}
+	n := 0
+	for i := int32(0); i >= 0; i = nodes[i].next {
+		n++
+	}
+	pieces := make([]string, 0, n)
+	for i := int32(0); i >= 0; i = nodes[i].next {
+		pieces = append(pieces, word[nodes[i].start:nodes[i].end])
+	}
+	return pieces
+}
+
+// bpePush adds x to the min-heap h.
+func bpePush(h []uint64, x uint64) []uint64 {
+	h = append(h, x)
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p] <= x {
 			break
 		}
-		syms[at] = bpeSym{b.result[best], syms[at].start, syms[at+1].end}
-		syms = append(syms[:at+1], syms[at+2:]...)
+		h[i] = h[p]
+		i = p
 	}
-	pieces := make([]string, len(syms))
-	for i, s := range syms {
-		pieces[i] = word[s.start:s.end]
+	h[i] = x
+	return h
+}
+
+// bpeDown restores the min-heap order of h below i.
+func bpeDown(h []uint64, i int) {
+	n := len(h)
+	x := h[i]
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if c+1 < n && h[c+1] < h[c] {
+			c++
+		}
+		if x <= h[c] {
+			break
+		}
+		h[i] = h[c]
+		i = c
 	}
-	b.mu.Lock()
-	if len(b.cache) < bpeCacheMax {
-		b.cache[strings.Clone(w)] = pieces
+	h[i] = x
+}
+
+// DefaultMaxWordBytes is the longest word (a run of bytes without white
+// space) that Prepare learns or applies a BPE on unless told otherwise
+// (PrepareConfig.MaxWordBytes, prepare's --max-word-bytes): a longer one
+// is refused naming file:line. SentencePiece's trainer skips sentences
+// over 4192 bytes (its max_sentence_length); a single word over that is
+// almost surely not text (a base64 blob, a URL list, a table without
+// spaces), and it would cost the BPE's learning time in proportion to its
+// length for every merge that touches it.
+const DefaultMaxWordBytes = 4192
+
+// longWord finds the first word of line (white space separates words, as
+// in Apply) longer than limit bytes: its byte offset and its length; n is
+// 0 when every word fits.
+func longWord(line string, limit int) (at, n int) {
+	if len(line) <= limit {
+		return 0, 0
 	}
-	b.mu.Unlock()
-	return pieces
+	start := -1
+	for i := 0; i < len(line); {
+		c := line[i]
+		var space bool
+		w := 1
+		if c < utf8.RuneSelf {
+			space = asciiSpace[c]
+		} else {
+			var r rune
+			r, w = utf8.DecodeRuneInString(line[i:])
+			space = unicode.IsSpace(r)
+		}
+		if space {
+			if start >= 0 && i-start > limit {
+				return start, i - start
+			}
+			start = -1
+		} else if start < 0 {
+			start = i
+		}
+		i += w
+	}
+	if start >= 0 && len(line)-start > limit {
+		return start, len(line) - start
+	}
+	return 0, 0
 }
 
 // bpeHeader is the first line of a merges file.

@@ -2,6 +2,8 @@ package data
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -55,6 +57,12 @@ type PrepareConfig struct {
 	// held-out pairs are kept training pairs, so they are.
 	MaxLen int
 
+	// MaxWordBytes: raw text (BPEMerges, BPE): a word (a run without
+	// white space) longer than this many bytes, in any of the four files,
+	// is refused naming file:line (0: DefaultMaxWordBytes; negative: no
+	// limit) (--max-word-bytes).
+	MaxWordBytes int
+
 	Synthetic      bool // write the built-in synthetic corpus (--synthetic)
 	SyntheticLines int  // its training pairs (--synthetic-lines)
 
@@ -87,7 +95,24 @@ const prepStagePattern = ".prepare.tmp*"
 // leaves the files of an earlier one in Out as they were, all of one run,
 // and nothing of its own but, when killed, the staging directory, which
 // the next Prepare into Out removes. Errors name the file (and line).
-func Prepare(cfg PrepareConfig) (*Prepared, error) {
+//
+// Prepare stops soon after ctx is cancelled (it looks between lines, and
+// between merges while learning a BPE), with an error wrapping
+// ErrInterrupted and nothing of its own left in Out: the staging directory
+// is removed and nothing is published (TestPrepareInterrupted).
+func Prepare(ctx context.Context, cfg PrepareConfig) (*Prepared, error) {
+	p, err := prepare(ctx, cfg)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("prepare: %w: nothing written to %s", ErrInterrupted, cfg.Out)
+	}
+	return p, err
+}
+
+// ErrInterrupted is (wrapped in) Prepare's error when its context was
+// cancelled.
+var ErrInterrupted = errors.New("interrupted")
+
+func prepare(ctx context.Context, cfg PrepareConfig) (*Prepared, error) {
 	t0 := time.Now()
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -110,7 +135,7 @@ func Prepare(cfg PrepareConfig) (*Prepared, error) {
 	if cfg.Synthetic {
 		in, err = prepSynthetic(cfg, stage)
 	} else {
-		in, err = prepVocab(cfg, stage, &rep)
+		in, err = prepVocab(ctx, cfg, stage, &rep)
 	}
 	if err != nil {
 		return nil, err
@@ -119,7 +144,7 @@ func Prepare(cfg PrepareConfig) (*Prepared, error) {
 		return nil, fmt.Errorf("prepare: %v", err)
 	}
 	fmt.Fprintf(&rep, "Vocabulary: %d pieces (4 specials + %s), hash `%.16s`.\n\n", in.v.Size(), in.vocabOf, in.v.Hash())
-	p, err := prepCorpora(cfg, stage, in, &rep)
+	p, err := prepCorpora(ctx, cfg, stage, in, &rep)
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +168,9 @@ func Prepare(cfg PrepareConfig) (*Prepared, error) {
 	fmt.Fprintf(&rep, "\nPrepared in %.1f s.\n", time.Since(t0).Seconds())
 	if err := os.WriteFile(filepath.Join(stage, ReportFile), rep.Bytes(), 0o644); err != nil {
 		return nil, fmt.Errorf("prepare: %v", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	if err := prepPublish(stage, out); err != nil {
 		return nil, fmt.Errorf("prepare: %v", err)
@@ -257,6 +285,7 @@ type prepInput struct {
 	validSrc, validTgt string // empty: hold out the last ValidLines pairs
 	v                  *Vocab
 	split              func(string) []string
+	check              func(line string) error // nil, or a BPE's word limit
 	vocabOf            string
 }
 
@@ -284,7 +313,7 @@ func prepSynthetic(cfg PrepareConfig, out string) (prepInput, error) {
 // prepVocab returns the user's text with its vocabulary: given (Vocab), or
 // built from the training data's pieces (VocabSize), after a BPE learned
 // (BPEMerges, written to out) or given (BPE).
-func prepVocab(cfg PrepareConfig, out string, rep *bytes.Buffer) (prepInput, error) {
+func prepVocab(ctx context.Context, cfg PrepareConfig, out string, rep *bytes.Buffer) (prepInput, error) {
 	in := prepInput{trainSrc: cfg.Src, trainTgt: cfg.Tgt, validSrc: cfg.ValidSrc, validTgt: cfg.ValidTgt, split: SplitPieces}
 	var err error
 	if cfg.Vocab != "" {
@@ -297,6 +326,7 @@ func prepVocab(cfg PrepareConfig, out string, rep *bytes.Buffer) (prepInput, err
 	what := "pieces"
 	if cfg.BPEMerges != 0 || cfg.BPE != "" {
 		var b *BPE
+		in.check = wordLimit(cfg.MaxWordBytes)
 		if cfg.BPE != "" {
 			if b, err = LoadBPE(cfg.BPE); err != nil {
 				return in, err
@@ -305,11 +335,13 @@ func prepVocab(cfg PrepareConfig, out string, rep *bytes.Buffer) (prepInput, err
 		} else {
 			m := cfg.BPEMerges
 			tl := time.Now()
-			counts, err := CountPieces(strings.Fields, in.trainSrc, in.trainTgt)
+			counts, err := prepCount(ctx, strings.Fields, in.check, in.trainSrc, in.trainTgt)
 			if err != nil {
 				return in, err
 			}
-			b = LearnBPECounts(counts, m)
+			if b = learnBPEUntil(counts, m, ctx.Done()); b == nil {
+				return in, ctx.Err()
+			}
 			fmt.Fprintf(rep, "BPE: learned %d merges (asked for %d) jointly on both sides from %d distinct words in %.1f s.\n\n", b.NumMerges(), m, len(counts), time.Since(tl).Seconds())
 		}
 		if err := b.WriteFile(filepath.Join(out, BPEFile)); err != nil {
@@ -317,7 +349,7 @@ func prepVocab(cfg PrepareConfig, out string, rep *bytes.Buffer) (prepInput, err
 		}
 		in.split, what = b.Apply, "BPE pieces"
 	}
-	counts, err := CountPieces(in.split, in.trainSrc, in.trainTgt)
+	counts, err := prepCount(ctx, in.split, in.check, in.trainSrc, in.trainTgt)
 	if err != nil {
 		return in, err
 	}
@@ -330,7 +362,7 @@ func prepVocab(cfg PrepareConfig, out string, rep *bytes.Buffer) (prepInput, err
 // valid.bin: the validation files' pairs, or (without them) the last
 // ValidLines kept training pairs, held back in a ring. It adds the
 // statistics to the report and returns the pairs written to each.
-func prepCorpora(cfg PrepareConfig, out string, in prepInput, rep *bytes.Buffer) (*Prepared, error) {
+func prepCorpora(ctx context.Context, cfg PrepareConfig, out string, in prepInput, rep *bytes.Buffer) (*Prepared, error) {
 	v := in.v
 	p := &Prepared{}
 	tw, err := NewCorpusWriter(filepath.Join(out, TrainFile), v.Hash(), v.Size())
@@ -343,7 +375,8 @@ func prepCorpora(cfg PrepareConfig, out string, in prepInput, rep *bytes.Buffer)
 	}
 	ring := make([][2][]int32, 0, hold)
 	next := 0
-	st, err := ReadParallelEach(in.trainSrc, in.trainTgt, in.split, v, cfg.MaxLen, func(s, t []int32) error {
+	ro := readOptions{ctx: ctx, check: in.check}
+	st, err := readParallel(in.trainSrc, in.trainTgt, in.split, v, cfg.MaxLen, ro, func(s, t []int32) error {
 		if hold == 0 {
 			return tw.Add(s, t)
 		}
@@ -365,7 +398,11 @@ func prepCorpora(cfg PrepareConfig, out string, in prepInput, rep *bytes.Buffer)
 	switch {
 	case in.validSrc != "":
 		// validation pairs are all kept (the trainer decides what to score)
-		if vsrc, vtgt, vst, err = ReadParallelFunc(in.validSrc, in.validTgt, in.split, v, 0); err != nil {
+		vst, err = readParallel(in.validSrc, in.validTgt, in.split, v, 0, ro, func(s, t []int32) error {
+			vsrc, vtgt = append(vsrc, s), append(vtgt, t)
+			return nil
+		})
+		if err != nil {
 			tw.Abort()
 			return nil, err
 		}
@@ -399,4 +436,59 @@ func prepCorpora(cfg PrepareConfig, out string, in prepInput, rep *bytes.Buffer)
 	}
 	p.Valid, p.TrainStats, p.ValidStats = len(vsrc), st, vst
 	return p, nil
+}
+
+// prepCount is CountPieces stopping when ctx is cancelled, and calling
+// check (when set) on every line before split; errors name file:line.
+func prepCount(ctx context.Context, split func(string) []string, check func(string) error, paths ...string) (map[string]int64, error) {
+	counts := map[string]int64{}
+	done := ctx.Done()
+	for _, p := range paths {
+		err := eachLine(p, func(_ int, line string) error {
+			select {
+			case <-done:
+				return ctx.Err()
+			default:
+			}
+			if check != nil {
+				if err := check(line); err != nil {
+					return err
+				}
+			}
+			for _, w := range split(line) {
+				counts[w]++
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return counts, nil
+}
+
+// wordLimit is the line check of PrepareConfig.MaxWordBytes: an error for
+// a line with a word longer than the limit (nil: no limit).
+func wordLimit(maxBytes int) func(string) error {
+	if maxBytes == 0 {
+		maxBytes = DefaultMaxWordBytes
+	}
+	if maxBytes < 0 {
+		return nil
+	}
+	return func(line string) error {
+		at, n := longWord(line, maxBytes)
+		if n == 0 {
+			return nil
+		}
+		w := line[at : at+n]
+		head := fmt.Sprintf("%q", w)
+		for i := range w {
+			if i >= 20 {
+				head = fmt.Sprintf("%q...", w[:i])
+				break
+			}
+		}
+		return fmt.Errorf("a word of %d bytes without white space at byte %d (%s) is longer than --max-word-bytes %d: not text? remove or split the line, or raise --max-word-bytes", n, at+1, head, maxBytes)
+	}
 }

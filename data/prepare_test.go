@@ -1,6 +1,7 @@
 package data
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +15,7 @@ import (
 // files written.
 func TestPrepareAPI(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out")
-	p, err := Prepare(PrepareConfig{Out: out, Src: "testdata/sample.en.tok", Tgt: "testdata/sample.de.tok", Vocab: "testdata/m_common.vocab",
+	p, err := Prepare(context.Background(), PrepareConfig{Out: out, Src: "testdata/sample.en.tok", Tgt: "testdata/sample.de.tok", Vocab: "testdata/m_common.vocab",
 		ValidSrc: "testdata/sample.en.tok", ValidTgt: "testdata/sample.de.tok", Command: "a test"})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,7 @@ func TestPrepareAPI(t *testing.T) {
 // valid.bin holds none (the cache's case of a config without eval files).
 func TestPrepareNoValidation(t *testing.T) {
 	out := t.TempDir()
-	p, err := Prepare(PrepareConfig{Out: out, Src: "testdata/sample.en.tok", Tgt: "testdata/sample.de.tok", Vocab: "testdata/m_common.vocab", MaxLen: 10})
+	p, err := Prepare(context.Background(), PrepareConfig{Out: out, Src: "testdata/sample.en.tok", Tgt: "testdata/sample.de.tok", Vocab: "testdata/m_common.vocab", MaxLen: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestPrepareConfigRefused(t *testing.T) {
 		{PrepareConfig{Out: out, Synthetic: true, SyntheticLines: 10, Vocab: "v"}, "--synthetic makes its own data; --vocab does not apply"},
 		{PrepareConfig{Out: out, Synthetic: true}, "--synthetic-lines 0: want at least 1"},
 	} {
-		_, err := Prepare(c.cfg)
+		_, err := Prepare(context.Background(), c.cfg)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.cfg, err, c.want)
 		}
@@ -119,7 +120,7 @@ func TestPrepareStaging(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(killed, TrainFile), []byte("half"), 0o644)
-	_, err := Prepare(PrepareConfig{Out: out, Src: "testdata/sample.en.tok", Tgt: short, Vocab: "testdata/m_common.vocab"})
+	_, err := Prepare(context.Background(), PrepareConfig{Out: out, Src: "testdata/sample.en.tok", Tgt: short, Vocab: "testdata/m_common.vocab"})
 	if err == nil || !strings.Contains(err.Error(), "testdata/sample.en.tok has 8 lines but "+short+" has 1") {
 		t.Fatalf("error %v", err)
 	}

@@ -2,6 +2,7 @@ package data
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -68,19 +69,56 @@ func (s *Stats) Markdown(w io.Writer, title string) {
 	fmt.Fprintf(w, "| unknown pieces source / target | %d / %d |\n\n", s.SrcUnk, s.TgtUnk)
 	if len(s.Hist) > 0 {
 		fmt.Fprintf(w, "Length of the longer side (tokens with EOS), non-empty pairs:\n\n| length | pairs | |\n|---|---:|---|\n")
+		rows := s.histRows()
 		var most int64
-		for _, c := range s.Hist {
-			most = max(most, c)
+		for _, r := range rows {
+			most = max(most, r.n)
 		}
-		for k, c := range s.Hist {
+		for _, r := range rows {
 			bar := 0
 			if most > 0 {
-				bar = int(40 * c / most)
+				bar = int(40 * r.n / most)
 			}
-			fmt.Fprintf(w, "| %d-%d | %d | %s |\n", k*HistWidth+1, (k+1)*HistWidth, c, strings.Repeat("#", bar))
+			fmt.Fprintf(w, "| %d-%d | %d | %s |\n", r.lo, r.hi, r.n, strings.Repeat("#", bar))
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// histFine is the length up to which the report's histogram has a row for
+// every bin of HistWidth tokens; above it the rows double in width
+// (257-512, 513-1024, ...).
+const histFine = 256
+
+type histRow struct {
+	lo, hi int // lengths lo..hi
+	n      int64
+}
+
+// histRows is the histogram as the report prints it: bins of HistWidth up
+// to histFine tokens, ranges doubling in width above, and a run of empty
+// rows as one row, so that a line of 150,000 tokens adds a few rows to
+// the report, not 19,000 (TestStatsMarkdownLongLine).
+func (s *Stats) histRows() []histRow {
+	var rows []histRow
+	top := len(s.Hist) * HistWidth
+	for lo := 1; lo <= top; {
+		hi := lo + HistWidth - 1
+		if lo > histFine {
+			hi = 2 * (lo - 1)
+		}
+		var n int64
+		for k := (lo - 1) / HistWidth; k <= (hi-1)/HistWidth && k < len(s.Hist); k++ {
+			n += s.Hist[k]
+		}
+		if n == 0 && len(rows) > 0 && rows[len(rows)-1].n == 0 {
+			rows[len(rows)-1].hi = hi
+		} else {
+			rows = append(rows, histRow{lo, hi, n})
+		}
+		lo = hi + 1
+	}
+	return rows
 }
 
 // lineReader reads lines of one file, checking UTF-8.
@@ -127,7 +165,38 @@ func ReadParallelFunc(srcPath, tgtPath string, split func(string) []string, v *V
 // up to GOMAXPROCS goroutines, so split must be safe for concurrent use.
 // An error from keep stops the reading.
 func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *Vocab, maxLen int, keep func(src, tgt []int32) error) (st Stats, err error) {
+	return readParallel(srcPath, tgtPath, split, v, maxLen, readOptions{}, keep)
+}
+
+// readOptions are what Prepare adds to ReadParallelEach.
+type readOptions struct {
+	// ctx stops the reading when cancelled (nil: never); readParallel
+	// then returns ctx.Err().
+	ctx context.Context
+	// check, when set, is called on every line before split; its error
+	// stops the reading, returned as "file:line: error" (the first in
+	// file order).
+	check func(line string) error
+}
+
+// readParallel is ReadParallelEach with opt's cancellation and line check.
+func readParallel(srcPath, tgtPath string, split func(string) []string, v *Vocab, maxLen int, opt readOptions, keep func(src, tgt []int32) error) (st Stats, err error) {
 	st = Stats{SrcPath: srcPath, TgtPath: tgtPath, MaxLen: maxLen}
+	var done <-chan struct{} // nil: never closed
+	if opt.ctx != nil {
+		done = opt.ctx.Done()
+		if err := opt.ctx.Err(); err != nil {
+			return st, err
+		}
+	}
+	cancelled := func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}
 	var rs [2]*lineReader
 	for i, p := range []string{srcPath, tgtPath} {
 		f, err := os.Open(p)
@@ -152,7 +221,9 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 	}
 	type chunk struct {
 		ls, lt []string
+		first  int // the line number of ls[0] and lt[0]
 		out    []pairOut
+		err    error // opt.check's, naming file:line; or cancelled
 		done   chan struct{}
 	}
 	const chunkLines = 512
@@ -165,7 +236,7 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 		defer close(jobs)
 		defer close(ordered)
 		for {
-			c := &chunk{done: make(chan struct{})}
+			c := &chunk{first: rs[0].n + 1, done: make(chan struct{})}
 			var err error
 			for len(c.ls) < chunkLines {
 				var ls, lt string
@@ -203,6 +274,8 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 				case jobs <- c:
 				case <-stop:
 					return
+				case <-done:
+					return
 				}
 				select {
 				case ordered <- c:
@@ -221,6 +294,20 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 			for c := range jobs {
 				c.out = make([]pairOut, len(c.ls))
 				for i := range c.ls {
+					if cancelled() {
+						c.err = opt.ctx.Err()
+						break
+					}
+					if opt.check != nil {
+						if err := opt.check(c.ls[i]); err != nil {
+							c.err = fmt.Errorf("%s:%d: %w", srcPath, c.first+i, err)
+							break
+						}
+						if err := opt.check(c.lt[i]); err != nil {
+							c.err = fmt.Errorf("%s:%d: %w", tgtPath, c.first+i, err)
+							break
+						}
+					}
 					ps, pt := split(c.ls[i]), split(c.lt[i])
 					if len(ps) == 0 || len(pt) == 0 {
 						continue
@@ -244,6 +331,13 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 	}
 	for c := range ordered {
 		<-c.done
+		if c.err == nil && cancelled() {
+			c.err = opt.ctx.Err()
+		}
+		if c.err != nil {
+			drain()
+			return st, c.err
+		}
 		for _, o := range c.out {
 			st.Lines++
 			if o.n == 0 {
@@ -265,6 +359,9 @@ func ReadParallelEach(srcPath, tgtPath string, split func(string) []string, v *V
 				return st, err
 			}
 		}
+	}
+	if cancelled() {
+		return st, opt.ctx.Err()
 	}
 	if readErr != nil {
 		return st, readErr

@@ -22,13 +22,15 @@ func prepareCommand() *cli.Command {
    or build the vocabulary from the data: --vocab-size 32000 instead of --vocab.
    Raw text (words separated by white space): learn a joint BPE of at most N merges on both sides
    (--bpe-merges N) or apply a merges file (--bpe FILE); the merges are written to DIR/bpe.codes and the
-   vocabulary is the pieces seen (the --vocab-size most frequent, if given).
+   vocabulary is the pieces seen (the --vocab-size most frequent, if given). A word (a run without white space)
+   longer than --max-word-bytes is refused naming file:line: such a line is almost surely not text.
    The built-in synthetic corpus: prepare --synthetic --out DIR (its text goes to DIR/*.txt too).
    Training pairs with an empty side, or a side longer than --max-length tokens (counting the EOS the model
    adds), are dropped and counted. Without --valid-src/--valid-tgt the last --valid-lines kept training pairs
    are held out as valid.bin; validation files are kept whole (only pairs with an empty side are dropped).
    The files are written into a staging directory and moved into DIR only when all are written: a prepare
-   that fails leaves an earlier one's files in DIR as they were.
+   that fails, or is stopped by SIGINT or SIGTERM (the first one; it says "interrupted"), leaves an earlier
+   one's files in DIR as they were.
    train --data DIR reads them. (train can also read the text files themselves: see docs/data.md, the cache.)`,
 		ArgsUsage: " ",
 		Flags: []cli.Flag{
@@ -41,6 +43,7 @@ func prepareCommand() *cli.Command {
 			&cli.IntFlag{Name: "bpe-merges", Usage: "raw text: learn a joint BPE of at most `N` merges on both sides' training files (fewer when no pair occurs twice)"},
 			&cli.StringFlag{Name: "bpe", Usage: "raw text: apply this BPE merges `FILE` (an earlier prepare's bpe.codes)"},
 			&cli.IntFlag{Name: "max-length", Value: 56, Usage: "drop training pairs with a side longer than `N` tokens including EOS (0: no limit)"},
+			&cli.IntFlag{Name: "max-word-bytes", Value: data.DefaultMaxWordBytes, Usage: "raw text (--bpe-merges, --bpe): refuse a word (a run without white space) longer than `N` bytes in any of the files, naming file:line (0: no limit)"},
 			&cli.IntFlag{Name: "valid-lines", Value: 1000, Usage: "without --valid-src: hold out the last `N` kept training pairs as valid.bin (at most half of them)"},
 			&cli.BoolFlag{Name: "synthetic", Usage: "write the built-in synthetic corpus (and its text) instead of reading files"},
 			&cli.IntFlag{Name: "synthetic-lines", Value: 40000, Usage: "`N` training pairs of the synthetic corpus (as many as train's built-in corpus by default); its validation pairs are always " + fmt.Sprint(data.SyntheticValidLines)},
@@ -56,7 +59,7 @@ func runPrepare(c *cli.Context) error {
 	}
 	synthetic := c.Bool("synthetic")
 	if synthetic {
-		for _, f := range []string{"src", "tgt", "valid-src", "valid-tgt", "vocab", "vocab-size", "bpe-merges", "bpe"} {
+		for _, f := range []string{"src", "tgt", "valid-src", "valid-tgt", "vocab", "vocab-size", "bpe-merges", "bpe", "max-word-bytes"} {
 			if c.IsSet(f) {
 				return fmt.Errorf("prepare: --synthetic makes its own data; --%s does not apply", f)
 			}
@@ -73,6 +76,7 @@ func runPrepare(c *cli.Context) error {
 		{"bpe-merges", c.Int("bpe-merges") < 1, "want at least 1"},
 		{"synthetic-lines", synthetic && c.Int("synthetic-lines") < 1, "want at least 1"},
 		{"valid-lines", !synthetic && c.String("valid-src") == "" && c.Int("valid-lines") < 1, "want at least 1 (or give --valid-src/--valid-tgt)"},
+		{"max-word-bytes", c.Int("max-word-bytes") < 0, "want at least 1 (0: no limit)"},
 	} {
 		if f.check && (c.IsSet(f.name) || f.name == "valid-lines") {
 			return fmt.Errorf("prepare: --%s %d: %s", f.name, c.Int(f.name), f.want)
@@ -83,12 +87,18 @@ func runPrepare(c *cli.Context) error {
 			return fmt.Errorf("prepare: --%s: want a file name", f)
 		}
 	}
-	p, err := data.Prepare(data.PrepareConfig{
+	maxWord := c.Int("max-word-bytes")
+	if maxWord == 0 {
+		maxWord = -1 // PrepareConfig's "no limit"
+	}
+	// c.Context is cancelled by the first SIGINT or SIGTERM (main.go):
+	// prepare stops, says "interrupted", and leaves --out as it was.
+	p, err := data.Prepare(c.Context, data.PrepareConfig{
 		Out: c.String("out"),
 		Src: c.String("src"), Tgt: c.String("tgt"), ValidSrc: c.String("valid-src"), ValidTgt: c.String("valid-tgt"),
 		ValidLines: c.Int("valid-lines"),
 		Vocab:      c.String("vocab"), VocabSize: c.Int("vocab-size"), BPEMerges: c.Int("bpe-merges"), BPE: c.String("bpe"),
-		MaxLen:    c.Int("max-length"),
+		MaxLen: c.Int("max-length"), MaxWordBytes: maxWord,
 		Synthetic: synthetic, SyntheticLines: c.Int("synthetic-lines"),
 		Command: strings.Join(os.Args, " "),
 	})

@@ -163,6 +163,9 @@ func fromConfig(o *train.Options, cfg *openseq2seq.Config, a openseq2seq.Args, c
 	}
 	o.EvalMaxLength = cfg.Eval.MaxLength
 	o.EvalBatchPairs = cfg.Eval.BatchSizePerGPU
+	if o.Mode == train.ModeInfer { // infer's own max_length bounds the lines it translates
+		o.EvalMaxLength = cfg.Infer.MaxLength
+	}
 	o.EvalSentences = 1 << 30 // BLEU on every evaluation pair, as OpenSeq2Seq
 	if cfg.MaxSteps == 0 {
 		return fmt.Errorf("%s: num_epochs: gorun counts training in steps; give max_steps instead", cfg.Positions["num_epochs"])

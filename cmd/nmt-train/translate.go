@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,7 @@ func translateCommand() *cli.Command {
 			&cli.StringFlag{Name: "input", Value: "auto", Usage: "auto (text when the run has bpe.codes; else pieces for a line that starts with " + data.WordBoundary + ", words for one that does not) | text (apply the run's BPE) | pieces (the lab's tokenized lines) | words (one piece per word)"},
 			&cli.BoolFlag{Name: "pieces", Usage: "print vocabulary pieces instead of detokenized text"},
 			&cli.IntFlag{Name: "batch", Value: 32, Usage: "sentences per decoding batch"},
+			&cli.IntFlag{Name: "max-length", Value: 256, Usage: "refuse an input line longer than `N` tokens, counting the EOS (as train's --max-length): one line on stderr names it, and its output line is left empty (0: no limit)"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "compute device: auto (a GPU when one is usable, else the CPU) | cpu | cuda"},
 		},
 		Action: func(c *cli.Context) (err error) {
@@ -82,8 +84,13 @@ func translateCommand() *cli.Command {
 			opt := transformer.DecodeOptions{Beam: c.Int("beam"), Alpha: c.Float64("alpha"), MaxExtra: 50}
 			w := bufio.NewWriter(os.Stdout)
 			defer w.Flush()
-			// lines are answered in order; an empty input line gets an
-			// empty output line (real[i] false)
+			// lines are answered in order; an empty input line, or one
+			// refused as too long, gets an empty output line (real[i] false)
+			maxLen := c.Int("max-length")
+			errw := c.App.ErrWriter
+			if errw == nil {
+				errw = os.Stderr
+			}
 			var batch [][]int32
 			var real []bool
 			flush := func() error {
@@ -109,10 +116,26 @@ func translateCommand() *cli.Command {
 				batch, real = batch[:0], real[:0]
 				return w.Flush()
 			}
-			sc := bufio.NewScanner(os.Stdin)
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				ids := v.Encode(split(sc.Text()))
+			in := bufio.NewReaderSize(os.Stdin, 64<<10)
+			for n := 1; ; n++ {
+				line, size, err := readLine(in, maxLineBytes)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					return fmt.Errorf("stdin:%d: %v", n, err)
+				}
+				var ids []int32
+				switch {
+				case size > maxLineBytes:
+					fmt.Fprintf(errw, "nmt-train: translate: stdin:%d: a line of %d bytes (more than %d): not translated, its output line left empty\n", n, size, maxLineBytes)
+				default:
+					ids = v.Encode(split(line))
+					if maxLen > 0 && len(ids)+1 > maxLen {
+						fmt.Fprintf(errw, "nmt-train: translate: stdin:%d: %d tokens with EOS, more than --max-length %d: not translated, its output line left empty\n", n, len(ids)+1, maxLen)
+						ids = nil
+					}
+				}
 				real = append(real, len(ids) > 0)
 				if len(ids) == 0 {
 					continue
@@ -123,9 +146,6 @@ func translateCommand() *cli.Command {
 						return err
 					}
 				}
-			}
-			if err := sc.Err(); err != nil {
-				return fmt.Errorf("stdin: %v", err)
 			}
 			return flush()
 		},
@@ -141,6 +161,8 @@ func translateArgs(c *cli.Context) error {
 		return fmt.Errorf("translate: --beam %d: want at least 1 (1: greedy)", c.Int("beam"))
 	case c.Int("batch") < 1:
 		return fmt.Errorf("translate: --batch %d: want at least 1 sentence", c.Int("batch"))
+	case c.Int("max-length") < 0 || c.Int("max-length") == 1:
+		return fmt.Errorf("translate: --max-length %d: want 0 (no limit) or at least 2 (a token and the EOS)", c.Int("max-length"))
 	case c.Float64("alpha") < 0:
 		return fmt.Errorf("translate: --alpha %g: must not be negative", c.Float64("alpha"))
 	}
@@ -155,6 +177,42 @@ func translateArgs(c *cli.Context) error {
 		return fmt.Errorf("translate: unknown --device %q (want %s)", c.String("device"), device.Names)
 	}
 	return nil
+}
+
+// maxLineBytes is the longest input line translate reads whole; a longer
+// one is refused without being split or kept in memory (a line of the
+// default 256 tokens is a few KB).
+const maxLineBytes = 1 << 20
+
+// readLine reads one line of r: its text without the "\n" (or "\r\n"),
+// or "" when it has more than max bytes; n is its length either way (the
+// "\r" included). err is io.EOF after the last line.
+func readLine(r *bufio.Reader, max int) (line string, n int, err error) {
+	var buf []byte
+	read, nl := 0, 0
+	for {
+		frag, err := r.ReadSlice('\n')
+		read += len(frag)
+		if len(buf) <= max { // a longer line is refused: stop keeping it
+			buf = append(buf, frag...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err == io.EOF && read > 0 {
+			break // the last line, without its "\n"
+		}
+		if err != nil {
+			return "", 0, err
+		}
+		nl = 1
+		break
+	}
+	n = read - nl
+	if n > max {
+		return "", n, nil
+	}
+	return strings.TrimSuffix(string(buf[:n]), "\r"), n, nil
 }
 
 func splitter(mode string, bpe *data.BPE) (func(string) []string, error) {

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -140,7 +141,7 @@ var preparations atomic.Int64
 // Bad input (a missing, unreadable or empty file, files of different line
 // counts, invalid UTF-8, a malformed vocabulary) is one error naming the
 // file (and line), and leaves the cache as it was.
-func (d *TextData) Open() (*Cached, error) {
+func (d *TextData) Open(ctx context.Context) (*Cached, error) {
 	for _, r := range []string{"train-src", "train-tgt", "vocab"} {
 		if d.path(r) == "" {
 			return nil, fmt.Errorf("data: no %s file given", whatOf(r))
@@ -189,7 +190,7 @@ func (d *TextData) Open() (*Cached, error) {
 		return nil, fmt.Errorf("data: the corpus cache: %v", err)
 	}
 	t1 := time.Now()
-	if err := d.prepare(dir, name, ent); err != nil {
+	if err := d.prepare(ctx, dir, name, ent); err != nil {
 		return nil, err
 	}
 	c.Took, c.Pairs = time.Since(t1), ent.Pairs
@@ -369,7 +370,7 @@ func removeEntry(dir, name string) error {
 
 // prepare writes the entry name into a staging directory and publishes it
 // with one rename; on error the staging directory is removed.
-func (d *TextData) prepare(dir, name string, ent *cacheEntry) (err error) {
+func (d *TextData) prepare(ctx context.Context, dir, name string, ent *cacheEntry) (err error) {
 	stage, err := atomicfile.MkdirTemp(dir, cacheStaging+name+"-*")
 	if err != nil {
 		return fmt.Errorf("data: the corpus cache: %v", err)
@@ -384,7 +385,7 @@ func (d *TextData) prepare(dir, name string, ent *cacheEntry) (err error) {
 		cmd += fmt.Sprintf(" --valid-src %s --valid-tgt %s", d.EvalSrc, d.EvalTgt)
 	}
 	t0 := time.Now()
-	p, err := data.Prepare(data.PrepareConfig{Out: stage, Src: d.TrainSrc, Tgt: d.TrainTgt, ValidSrc: d.EvalSrc, ValidTgt: d.EvalTgt,
+	p, err := data.Prepare(ctx, data.PrepareConfig{Out: stage, Src: d.TrainSrc, Tgt: d.TrainTgt, ValidSrc: d.EvalSrc, ValidTgt: d.EvalTgt,
 		Vocab: d.Vocab, MaxLen: 0, ValidLines: 0, Command: cmd + " --max-length 0"})
 	if err != nil {
 		return dataError(err)

@@ -54,7 +54,7 @@ func init() {
 			select {}
 		}
 	}
-	c, err := td.Open()
+	c, err := td.Open(context.Background())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -142,7 +142,7 @@ func entries(t *testing.T, dir string) (ents, other []string) {
 func TestTextCacheReused(t *testing.T) {
 	td := sampleText(t)
 	n0 := preparations.Load()
-	c1, err := td.Open()
+	c1, err := td.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestTextCacheReused(t *testing.T) {
 	}
 	st1, _ := os.Stat(c1.Dir)
 	meta1, _ := os.ReadFile(filepath.Join(c1.Dir, cacheMeta))
-	c2, err := td.Open()
+	c2, err := td.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestTextCacheReused(t *testing.T) {
 	os.WriteFile(cp.TrainSrc, b, 0o644)
 	fi, _ := os.Stat(td.TrainSrc)
 	os.Chtimes(cp.TrainSrc, fi.ModTime(), fi.ModTime())
-	if c3, err := cp.Open(); err != nil || !c3.Reused || c3.Dir != c1.Dir {
+	if c3, err := cp.Open(context.Background()); err != nil || !c3.Reused || c3.Dir != c1.Dir {
 		t.Errorf("a copy with the same size, time and bytes: %v, %+v", err, c3)
 	}
 }
@@ -193,7 +193,7 @@ func TestTextCacheReused(t *testing.T) {
 // entry of other files stays.
 func TestTextCacheChanged(t *testing.T) {
 	td := sampleText(t)
-	c1, err := td.Open()
+	c1, err := td.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestTextCacheChanged(t *testing.T) {
 	other := sampleText(t)
 	other.CacheDir = td.CacheDir
 	other.EvalSrc, other.EvalTgt = "", ""
-	co, err := other.Open()
+	co, err := other.Open(context.Background())
 	if err != nil || co.Reused {
 		t.Fatalf("other corpus: %v, %+v", err, co)
 	}
@@ -211,7 +211,7 @@ func TestTextCacheChanged(t *testing.T) {
 		f.WriteString("▁one ▁more ▁line\n")
 		f.Close()
 	}
-	c2, err := td.Open()
+	c2, err := td.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestTextCacheChanged(t *testing.T) {
 	// the same bytes, a new time: prepared again
 	later := time.Now().Add(time.Hour)
 	os.Chtimes(td.TrainTgt, later, later)
-	c3, err := td.Open()
+	c3, err := td.Open(context.Background())
 	if err != nil || c3.Reused || c3.Dir == c2.Dir {
 		t.Fatalf("after a touch: %v, %+v", err, c3)
 	}
@@ -244,18 +244,18 @@ func TestTextCacheCorpus(t *testing.T) {
 	td := sampleText(t)
 	o := optionsFor(t, "--preset", "tiny", "--max-length", "10", "--batch-tokens", "256")
 	o.Text = td
-	c, err := loadCorpus(o, 0, 1)
+	c, err := loadCorpus(context.Background(), o, 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	dir := t.TempDir()
-	if _, err := data.Prepare(data.PrepareConfig{Out: dir, Src: td.TrainSrc, Tgt: td.TrainTgt, Vocab: td.Vocab, ValidSrc: td.EvalSrc, ValidTgt: td.EvalTgt, MaxLen: 10}); err != nil {
+	if _, err := data.Prepare(context.Background(), data.PrepareConfig{Out: dir, Src: td.TrainSrc, Tgt: td.TrainTgt, Vocab: td.Vocab, ValidSrc: td.EvalSrc, ValidTgt: td.EvalTgt, MaxLen: 10}); err != nil {
 		t.Fatal(err)
 	}
 	o2 := o
 	o2.Text, o2.Data = nil, dir
-	want, err := loadCorpus(o2, 0, 1)
+	want, err := loadCorpus(context.Background(), o2, 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestTextCacheConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i], errs[i] = td.Open()
+			res[i], errs[i] = td.Open(context.Background())
 		}()
 	}
 	wg.Wait()
@@ -413,7 +413,7 @@ func TestTextCacheKilledPreparer(t *testing.T) {
 	if len(ents) != 1 || len(staging) != 0 {
 		t.Errorf("after: entries %v, other %v; want one entry and no staging directory", ents, staging)
 	}
-	if c, err := td.Open(); err != nil || !c.Reused {
+	if c, err := td.Open(context.Background()); err != nil || !c.Reused {
 		t.Errorf("then: %v, %+v", err, c)
 	}
 }
@@ -457,7 +457,7 @@ func TestTextCacheBadInput(t *testing.T) {
 			c.td.CacheDir = filepath.Join(t.TempDir(), "cache")
 			o := optionsFor(t, "--preset", "tiny")
 			o.Text = &c.td
-			_, err := loadCorpus(o, 0, 1)
+			_, err := loadCorpus(context.Background(), o, 0, 1)
 			if err == nil || !strings.HasPrefix(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("error %v\nwant    %s", err, c.want)
 			}
@@ -657,12 +657,12 @@ func TestTextCacheIdentity(t *testing.T) {
 // is prepared again in its place.
 func TestTextCacheDamagedEntry(t *testing.T) {
 	td := sampleText(t)
-	c1, err := td.Open()
+	c1, err := td.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	os.Remove(filepath.Join(c1.Dir, TrainFile))
-	c2, err := td.Open()
+	c2, err := td.Open(context.Background())
 	if err != nil || c2.Reused || c2.Dir != c1.Dir {
 		t.Fatalf("%v, %+v", err, c2)
 	}
@@ -711,7 +711,7 @@ func TestTextCacheKilledMidPrepare(t *testing.T) {
 		return nil
 	})
 	t.Logf("killed with %v in the cache", files)
-	c, err := td.Open()
+	c, err := td.Open(context.Background())
 	if err != nil || c.Reused || c.Pairs != 200000 {
 		t.Fatalf("after the kill: %v, %+v", err, c)
 	}

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -19,7 +20,7 @@ const (
 	BPEFile   = "bpe.codes"
 )
 
-func loadCorpus(o Options, r, n int) (*corpus, error) {
+func loadCorpus(ctx context.Context, o Options, r, n int) (*corpus, error) {
 	var (
 		v          *data.Vocab
 		train      data.Source
@@ -33,7 +34,7 @@ func loadCorpus(o Options, r, n int) (*corpus, error) {
 	// cache, prepared now if need be, read as --data.
 	var text *Cached
 	if o.Text != nil {
-		if text, err = o.Text.Open(); err != nil {
+		if text, err = o.Text.Open(ctx); err != nil {
 			return nil, err
 		}
 		o.Data = text.Dir

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -29,7 +30,7 @@ func TestBatchSourceShares(t *testing.T) {
 	o := optionsFor(t, "--preset", "tiny", "--synthetic-lines", "300", "--max-length", "24", "--batch-tokens", "256")
 	const steps = 40
 	source := func(r, size, perStep int) *batchSource {
-		c, err := loadCorpus(o, r, size)
+		c, err := loadCorpus(context.Background(), o, r, size)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"time"
@@ -31,7 +32,7 @@ func MeasureCompute(preset string, vocab, threads, batchTokens, warmup, steps in
 		return me, fmt.Errorf("measuring compute: %d threads, %d steps: want at least 1 and 2", threads, steps)
 	}
 	o := Options{SyntheticLines: 40000, BatchTokens: batchTokens, MaxLength: 56, PassesPerStep: 1, Seed: 1}
-	c, err := loadCorpus(o, 0, 1)
+	c, err := loadCorpus(context.Background(), o, 0, 1)
 	if err != nil {
 		return me, fmt.Errorf("measuring compute: %v", err)
 	}

@@ -49,7 +49,7 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 	}
 	var v *data.Vocab
 	if o.Mode == ModeEval {
-		if t.data, err = loadCorpus(o, t.id.Rank, t.id.Size); err != nil {
+		if t.data, err = loadCorpus(ctx, o, t.id.Rank, t.id.Size); err != nil {
 			return err
 		}
 		t.logText()
@@ -170,10 +170,23 @@ func (t *Trainer) infer(ctx context.Context, v *data.Vocab) error {
 	defer f.Close()
 	var pairs [][2][]int32
 	var empty []bool
+	// A line longer than the cap (tokens with EOS; the config's eval
+	// max_length, as EvalMaxLength) is not translated: one line on stderr,
+	// an empty line in the output, as translate's --max-length.
+	maxLen := t.o.EvalMaxLength
+	if maxLen == 0 {
+		maxLen = t.o.MaxLength
+	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for line := 1; sc.Scan(); line++ {
 		ids := v.Encode(data.SplitPieces(sc.Text()))
+		if maxLen > 0 && len(ids)+1 > maxLen {
+			if t.leader() {
+				fmt.Fprintf(os.Stderr, "nmt-train: %s:%d: %d tokens with EOS, more than max_length %d: not translated, its output line left empty\n", t.o.InferInput, line, len(ids)+1, maxLen)
+			}
+			ids = nil
+		}
 		empty = append(empty, len(ids) == 0)
 		pairs = append(pairs, [2][]int32{append(ids, data.EOS), nil})
 	}
