@@ -1,7 +1,7 @@
 package metrics
 
 import (
-	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -99,27 +99,48 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// ReadJSONL reads metrics.jsonl; a malformed line is an error naming it.
+// ReadJSONL reads metrics.jsonl; a malformed line is an error naming it
+// (file:line), except a last line cut short, which is left out (see
+// ReadJSONLTorn).
 func ReadJSONL(path string) ([]Record, error) {
-	f, err := os.Open(path)
+	recs, _, err := ReadJSONLTorn(path)
+	return recs, err
+}
+
+// ReadJSONLTorn reads metrics.jsonl as ReadJSONL does and returns the
+// number of the line it left out, 0 if none: the last line, when it is
+// not a whole record and no newline follows it (its writer was killed
+// mid-line: Run.Log writes a record and its newline at once, and
+// RewindRun drops such a line on --resume). A malformed line anywhere
+// else, or a last one that ends with its newline, is an error naming
+// file:line.
+func ReadJSONLTorn(path string) ([]Record, int, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	var out []Record
-	for line := 1; sc.Scan(); line++ {
-		if len(sc.Bytes()) == 0 {
+	for line, rest := 1, b; len(rest) > 0; line++ {
+		l := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			l, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		body := bytes.TrimSpace(l)
+		if len(body) == 0 {
 			continue
 		}
 		var r Record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("%s:%d: %v", path, line, err)
+		if err := json.Unmarshal(body, &r); err != nil {
+			if rest == nil { // the last line, and no newline after it: torn
+				return out, line, nil
+			}
+			return nil, 0, fmt.Errorf("%s:%d: %v", path, line, err)
 		}
 		out = append(out, r)
 	}
-	return out, sc.Err()
+	return out, 0, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -319,7 +319,7 @@ func WriteReport(dir string, lr Schedule) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s is not a run directory: %v", dir, err)
 	}
-	recs, err := ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
+	recs, torn, err := ReadJSONLTorn(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
 		return "", err
 	}
@@ -336,6 +336,9 @@ func WriteReport(dir string, lr Schedule) (string, error) {
 	r.w("# Training report\n\n")
 	r.w("Run directory `%s`: preset `%s` (%s parameters), %d rank(s) on %s, %s, %d tokens per rank per batch.\n\n",
 		dir, ri.Preset, Commas(ri.Params), ri.WorldSize, strings.Join(UniqueHosts(ri.Hosts), ", "), r.deviceName(), ri.BatchTokens)
+	if torn > 0 {
+		r.w("Note: line %d of `metrics.jsonl`, its last, was cut short (its writer was killed mid-line) and is left out; this report is of the %d records before it.\n\n", torn, len(recs))
+	}
 	r.timeSection()
 	r.lrSection()
 	r.trainedSection()
@@ -535,6 +538,9 @@ func (r *report) trend() evalTrend {
 
 func (r *report) trainedSection() {
 	r.w("## Is the model fully trained?\n\n")
+	if l := r.divergingLine(); l != "" {
+		r.w("%s\n", l)
+	}
 	ev := r.evalLoss
 	switch {
 	case len(ev) == 0 || len(r.evalRaw) != len(ev):
@@ -573,6 +579,73 @@ func (r *report) trainedSection() {
 	}
 	r.w("\n%s\n\n%s\n\n", r.plot("loss.png", "loss (lab convention: smoothed-target entropy subtracted)", "nats", Line{"train", r.trainLoss}, Line{"eval", r.evalLoss}),
 		r.plot("bleu.png", "BLEU (sacreBLEU-compatible, 0-100)", "BLEU", Line{"bleu", r.bleu}))
+}
+
+// DivergeFactor is how many times its lowest so far the smoothed loss must
+// be, besides above ln(V), for LossDiverging.
+const DivergeFactor = 10
+
+// LossDiverging is the rule of the loss growth warning (the trainer's log
+// line, the report): the smoothed raw loss (cross entropy, an exponential
+// moving average over steps) is more than DivergeFactor times the lowest
+// it was so far and above ln(vocab), the loss of a uniform guess among
+// vocab pieces. A healthy run cannot meet it, warm-up included: it starts
+// near ln(vocab) (its lowest so far is then its current value) and falls,
+// and its noise is far from a factor 10; a run whose loss grows by orders
+// of magnitude (a learning rate too high) meets it at the log line where
+// the growth passes the factor. Either condition alone could fire
+// wrongly: ln(vocab) on a freshly initialized model (a little above it),
+// the factor on a model near zero loss. False for an unknown vocab (0).
+func LossDiverging(smoothed, lowest float64, vocab int) bool {
+	if vocab < 2 || !(lowest > 0) || math.IsNaN(smoothed) {
+		return false
+	}
+	return smoothed > DivergeFactor*lowest && smoothed > math.Log(float64(vocab))
+}
+
+// DescribeDiverging is the trainer's warning when LossDiverging holds at
+// a log line.
+func DescribeDiverging(step int64, smoothed, lowest float64, vocab int) string {
+	return fmt.Sprintf("step %s: the loss is growing: smoothed raw loss %s is %s times its lowest so far (%.2f) and above ln(%d) = %.2f, the loss of a uniform guess: the run is diverging (a smaller --learning-rate or more --warmup-steps)",
+		Commas(step), lossNum(smoothed), Commas(int64(smoothed/lowest)), lowest, vocab, math.Log(float64(vocab)))
+}
+
+// lossNum writes a loss: 2 decimals, or a whole number with commas from
+// 1000 up.
+func lossNum(v float64) string {
+	if math.Abs(v) >= 1000 && !math.IsInf(v, 0) {
+		return Commas(int64(math.Round(v)))
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// divergingLine is the "is it trained" section's line on a loss that grew
+// by orders of magnitude ("" if it did not): LossDiverging at a logged
+// step, the lowest so far being the trainer's (loss_raw_smoothed_lowest,
+// over every step) or, in records without it, the lowest logged.
+func (r *report) divergingLine() string {
+	lowest, last := math.Inf(1), Point{}
+	var at *Point
+	var atLowest float64
+	for _, rec := range r.recs {
+		v, ok := rec.Values["loss_raw_smoothed"]
+		if rec.Kind != "train" || !ok || math.IsNaN(v) {
+			continue
+		}
+		lowest = min(lowest, v)
+		if lo, ok := rec.Values["loss_raw_smoothed_lowest"]; ok && lo < lowest {
+			lowest = lo
+		}
+		last = Point{Step: rec.Step, V: v}
+		if at == nil && LossDiverging(v, lowest, r.ri.Vocab) {
+			at, atLowest = &Point{Step: rec.Step, V: v}, lowest
+		}
+	}
+	if at == nil {
+		return ""
+	}
+	return fmt.Sprintf("- **No: the training loss diverged.** At step %s the smoothed raw loss was %s, %s times its lowest before (%.2f) and above ln(%d) = %.2f, the loss of a uniform guess among the vocabulary's pieces; at step %s it was %s. The model got worse, not better: train again with a smaller --learning-rate or more --warmup-steps (a loss %d times its lowest and above a uniform guess's is the rule; a healthy run, warm-up included, does not meet it).",
+		Commas(at.Step), lossNum(at.V), Commas(int64(at.V/atLowest)), atLowest, r.ri.Vocab, math.Log(float64(r.ri.Vocab)), Commas(last.Step), lossNum(last.V), DivergeFactor)
 }
 
 // plural writes n things: "1 rank", "2 ranks".

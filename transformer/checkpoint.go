@@ -80,7 +80,10 @@ func writeAtomic(path string, data []byte) error {
 // fsync of dir). A crash at any point leaves latest naming a complete
 // checkpoint. run (NewRunID; may be "") is recorded in state.json. An
 // existing ckpt-STEP is replaced only if it is of the same run (not ""),
-// and never when latest names it. It returns the checkpoint's path.
+// and never when latest names it. Weights or moments that are not finite
+// (a diverged run) are refused before anything is written, latest left as
+// it was: the error wraps a *NonFiniteError. It returns the checkpoint's
+// path.
 func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -95,6 +98,29 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 			return "", fmt.Errorf("checkpoint %s: exists and is not of this run (%q): not replacing it", final, run)
 		}
 	}
+	// The weights and moments on the host, checked before anything is
+	// written: a NaN or an infinity (a diverged run) is never saved, so
+	// latest keeps naming the last good checkpoint.
+	be := m.be
+	host := make([]float32, m.NumParams())
+	be.Download(host, m.Weights)
+	var mh, vh []float32
+	if opt != nil {
+		mh, vh = make([]float32, m.NumParams()), make([]float32, m.NumParams())
+		be.Download(mh, opt.M)
+		be.Download(vh, opt.V)
+	}
+	for _, c := range []struct {
+		prefix string
+		data   []float32
+	}{{"", host}, {"m/", mh}, {"v/", vh}} {
+		if c.data == nil {
+			continue
+		}
+		if e := FirstNonFinite(m, c.prefix, c.data); e != nil {
+			return "", fmt.Errorf("checkpoint %s: not written: %w", final, e)
+		}
+	}
 	tmp, err := atomicfile.MkdirTemp(dir, "."+name+".tmp*")
 	if err != nil {
 		return "", err
@@ -103,9 +129,6 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 		os.RemoveAll(tmp)
 		return "", fmt.Errorf("checkpoint %s: %w", final, err)
 	}
-	be := m.be
-	host := make([]float32, m.NumParams())
-	be.Download(host, m.Weights)
 	var ts []STensor
 	for _, p := range m.Params {
 		ts = append(ts, STensor{Name: p.Name, Shape: p.Shape, Data: host[p.Offset : p.Offset+p.Len]})
@@ -117,9 +140,6 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 	}
 	st := State{Format: 1, Step: step, Run: run, Config: m.Cfg, VocabHash: vocabHash, Seed: m.Seed, DropoutStep: m.DropoutStep, Trainer: trainer}
 	if opt != nil {
-		mh, vh := make([]float32, m.NumParams()), make([]float32, m.NumParams())
-		be.Download(mh, opt.M)
-		be.Download(vh, opt.V)
 		ts = ts[:0]
 		for _, p := range m.Params {
 			ts = append(ts, STensor{Name: "m/" + p.Name, Shape: p.Shape, Data: mh[p.Offset : p.Offset+p.Len]})
@@ -635,10 +655,33 @@ func LoadCheckpoint(ckpt string, m *Model, opt *Adam, vocabHash string) (*State,
 
 // checkFinite refuses a NaN or infinite value in a tensor read from path.
 func checkFinite(path, prefix string, m *Model, data []float32) error {
+	if e := FirstNonFinite(m, prefix, data); e != nil {
+		return fmt.Errorf("%s: %v", path, e)
+	}
+	return nil
+}
+
+// NonFiniteError names the first NaN or infinite value of a tensor of
+// weights ("NAME") or Adam moments ("m/NAME", "v/NAME"): what a diverged
+// run holds. SaveRunCheckpoint refuses to write one (its error wraps it).
+type NonFiniteError struct {
+	Tensor string
+	Index  int
+	Value  float64
+}
+
+func (e *NonFiniteError) Error() string {
+	return fmt.Sprintf("tensor %s holds %v at index %d", e.Tensor, e.Value, e.Index)
+}
+
+// FirstNonFinite returns the first NaN or infinite value of data, a host
+// copy of m's weights (or, with prefix "m/" or "v/", of a moment, laid out
+// like them), or nil if every value is finite. It reads each value once.
+func FirstNonFinite(m *Model, prefix string, data []float32) *NonFiniteError {
 	for _, p := range m.Params {
 		for i, v := range data[p.Offset : p.Offset+p.Len] {
-			if f := float64(v); !finite(f) {
-				return fmt.Errorf("%s: tensor %s%s holds %v at index %d", path, prefix, p.Name, f, i)
+			if v-v != 0 { // NaN or ±Inf
+				return &NonFiniteError{Tensor: prefix + p.Name, Index: i, Value: float64(v)}
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package train
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"time"
@@ -160,6 +161,30 @@ func (o Options) Validate() error {
 		if err := pos(c.n, c.v); err != nil {
 			return err
 		}
+	}
+	// NaN passes every comparison with false, so "v <= 0" lets it through:
+	// every number is checked to be finite first.
+	for _, c := range []struct {
+		n string
+		v float64
+	}{{"learning-rate", o.LearningRate}, {"alpha", o.Alpha}, {"bucket-cap-mb", o.BucketCapMB},
+		{"first-bucket-mb", o.FirstBucketMB}, {"link-gbps", o.LinkGbps}} {
+		if math.IsNaN(c.v) || math.IsInf(c.v, 0) {
+			return fmt.Errorf("--%s %v: must be a finite number", c.n, c.v)
+		}
+	}
+	if a := o.Adam; a != nil {
+		for _, c := range []struct {
+			n string
+			v float64
+		}{{"beta1", a.Beta1}, {"beta2", a.Beta2}, {"epsilon", a.Eps}} {
+			if math.IsNaN(c.v) || math.IsInf(c.v, 0) {
+				return fmt.Errorf("the optimizer's %s %v: must be a finite number", c.n, c.v)
+			}
+		}
+	}
+	if o.LinkGbps < 0 {
+		return fmt.Errorf("--link-gbps %g: must not be negative (0: probe the link)", o.LinkGbps)
 	}
 	if o.Data == "" && o.SyntheticLines < 100 {
 		return fmt.Errorf("--synthetic-lines %d: want at least 100", o.SyntheticLines)

@@ -141,8 +141,15 @@ func run(ctx context.Context, o Options, out io.Writer, id rank.Identity, openDe
 			err = cuda.Failure(r)
 		}
 		var stopped *StoppedError
+		var diverged *divergedError
 		if errors.Is(err, errLeaderFailed) {
 			err = ErrReported // rank 0 printed why
+		} else if errors.As(err, &diverged) {
+			// every rank saw it at the same step; rank 0 says it for all
+			if t.leader() {
+				fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
+			}
+			err = ErrReported
 		} else if errors.As(err, &stopped) {
 			if t.leader() {
 				fmt.Fprintf(os.Stderr, "nmt-train: %v\n", err)
@@ -273,6 +280,9 @@ func (t *Trainer) setup(ctx context.Context) error {
 	// device, the data or the model are touched. An absent one is created
 	// (and taken) later, so that a bad flag leaves nothing behind.
 	if t.leader() {
+		if err := runDirIsFile(o.RunDir); err != nil {
+			return t.abortJob(ctx, err)
+		}
 		if fi, err := os.Stat(o.RunDir); err == nil && fi.IsDir() {
 			if err := t.takeRunDir(); err != nil {
 				return t.abortJob(ctx, err)
@@ -287,7 +297,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 		return err
 	}
 	// Then the data: a bad corpus should fail before the network is touched.
-	t.data, err = loadCorpus(o, t.id.Rank, t.id.Size)
+	t.data, err = loadCorpus(ctx, o, t.id.Rank, t.id.Size)
 	if err != nil {
 		return err
 	}
@@ -925,12 +935,26 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 		return r, err
 	}
 	r.comm = cs
+	// A loss that is not finite (all ranks': the same on every rank) stops
+	// the run before its gradients touch the weights.
+	if math.IsNaN(r.lossRaw) || math.IsInf(r.lossRaw, 0) {
+		return r, t.diverged(t.step+1, fmt.Sprintf("the loss is %v", r.lossRaw))
+	}
 	if t.scaler.Update(cs.Overflow) {
 		r.skipped = true
 	} else {
+		lr := t.lr.LR(t.step)
 		end := t.tl.Begin("optimizer", "step")
-		if err := t.opt.Step(m, t.lr.LR(t.step), nil); err != nil {
+		if err := t.opt.Step(m, lr, nil); err != nil {
 			return r, err
+		}
+		// The update that makes a weight NaN or infinite (an overflowing
+		// learning rate, a gradient the loss scaler did not catch) stops
+		// the run at this step, not one later at the next loss: one pass
+		// over the weights, on their device (docs/nmt-train.md, Divergence).
+		if be.HasInfNaN(m.Weights) {
+			end()
+			return r, t.diverged(t.step+1, fmt.Sprintf("the update at learning rate %.4g made the weights non-finite (%s)", lr, t.firstNonFinite(m.Weights, "")))
 		}
 		end()
 	}
@@ -969,6 +993,10 @@ func (t *Trainer) loop(ctx context.Context) error {
 		cpuLast    = cpuSeconds()
 		smoothRaw  = math.NaN()
 		trainStart = time.Now()
+		// lowest: the lowest smoothed raw loss of any step so far; warned:
+		// the loss growth warning was given (once a run)
+		lowest = math.Inf(1)
+		warned bool
 	)
 	t.bar = newProgress(t.out, t.leader() && !o.Quiet, t.step, o.MaxSteps)
 	for t.step < o.MaxSteps {
@@ -976,11 +1004,12 @@ func (t *Trainer) loop(ctx context.Context) error {
 			return fmt.Errorf("interrupted at step %d: %v", t.step, err)
 		}
 		r, err := t.trainStep(ctx)
+		var diverged *divergedError
+		if errors.As(err, &diverged) {
+			return err
+		}
 		if err != nil {
 			return fmt.Errorf("step %d: %w", t.step, err)
-		}
-		if math.IsNaN(r.lossRaw) || math.IsInf(r.lossRaw, 0) {
-			return fmt.Errorf("step %d: the loss is %v (diverged; try a smaller --learning-rate or more --warmup-steps)", t.step, r.lossRaw)
 		}
 		lr := t.lr.LR(t.step)
 		t.step++
@@ -994,6 +1023,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 		} else {
 			smoothRaw = 0.98*smoothRaw + 0.02*r.lossRaw
 		}
+		lowest = min(lowest, smoothRaw)
 		t.bar.update(t.step, r.lossLab, r.tokens, r.dur)
 		if t.step%o.LogEvery == 0 || t.step == o.MaxSteps {
 			now := time.Now()
@@ -1005,7 +1035,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 			a := win.avg()
 			win = window{}
 			vals := map[string]float64{
-				"loss": a.lossLab, "loss_raw": a.lossRaw, "loss_raw_smoothed": smoothRaw, "lr": lr,
+				"loss": a.lossLab, "loss_raw": a.lossRaw, "loss_raw_smoothed": smoothRaw, "loss_raw_smoothed_lowest": lowest, "lr": lr,
 				"step_time_s": a.dur, "tokens_per_s": a.tokensPerSec, "comm_exposed_ms": a.exposed * 1e3,
 				"comm_ms": a.comm * 1e3, "comm_hidden_pct": a.hiddenPct, "compute_s": a.compute,
 				"backward_s": a.backward, "sync_s": a.sync, "compute_sd_s": a.ownSD,
@@ -1033,6 +1063,10 @@ func (t *Trainer) loop(ctx context.Context) error {
 			}
 			t.logf("step %s/%s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s%s%s | ETA %s",
 				metrics.Commas(int64(t.step)), metrics.Commas(int64(o.MaxSteps)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), comm, gpuNote, t.bar.eta(t.step))
+			if !warned && metrics.LossDiverging(smoothRaw, lowest, t.data.VocabSize) {
+				warned = true
+				t.logf("nmt-train: warning: %s", metrics.DescribeDiverging(int64(t.step), smoothRaw, lowest, t.data.VocabSize))
+			}
 			if t.run != nil {
 				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
 					return err
@@ -1160,6 +1194,17 @@ func (t *Trainer) checkpoint() error {
 	// Every rank is at the same data position; rank 0 writes.
 	t.ckptStep = t.step
 	if !t.leader() {
+		// Rank 0's save refuses weights or moments that are not finite;
+		// the other ranks, which hold the same, check theirs on their
+		// device, so that every rank stops at this step.
+		for _, x := range []struct {
+			prefix string
+			t      kernels.Tensor
+		}{{"", t.m.Weights}, {"m/", t.opt.M}, {"v/", t.opt.V}} {
+			if t.m.Backend().HasInfNaN(x.t) {
+				return t.diverged(t.step, fmt.Sprintf("%s not written: %s", transformer.CheckpointDir(t.step), t.firstNonFinite(x.t, x.prefix)))
+			}
+		}
 		return nil
 	}
 	ts := map[string]json.RawMessage{"data": t.data.Train.Position()}
@@ -1168,6 +1213,10 @@ func (t *Trainer) checkpoint() error {
 	end := t.tl.Begin("checkpoint", "save")
 	path, err := transformer.SaveRunCheckpoint(t.o.RunDir, t.runID, t.step, t.m, t.opt, t.data.VocabHash, ts)
 	end()
+	var nonFinite *transformer.NonFiniteError
+	if errors.As(err, &nonFinite) {
+		return t.diverged(t.step, fmt.Sprintf("%s not written: %v", transformer.CheckpointDir(t.step), nonFinite))
+	}
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: %v", t.step, err)
 	}
@@ -1178,6 +1227,66 @@ func (t *Trainer) checkpoint() error {
 		return fmt.Errorf("checkpoint at step %d: pruning old checkpoints: %v", t.step, err)
 	}
 	return nil
+}
+
+// divergedError ends a run that diverged: a loss, weight or Adam moment
+// that is not finite, at a step in the log's numbering. Every rank meets
+// it at the same step (the loss is all ranks', the weights and moments are
+// the same on every rank), and only rank 0 prints it (see run). Nothing of
+// the diverged state is saved: latest keeps naming the last good
+// checkpoint.
+type divergedError struct {
+	step   int
+	what   string
+	latest string // rank 0: what latest names, for the line
+}
+
+func (e *divergedError) Error() string {
+	return fmt.Sprintf("step %d: diverged: %s; nothing saved (%s); try a smaller --learning-rate or more --warmup-steps", e.step, e.what, e.latest)
+}
+
+// diverged is the error that stops a run diverged at step.
+func (t *Trainer) diverged(step int, what string) error {
+	e := &divergedError{step: step, what: what, latest: "no checkpoint yet"}
+	if t.leader() {
+		if ck, err := transformer.LatestCheckpoint(t.o.RunDir); err == nil {
+			e.latest = "latest still names " + filepath.Base(ck)
+		}
+	}
+	return e
+}
+
+// firstNonFinite names the first NaN or infinite value of x, a tensor laid
+// out like the weights (prefix "m/" or "v/" for Adam's moments). It copies
+// x to the host: for the error, not for the check.
+func (t *Trainer) firstNonFinite(x kernels.Tensor, prefix string) string {
+	host := make([]float32, x.Len())
+	t.m.Backend().Download(host, x)
+	if e := transformer.FirstNonFinite(t.m, prefix, host); e != nil {
+		return e.Error()
+	}
+	return "a value that is not finite"
+}
+
+// runDirIsFile refuses a --run-dir that is a file, or one below a file
+// (which mkdir would report as "not a directory").
+func runDirIsFile(dir string) error {
+	for p := filepath.Clean(dir); ; {
+		if fi, err := os.Stat(p); err == nil {
+			if fi.IsDir() {
+				return nil
+			}
+			if p == filepath.Clean(dir) {
+				return fmt.Errorf("--run-dir %s: is a file, not a directory", dir)
+			}
+			return fmt.Errorf("--run-dir %s: %s is a file, not a directory", dir, p)
+		}
+		up := filepath.Dir(p)
+		if up == p {
+			return nil
+		}
+		p = up
+	}
 }
 
 // window averages the steps between two log lines.
