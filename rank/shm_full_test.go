@@ -62,6 +62,10 @@ var shmFullCases = []struct {
 }
 
 func TestShmFullDevShm(t *testing.T) {
+	if name := os.Getenv(shmFullChildEnv); name != "" {
+		shmFullChild(t, name) // this process is the child of one case
+		return
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts a small tmpfs on /dev/shm in a mount namespace of its own")
 	}
@@ -77,7 +81,7 @@ func TestShmFullDevShm(t *testing.T) {
 	}
 	for _, c := range shmFullCases {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command(exe, "-test.run=^TestShmFullChild$", "-test.v", "-test.count=1")
+			cmd := exec.Command(exe, "-test.run=^TestShmFullDevShm$", "-test.v", "-test.count=1")
 			cmd.Env = append(env, shmFullChildEnv+"="+c.name)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 			var out bytes.Buffer
@@ -98,10 +102,10 @@ func TestShmFullDevShm(t *testing.T) {
 				t.Fatalf("the child did not end in 2 minutes:\n%s", out.String())
 			}
 			s := out.String()
-			if i := strings.Index(s, "--- SKIP: TestShmFullChild"); i >= 0 {
+			if i := strings.Index(s, "--- SKIP: TestShmFullDevShm"); i >= 0 {
 				t.Skipf("child skipped: %s", strings.TrimSpace(s[i:]))
 			}
-			if err != nil || !strings.Contains(s, "--- PASS: TestShmFullChild") {
+			if err != nil || !strings.Contains(s, "--- PASS: TestShmFullDevShm") {
 				t.Fatalf("child: %v\n%s", err, s)
 			}
 			for _, bad := range []string{"SIGBUS", "fatal error", "unexpected fault"} {
@@ -138,12 +142,9 @@ func TestShmFullDevShm(t *testing.T) {
 	}
 }
 
-// TestShmFullChild is TestShmFullDevShm's child (in its mount namespace).
-func TestShmFullChild(t *testing.T) {
-	name := os.Getenv(shmFullChildEnv)
-	if name == "" {
-		t.Skip("runs only as TestShmFullDevShm's child")
-	}
+// shmFullChild is TestShmFullDevShm in its child for the case name (in
+// the child's mount namespace).
+func shmFullChild(t *testing.T, name string) {
 	var c = shmFullCases[0]
 	for _, k := range shmFullCases {
 		if k.name == name {
