@@ -156,6 +156,37 @@ type Backend interface {
 	// (appending a position to a key/value cache).
 	WriteStep(cache, x Tensor, t int)
 
+	// Orthonormalize makes the columns of the [rows, cols] matrix p (2-D,
+	// or a batch [n, rows, cols] of them, each on its own) orthonormal in
+	// place, left to right, as PowerSGD does (modified Gram-Schmidt): for
+	// j = 0, 1, ..., with nrm the norm of column j as it stands then, the
+	// projection of every later column k on it, (p_j.p_k / nrm^2) p_j, is
+	// subtracted from column k, and column j is divided by nrm + eps.
+	// (PowerSGD's code subtracts (q_j.p_k) q_j with q_j = p_j/(nrm+eps),
+	// which leaves 2*eps/nrm of p_j in column k.) A column whose nrm is at
+	// most OrthoDropTol times its norm in the input (a column that depends
+	// linearly on earlier ones, to rounding; a zero column) is set to zero
+	// instead, and nothing is subtracted on its account. F32 only; norms
+	// and dot products are summed in float64 (or as accurately), and the
+	// result does not depend on the number of threads. cols is small
+	// (PowerSGD's rank; the CUDA backend allows at most OrthoMaxCols),
+	// rows may be large.
+	Orthonormalize(p Tensor, eps float32)
+
 	// Sync waits for queued work (no-op on the CPU).
 	Sync()
 }
+
+// OrthoDropTol is the relative norm below which Orthonormalize zeroes a
+// column instead of normalizing it. PowerSGD's own code would divide the
+// rounding residue of a dependent column (about 1e-7 of its norm in
+// float32, at most cols*2^-24) by its tiny norm plus eps and so make a
+// unit column of rounding noise, neither orthogonal to the earlier
+// columns nor the same on two backends; 1e-4 is 25x above that residue
+// for 64 columns, and a genuine column that has lost all but 1e-4 of
+// its norm to the earlier ones carries 1e-8 of its energy.
+const OrthoDropTol = 1e-4
+
+// OrthoMaxCols is the largest number of columns a device backend's
+// Orthonormalize takes (PowerSGD's rank is at most 64 in practice).
+const OrthoMaxCols = 64

@@ -19,6 +19,7 @@ type Backend struct {
 	partials []float64 // per-worker partial sums
 	lnPart   []float32 // per-worker dgamma/dbeta partials
 	pdrop    []float32 // attention weights after dropout
+	ortho    []float64 // Orthonormalize's per-block partial sums
 }
 
 // New returns a CPU backend using GOMAXPROCS threads.

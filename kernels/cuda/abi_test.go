@@ -6,8 +6,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/kernels"
 )
 
 // ptxParams maps each .entry of a PTX module to its parameter types.
@@ -153,6 +156,34 @@ func TestColSplits(t *testing.T) {
 	for _, k := range []struct{ rows, d, blocks int }{{12500, 512, 512}, {12500, 2048, 512}, {25000, 512, 512}} {
 		if s, _ := colSplits(k.rows, k.d); s*((k.d+31)/32) != k.blocks {
 			t.Errorf("%d x %d: %d splits, %d blocks; want %d blocks", k.rows, k.d, s, s*((k.d+31)/32), k.blocks)
+		}
+	}
+}
+
+// TestOrthoConstantsMatch: gr_orthonormalize_f32's drop tolerance and
+// column limit are the kernels package's, and its block size is a
+// multiple of 32 up to 1024 for every row count.
+func TestOrthoConstantsMatch(t *testing.T) {
+	src, err := os.ReadFile("kernels.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"GR_ORTHO_DROP_TOL": strconv.FormatFloat(kernels.OrthoDropTol, 'g', -1, 64),
+		"GR_ORTHO_MAX_COLS": strconv.Itoa(kernels.OrthoMaxCols),
+	} {
+		m := regexp.MustCompile(`(?m)^#define\s+` + name + `\s+(\S+)\s*$`).FindSubmatch(src)
+		if m == nil {
+			t.Errorf("kernels.cu defines no %s", name)
+			continue
+		}
+		if got, _ := strconv.ParseFloat(string(m[1]), 64); strconv.FormatFloat(got, 'g', -1, 64) != want {
+			t.Errorf("kernels.cu: %s is %s, the kernels package's %s", name, m[1], want)
+		}
+	}
+	for _, rows := range []int{1, 31, 32, 33, 512, 1000, 1024, 1025, 32768, 1 << 24} {
+		if n := orthoThreads(rows); n%32 != 0 || n < 32 || n > 1024 {
+			t.Errorf("orthoThreads(%d) = %d", rows, n)
 		}
 	}
 }

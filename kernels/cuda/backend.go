@@ -715,3 +715,26 @@ func Count() (int, error) {
 	}
 	return d.deviceCount()
 }
+
+// Orthonormalize implements kernels.Backend: gr_orthonormalize_f32, one
+// block per matrix of the batch.
+func (b *Backend) Orthonormalize(p kernels.Tensor, eps float32) {
+	if p.Rank < 2 {
+		panic(fmt.Sprintf("cuda: Orthonormalize: p must be [rows, cols] or [n, rows, cols], got %v", p))
+	}
+	rows, cols := p.Dim(-2), p.Dim(-1)
+	if cols > kernels.OrthoMaxCols {
+		panic(fmt.Sprintf("cuda: Orthonormalize: %v has %d columns, at most %d allowed", p, cols, kernels.OrthoMaxCols))
+	}
+	if rows*cols == 0 {
+		return
+	}
+	b.kern(kOrtho).ptr(b.dev32(p, "p")).i32(rows).i32(cols).f32(eps).grid(p.Len()/(rows*cols), 1, orthoThreads(rows), 1)
+}
+
+// orthoThreads is gr_orthonormalize_f32's block size for matrices of
+// rows rows: a thread per row up to 1024 (a multiple of 32). It depends on
+// the shape alone, and so do the kernel's sums and its result.
+func orthoThreads(rows int) int {
+	return min(1024, max(32, (rows+31)/32*32))
+}

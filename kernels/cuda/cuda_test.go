@@ -433,3 +433,34 @@ func TestProfileNamesEveryOp(t *testing.T) {
 		t.Errorf("without %s: %+v", EnvProfile, p)
 	}
 }
+
+// Orthonormalize takes F32 matrices of at most kernels.OrthoMaxCols
+// columns.
+func TestOrthonormalizeRefuses(t *testing.T) {
+	be := backend(t)
+	for what, dims := range map[string][]int{"F16": {4, 2}, "1-D": {8}, "65 columns": {2, kernels.OrthoMaxCols + 1}} {
+		dt := kernels.F32
+		if what == "F16" {
+			dt = kernels.F16
+		}
+		p := be.Alloc(dt, dims...)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: Orthonormalize(%v) did not panic", what, p)
+				}
+			}()
+			be.Orthonormalize(p, 1e-8)
+		}()
+		be.Free(p)
+	}
+	p := be.Alloc(kernels.F32, 3, kernels.OrthoMaxCols) // the most columns allowed: runs
+	be.Upload(p, []float32{1, 2, 3})
+	be.Orthonormalize(p, 1e-8)
+	got := make([]float32, p.Len())
+	be.Download(got, p)
+	be.Free(p)
+	if n := math.Sqrt(float64(got[0]*got[0] + got[64]*got[64] + got[128]*got[128])); math.Abs(n-1) > 1e-6 {
+		t.Errorf("3 x 64: column 0 has norm %g after Orthonormalize", n)
+	}
+}

@@ -18,7 +18,7 @@
 //     returns early only as a whole, e.g. for a padding row);
 //   - __shared__ arrays of static size at function scope (for up to 1024
 //     threads = 32 warps), no dynamic shared memory;
-//   - atomicAdd on float* and double*; expf, logf, sqrtf; the half types
+//   - atomicAdd on float* and double*; expf, logf, sqrtf, sqrt; the half types
 //     only through __float2half_rn, __half2float, __float2bfloat16_rn and
 //     __bfloat162float; Inf/NaN tests as v - v != 0 and v != v.
 //
@@ -908,6 +908,122 @@ extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* 
     }
 }
 
+
+// ---------------------------------------------------------------------------
+// Orthonormalize (PowerSGD): one block per [rows, cols] matrix of the batch.
+
+// Must equal kernels.OrthoDropTol and kernels.OrthoMaxCols (a Go test
+// reads them here).
+#define GR_ORTHO_DROP_TOL 1e-4
+#define GR_ORTHO_MAX_COLS 64
+
+// Modified Gram-Schmidt in place, columns left to right, as
+// kernels.Backend.Orthonormalize documents and kernels/cpu does it: one
+// pass over the rows per column. Pass j divides column j by its norm plus
+// eps (times 0 when the column has lost all but GR_ORTHO_DROP_TOL of its
+// input norm), subtracts (p_j.p_k / |p_j|^2) p_j from every column k > j,
+// and then sums, over the updated rows, column j+1's squared norm and its
+// dot products with the later columns. Thread t owns rows t, t+bs, ...,
+// so a pass needs no barrier between its update and its sums; the sums are
+// in double, each warp's reduced by shuffles into a row of sh and the
+// warps' added in warp order by thread k, so the result depends on the
+// block size alone (the Go side picks it from the shape). cols <=
+// GR_ORTHO_MAX_COLS, blockDim.x a multiple of 32 up to 1024.
+extern "C" __global__ void __launch_bounds__(1024) gr_orthonormalize_f32(float* p, int rows, int cols, float eps) {
+    __shared__ double sh[32][GR_ORTHO_MAX_COLS]; // per-warp partial sums
+    __shared__ double tot[GR_ORTHO_MAX_COLS];    // the block's sums
+    __shared__ double innorm[GR_ORTHO_MAX_COLS]; // input column norms
+    __shared__ double coef[GR_ORTHO_MAX_COLS];   // projection coefficients of the pass
+    float* P = p + (long long)blockIdx.x * rows * cols;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    const int lane = t & 31;
+    const int w = t >> 5;
+    const int nw = bs >> 5;
+    // The input norms (innorm), then column 0's dot products with every
+    // column (tot; tot[0] its squared norm).
+    for (int k = 0; k < cols; k++) {
+        double ss = 0.0;
+        for (int r = t; r < rows; r += bs) {
+            const double x = (double)P[(long long)r * cols + k];
+            ss += x * x;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) {
+            sh[w][k] = ss;
+        }
+    }
+    __syncthreads();
+    if (t < cols) {
+        double s = 0.0;
+        for (int i = 0; i < nw; i++) {
+            s += sh[i][t];
+        }
+        innorm[t] = sqrt(s);
+    }
+    __syncthreads();
+    for (int k = 0; k < cols; k++) {
+        double g = 0.0;
+        for (int r = t; r < rows; r += bs) {
+            const float* row = P + (long long)r * cols;
+            g += (double)row[0] * (double)row[k];
+        }
+        g = warp_sum(g);
+        if (lane == 0) {
+            sh[w][k] = g;
+        }
+    }
+    __syncthreads();
+    if (t < cols) {
+        double s = 0.0;
+        for (int i = 0; i < nw; i++) {
+            s += sh[i][t];
+        }
+        tot[t] = s;
+    }
+    __syncthreads();
+    for (int j = 0; j < cols; j++) {
+        // tot[j]: column j's squared norm; tot[k > j]: its dot products.
+        const double nrm = sqrt(tot[j]);
+        const bool keep = nrm > GR_ORTHO_DROP_TOL * innorm[j];
+        const double inv = keep ? 1.0 / (nrm + (double)eps) : 0.0;
+        if (t > j && t < cols) {
+            coef[t] = keep ? tot[t] / (nrm * nrm) : 0.0;
+        }
+        __syncthreads();
+        for (int r = t; r < rows; r += bs) {
+            float* row = P + (long long)r * cols;
+            const double pj = (double)row[j];
+            row[j] = (float)(pj * inv);
+            for (int k = j + 1; k < cols; k++) {
+                row[k] = (float)((double)row[k] - coef[k] * pj);
+            }
+        }
+        if (j + 1 == cols) {
+            break; // the whole block
+        }
+        for (int k = j + 1; k < cols; k++) {
+            double g = 0.0;
+            for (int r = t; r < rows; r += bs) {
+                const float* row = P + (long long)r * cols;
+                g += (double)row[j + 1] * (double)row[k];
+            }
+            g = warp_sum(g);
+            if (lane == 0) {
+                sh[w][k] = g;
+            }
+        }
+        __syncthreads();
+        if (t > j && t < cols) {
+            double s = 0.0;
+            for (int i = 0; i < nw; i++) {
+                s += sh[i][t];
+            }
+            tot[t] = s;
+        }
+        __syncthreads();
+    }
+}
 
 // ---------------------------------------------------------------------------
 // The activation kernels, once per activation type A with suffix S.

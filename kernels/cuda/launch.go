@@ -44,6 +44,7 @@ var (
 	kAdam     = k("gr_adam_f32", pPtr, pPtr, pPtr, pPtr, pI64, pF32, pF32, pF32, pF32)
 	kAdamRows = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pF32, pF32, pF32)
 	kColSum   = k("gr_col_sum_f32", pPtr, pPtr, pI32, pI32)
+	kOrtho    = k("gr_orthonormalize_f32", pPtr, pI32, pI32, pF32)
 	kCast     = map[[2]string]*kernel{}
 
 	kAddBias         = ak("gr_add_bias", pPtr, pPtr, pI64, pI32)
@@ -111,7 +112,7 @@ func init() {
 
 // allKernels lists every kernel, for loading and for the ABI test.
 func allKernels() []*kernel {
-	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAdam, kAdamRows, kColSum}
+	ks := []*kernel{kScale, kAxpy, kInfNaN, kSumSq, kAdam, kAdamRows, kColSum, kOrtho}
 	for _, a := range actKernels {
 		ks = append(ks, a[:]...)
 	}

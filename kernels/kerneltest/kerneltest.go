@@ -54,6 +54,10 @@ type Tolerance struct {
 	// Softmax: CrossEntropy (loss and gradient) and LogSoftmax, whose exp
 	// and log are approximations on every backend.
 	Softmax float64
+	// Ortho: Orthonormalize, times the error amplification of its
+	// cancellations (see testOrthonormalize). Its sums are float64 (or as
+	// accurate) by contract, so this is tighter than F32.
+	Ortho float64
 	// Activations is the type the backend's activations are in: F32, or
 	// F16 or BF16 for mixed precision (see FP16). Then only the ops over
 	// activations run, Gemm among them.
@@ -70,7 +74,7 @@ type Tolerance struct {
 // reductions, atomics) and other exp and log approximations. Run logs the
 // worst error of every op with -v.
 func FP32() Tolerance {
-	return Tolerance{F32: 1e-5, Gemm: 1e-5, Attention: 2e-5, Softmax: 2e-5}
+	return Tolerance{F32: 1e-5, Gemm: 1e-5, Attention: 2e-5, Softmax: 2e-5, Ortho: 1e-6}
 }
 
 // TF32 is FP32 with matrix products on tensor cores in TF32 (10 explicit
@@ -156,6 +160,7 @@ var ops = []struct {
 	{"AdamRows", testAdamRows, false},
 	{"GatherRows", testGatherRows, true},
 	{"WriteStep", testWriteStep, true},
+	{"Orthonormalize", testOrthonormalize, false},
 }
 
 func seedOf(s string) uint64 {
@@ -169,7 +174,7 @@ func seedOf(s string) uint64 {
 // env is one op's test: the backend, the current case, the tensors it
 // allocated and the worst error seen.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	be    kernels.Backend
 	tol   Tolerance
 	op    string
