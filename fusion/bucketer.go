@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorun/gorun/collective"
@@ -73,6 +74,10 @@ func (c Compression) Wire() collective.DType {
 type ParamInfo struct {
 	Name string
 	Len  int
+	// Rows and Cols give the gradient as a Rows x Cols row-major matrix
+	// (Rows*Cols = Len), which BucketConfig.PowerSGD may compress; 0 for a
+	// vector, or for a matrix that must travel uncompressed.
+	Rows, Cols int
 }
 
 // Defaults of BucketConfig.
@@ -116,6 +121,10 @@ type BucketConfig struct {
 	// Timeline, if not nil, records each bucket's pack, allreduce and
 	// unpack (on a device: copy out, allreduce, check, copy in).
 	Timeline *metrics.Timeline
+	// PowerSGD, if not nil, compresses the weight matrices (ParamInfo.Rows
+	// and Cols) from its StartStep on; the other gradients keep
+	// Compression's wire. Host gradients need AttachFlat (not Attach).
+	PowerSGD *PowerSGD
 }
 
 // Bucket is one fused message: the gradients of parameters Lo..Hi
@@ -166,6 +175,8 @@ type StepStats struct {
 	BackwardDone time.Time
 	// Overflow: an inf or NaN in the reduced (and scaled) gradients.
 	Overflow bool
+	// PowerSGD: what the compressor did (BucketConfig.PowerSGD).
+	PowerSGD PowerSGDStats
 }
 
 // String is a one-line summary for logs.
@@ -229,6 +240,14 @@ type Bucketer struct {
 	checked bool
 	rebuilt bool
 	broken  error
+
+	// PowerSGD (BucketConfig.PowerSGD): the compressor, its view of each
+	// bucket, the host pack buffers of the other gradients (AttachFlat),
+	// and the number of the next step (SetStep).
+	psgd   *compressor
+	pbk    []psgdBucket
+	dbufs  [][]float32
+	stepNo int
 }
 
 // NewBucketer lays out buckets for params, given in the model's parameter
@@ -258,6 +277,13 @@ func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfi
 		off += p.Len
 	}
 	b.total = off
+	if cfg.PowerSGD != nil {
+		c, err := newCompressor(params, b.offsets, *cfg.PowerSGD)
+		if err != nil {
+			return nil, err
+		}
+		b.psgd = c
+	}
 	b.setLayout(layout(params, b.offsets, cfg.CapBytes, cfg.FirstCapBytes, nil, nil, 0))
 	if err := b.describe(); err != nil {
 		return nil, err
@@ -350,6 +376,9 @@ func (b *Bucketer) setLayout(bs []Bucket) {
 		}
 	}
 	b.bufs, b.wbufs = nil, nil
+	if b.psgd != nil {
+		b.pbk = b.psgd.buckets(b.params, b.offsets, bs)
+	}
 	if b.attached() {
 		b.makeBufs()
 	}
@@ -367,6 +396,9 @@ type description struct {
 	// DeviceWire: the buckets are 16-bit data staged from a device, not
 	// float32 data sent as 16 bits (different collectives).
 	DeviceWire bool `json:",omitempty"`
+	// PowerSGD: its settings; Shapes: each parameter's rows and columns.
+	PowerSGD string  `json:",omitempty"`
+	Shapes   [][]int `json:",omitempty"`
 }
 
 // describe sets the fingerprint material from the parameters, the config
@@ -378,6 +410,12 @@ func (b *Bucketer) describe() error {
 	for _, p := range b.params {
 		d.Names = append(d.Names, p.Name)
 		d.Lens = append(d.Lens, p.Len)
+	}
+	if b.psgd != nil {
+		d.PowerSGD = b.psgd.describe()
+		for _, p := range b.params {
+			d.Shapes = append(d.Shapes, []int{p.Rows, p.Cols})
+		}
 	}
 	js, err := json.Marshal(d)
 	if err != nil {
@@ -416,6 +454,12 @@ func (b *Bucketer) AttachFlat(flat []float32) error {
 	}
 	b.flat, b.grads, b.dev = flat, nil, nil
 	b.makeBufs()
+	if b.psgd != nil {
+		if err := b.psgd.attachHost(flat); err != nil {
+			b.flat = nil
+			return err
+		}
+	}
 	return b.describe()
 }
 
@@ -430,6 +474,9 @@ func (b *Bucketer) Attach(grads [][]float32) error {
 		if len(g) != b.params[i].Len {
 			return fmt.Errorf("bucketer: gradient of parameter %d %q has %d elements, want %d", i, b.params[i].Name, len(g), b.params[i].Len)
 		}
+	}
+	if b.psgd != nil {
+		return errors.New("bucketer: PowerSGD needs the gradients as one flat buffer (AttachFlat or AttachDevice), not Attach")
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -470,12 +517,27 @@ func (b *Bucketer) AttachDevice(s GradStaging) error {
 	}
 	b.flat, b.grads, b.dev = nil, nil, s
 	b.makeBufs()
+	if b.psgd != nil {
+		if err := b.psgd.attachDevice(s); err != nil {
+			b.dev = nil
+			return err
+		}
+	}
 	return b.describe()
 }
 
 func (b *Bucketer) attached() bool { return b.flat != nil || b.grads != nil || b.dev != nil }
 
 func (b *Bucketer) makeBufs() {
+	b.dbufs = nil
+	if b.psgd != nil && b.flat != nil {
+		b.dbufs = make([][]float32, len(b.buckets))
+		for k := range b.pbk {
+			if pb := &b.pbk[k]; pb.compressed() && pb.dense > 0 {
+				b.dbufs[k] = make([]float32, pb.dense)
+			}
+		}
+	}
 	if b.dev != nil {
 		ws := b.wire.Size()
 		b.bufs, b.wbufs = nil, make([][]byte, len(b.buckets))
@@ -541,6 +603,24 @@ type stepState struct {
 	fences   []Fence // per bucket: its copy out (set before ready is closed)
 	inMu     sync.Mutex
 	copiedIn []bool // per bucket: its copy back is queued
+
+	// PowerSGD: the step compresses (psgd), its number (stepNo), the
+	// compressor's view of the buckets and the host pack buffers.
+	psgd   bool
+	stepNo int
+	pbk    []psgdBucket
+	dbufs  [][]float32
+	pqOver []bool       // per bucket: its reduced P or Q holds an Inf or NaN (set before done)
+	psgdNs atomic.Int64 // the compressor's time (PowerSGDStats.Compute)
+	// With AttachDevice: per compressed bucket the copies out of its
+	// other gradients and of P, when phase 1 was queued, and its phase 2
+	// (queued by the device's goroutine when the launcher asks on devReq:
+	// q2done closes, qfence is Q's copy out).
+	cfences [][]Fence
+	p1Start []time.Time
+	devReq  chan int
+	q2done  []chan struct{}
+	qfence  []Fence
 }
 
 func (s *stepState) fail(err error) {
@@ -573,6 +653,16 @@ func (b *Bucketer) step() (*stepState, error) {
 	if b.cfg.CycleTime > 0 && !b.rebuilt {
 		s.readyAt = make([]time.Time, len(b.params))
 	}
+	if b.psgd != nil && b.stepNo >= b.psgd.cfg.StartStep {
+		s.psgd, s.stepNo, s.pbk, s.dbufs, s.pqOver = true, b.stepNo, b.pbk, b.dbufs, make([]bool, nb)
+		if s.dev != nil {
+			s.cfences, s.p1Start, s.qfence = make([][]Fence, nb), make([]time.Time, nb), make([]Fence, nb)
+			s.devReq, s.q2done = make(chan int), make([]chan struct{}, nb)
+			for k := range s.q2done {
+				s.q2done[k] = make(chan struct{})
+			}
+		}
+	}
 	for k, bk := range b.buckets {
 		s.left[k] = bk.Hi - bk.Lo + 1
 		s.ready[k] = make(chan struct{})
@@ -603,6 +693,9 @@ func (b *Bucketer) MarkReady(i int) {
 		b.mu.Unlock()
 		return
 	}
+	if s.devReq != nil {
+		defer b.serve(s) // phase 2 of the buckets whose P is reduced
+	}
 	if i < 0 || i >= len(b.params) {
 		b.mu.Unlock()
 		s.fail(fmt.Errorf("bucketer: MarkReady(%d): no such parameter (have %d)", i, len(b.params)))
@@ -628,7 +721,9 @@ func (b *Bucketer) MarkReady(i int) {
 	if s.dev != nil {
 		// Queued outside the lock (a device call); the launcher reads the
 		// fence after ready[k] is closed.
-		if bk := s.buckets[k]; bk.Elems > 0 {
+		if s.psgd && s.pbk[k].compressed() {
+			b.devPhase1(s, k)
+		} else if bk := s.buckets[k]; bk.Elems > 0 {
 			s.fences[k] = s.dev.CopyOut(s.wbufs[k], bk.Offset, bk.Elems, b.wire)
 		}
 	}
@@ -652,6 +747,9 @@ func (b *Bucketer) BackwardDone() {
 type launched struct {
 	k int
 	h *collective.Handle
+	// hq: a PowerSGD bucket's Q allreduce (h is then its other
+	// gradients', or nil)
+	hq *collective.Handle
 }
 
 // launch starts the buckets' allreduces in index order as they become
@@ -695,6 +793,15 @@ func (b *Bucketer) launch(s *stepState, check bool) {
 			}
 			s.sent0, s.recv0 = b.traffic()
 		}
+		if s.psgd && s.pbk[k].compressed() {
+			l, err := b.launchPSGD(s, k, op, opts)
+			if err != nil {
+				failFrom(k, err)
+				return
+			}
+			fin <- l
+			continue
+		}
 		var h *collective.Handle
 		if s.dev != nil {
 			if f := s.fences[k]; f != nil {
@@ -717,7 +824,7 @@ func (b *Bucketer) launch(s *stepState, check bool) {
 			h = b.c.AllreduceAsync(b.ctx, nil, collective.Float32Bytes(buf), collective.Float32, op, opts...)
 		}
 		st.Start = time.Now() // corrected by finish to when the call could run
-		fin <- launched{k, h}
+		fin <- launched{k: k, h: h}
 	}
 }
 
@@ -726,13 +833,18 @@ func (b *Bucketer) finish(s *stepState, fin chan launched) {
 	for l := range fin {
 		k, bk := l.k, s.buckets[l.k]
 		st := &s.stats[k]
-		err := l.h.Wait()
-		st.Reduced = time.Now()
+		var err error
+		if l.hq != nil {
+			err = b.finishPSGD(s, l)
+		} else {
+			err = l.h.Wait()
+			st.Reduced = time.Now()
+		}
 		if st.Start.Before(prev) {
 			st.Start = prev // the communicator runs calls one at a time
 		}
 		prev = st.Reduced
-		if err == nil {
+		if err == nil && l.hq == nil {
 			if s.dev != nil {
 				// The scale is applied on the device by the copy back.
 				st.Overflow = wireOverflow(s.wbufs[k], b.wire, s.scale)
@@ -751,9 +863,16 @@ func (b *Bucketer) finish(s *stepState, fin chan launched) {
 		if tl := b.cfg.Timeline; tl != nil {
 			args := map[string]any{"bytes": bk.Bytes(), "wire": b.wire.String(), "params": bk.Hi - bk.Lo + 1,
 				"first": b.params[bk.Hi].Name, "last": b.params[bk.Lo].Name}
+			if l.hq != nil {
+				pb := &s.pbk[k]
+				args["powersgd_bytes"] = 4 * (pb.pHi - pb.pLo + pb.qHi - pb.qLo)
+				args["matrices"] = pb.mHi - pb.mLo
+			}
 			tl.SpanArgs("allreduce", fmt.Sprintf("allreduce b%d", k), st.Start, st.Reduced, args)
 			name := "unpack b%d"
-			if s.dev != nil {
+			if l.hq != nil {
+				name = "decompress b%d" // host: and unpack; device: the checks
+			} else if s.dev != nil {
 				name = "check b%d"
 			}
 			tl.Span("fusion", fmt.Sprintf(name, k), st.Reduced, st.End)
@@ -776,7 +895,9 @@ func (b *Bucketer) copyIn(s *stepState, k int) {
 	}
 	s.copiedIn[k] = true
 	t0 := time.Now()
-	if bk := s.buckets[k]; bk.Elems > 0 {
+	if s.psgd && s.pbk[k].compressed() {
+		b.devPhase3(s, k)
+	} else if bk := s.buckets[k]; bk.Elems > 0 {
 		s.dev.CopyIn(bk.Offset, bk.Elems, s.wbufs[k], b.wire, s.scale)
 	}
 	b.cfg.Timeline.Span("fusion", fmt.Sprintf("copy in b%d", k), t0, time.Now())
@@ -858,23 +979,37 @@ func (b *Bucketer) unready(s *stepState, k int) string {
 func (b *Bucketer) waitBucket(s *stepState, k int) error {
 	timer := time.NewTimer(b.cfg.Timeout)
 	defer timer.Stop()
+	// With PowerSGD on a device, the launcher asks this (the device's)
+	// goroutine on s.devReq for each bucket's phase 2 meanwhile (a nil
+	// channel otherwise, never ready).
 	for j := 0; j <= k; j++ {
-		select {
-		case <-s.ready[j]:
-		case <-s.done[j]:
-		case <-s.abort:
-			return s.abortE
-		case <-timer.C:
-			err := fmt.Errorf("bucketer: rank %d: gradient not marked ready within %v: parameter %s", b.c.Rank(), b.cfg.Timeout, b.unready(s, j))
-			s.fail(err)
-			return err
+	marked:
+		for {
+			select {
+			case <-s.ready[j]:
+				break marked
+			case <-s.done[j]:
+				break marked
+			case <-s.abort:
+				return s.abortE
+			case kk := <-s.devReq:
+				b.devPhase2(s, kk)
+			case <-timer.C:
+				err := fmt.Errorf("bucketer: rank %d: gradient not marked ready within %v: parameter %s", b.c.Rank(), b.cfg.Timeout, b.unready(s, j))
+				s.fail(err)
+				return err
+			}
 		}
 	}
-	select {
-	case <-s.done[k]:
-		return s.errs[k]
-	case <-s.abort:
-		return s.abortE
+	for {
+		select {
+		case <-s.done[k]:
+			return s.errs[k]
+		case <-s.abort:
+			return s.abortE
+		case kk := <-s.devReq:
+			b.devPhase2(s, kk)
+		}
 	}
 }
 
@@ -963,6 +1098,11 @@ func (b *Bucketer) Wait() (StepStats, error) {
 		}
 	}
 	st := StepStats{Reduced: err == nil, BackwardDone: s.bwdDone}
+	if err == nil && s.psgd {
+		st.PowerSGD = b.psgd.stats()
+		st.PowerSGD.Compressed = true
+		st.PowerSGD.Compute = time.Duration(s.psgdNs.Load())
+	}
 	if err == nil {
 		st.Buckets = s.stats
 		sent, recv := b.traffic()
@@ -994,6 +1134,7 @@ func (b *Bucketer) Wait() (StepStats, error) {
 	b.mu.Lock()
 	b.st = nil
 	b.pass = 0
+	b.stepNo++
 	if err != nil && b.broken == nil {
 		b.broken = err
 	}
@@ -1117,6 +1258,21 @@ func diffDesc(a, b description, rb int) string {
 			where(a.DeviceWire), where(b.DeviceWire), rb)
 	case a.Compression != b.Compression:
 		return field("compression", a.Compression, b.Compression)
+	case a.PowerSGD != b.PowerSGD:
+		off := func(s string) string {
+			if s == "" {
+				return "off"
+			}
+			return s
+		}
+		return field("PowerSGD", off(a.PowerSGD), off(b.PowerSGD))
+	case fmt.Sprint(a.Shapes) != fmt.Sprint(b.Shapes):
+		for i := 0; i < min(len(a.Shapes), len(b.Shapes)); i++ {
+			if fmt.Sprint(a.Shapes[i]) != fmt.Sprint(b.Shapes[i]) {
+				return fmt.Sprintf("parameter %d %q is a %dx%d matrix on rank 0 but %dx%d on rank %d", i, a.Names[i], a.Shapes[i][0], a.Shapes[i][1], b.Shapes[i][0], b.Shapes[i][1], rb)
+			}
+		}
+		return "the parameters' shapes differ"
 	case a.Average != b.Average:
 		return field("average", a.Average, b.Average)
 	case a.Passes != b.Passes:

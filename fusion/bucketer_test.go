@@ -219,7 +219,7 @@ func TestBucketLayout(t *testing.T) {
 	if got := Layout(bkOddParams(), BucketConfig{}); fmt.Sprint(got) != fmt.Sprint(b3.Buckets()) {
 		t.Fatalf("Layout with the defaults %v, the Bucketer's %v", got, b3.Buckets())
 	}
-	if _, err := NewBucketer(nil, []ParamInfo{{"x", -1}}, BucketConfig{}); err == nil || !strings.Contains(err.Error(), `"x"`) {
+	if _, err := NewBucketer(nil, []ParamInfo{{Name: "x", Len: -1}}, BucketConfig{}); err == nil || !strings.Contains(err.Error(), `"x"`) {
 		t.Fatalf("negative length: %v", err)
 	}
 }
@@ -500,7 +500,7 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 	}{
 		{"name", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
 			if r == 2 {
-				ps[1] = ParamInfo{"layer_1/x", 8}
+				ps[1] = ParamInfo{Name: "layer_1/x", Len: 8}
 			}
 			return ps
 		}, `parameter 1 is "layer_1/w" (7 elements) on rank 0 but "layer_1/x" (8 elements) on rank 2`},
@@ -790,7 +790,7 @@ func checkOverlap(t *testing.T, mode gradMode) {
 	const layers, per = 6, 64 << 10
 	var ps []ParamInfo
 	for l := 0; l < layers; l++ {
-		ps = append(ps, ParamInfo{fmt.Sprintf("layer_%d/w", l), per}, ParamInfo{fmt.Sprintf("layer_%d/b", l), 16})
+		ps = append(ps, ParamInfo{Name: fmt.Sprintf("layer_%d/w", l), Len: per}, ParamInfo{Name: fmt.Sprintf("layer_%d/b", l), Len: 16})
 	}
 	ts := rank.NewLocalGroup(2, 2)
 	defer rank.CloseAll(ts)
@@ -844,7 +844,7 @@ func checkCycleTimeRebuild(t *testing.T, mode gradMode) {
 	const layers = 4
 	var ps []ParamInfo
 	for l := 0; l < layers; l++ {
-		ps = append(ps, ParamInfo{fmt.Sprintf("l%d/w", l), 100}, ParamInfo{fmt.Sprintf("l%d/b", l), 10})
+		ps = append(ps, ParamInfo{Name: fmt.Sprintf("l%d/w", l), Len: 100}, ParamInfo{Name: fmt.Sprintf("l%d/b", l), Len: 10})
 	}
 	ts := rank.NewLocalGroup(2, 1)
 	defer rank.CloseAll(ts)
@@ -916,7 +916,7 @@ func checkQUIC(t *testing.T, mode gradMode) {
 	defer rank.CloseAll(ts)
 	var ps []ParamInfo
 	for i := 0; i < 12; i++ {
-		ps = append(ps, ParamInfo{fmt.Sprintf("p%d", i), 20000 + 7*i})
+		ps = append(ps, ParamInfo{Name: fmt.Sprintf("p%d", i), Len: 20000 + 7*i})
 	}
 	sent := make([][2]uint64, np)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
@@ -1083,7 +1083,7 @@ func TestLayoutBoundaries(t *testing.T) {
 	mk := func(bytes ...int) []ParamInfo {
 		ps := make([]ParamInfo, len(bytes))
 		for i, b := range bytes {
-			ps[i] = ParamInfo{fmt.Sprintf("p%d", i), b / 4}
+			ps[i] = ParamInfo{Name: fmt.Sprintf("p%d", i), Len: b / 4}
 		}
 		return ps
 	}

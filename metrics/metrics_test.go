@@ -159,7 +159,11 @@ func TestMeasureStepsAndWhatIf(t *testing.T) {
 	ri := RunInfo{Params: 1e6, WorldSize: 2, Hosts: []string{"a", "b"}, LinkGbps: 1, Compression: "fp16", Threads: 1, CPUs: 1,
 		Buckets: []int{1 << 20, 3 << 20}, Vocab: 1000, DModel: 64}
 	lines := WhatIf(ri, st)
-	own, err := plan.Predict(RunCluster(ri), RunWorkload(ri, st))
+	w, err := RunWorkload(ri, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := plan.Predict(RunCluster(ri), w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,5 +222,72 @@ func TestMeasureRunEnough(t *testing.T) {
 	}
 	if !strings.Contains(WhatIf(RunInfo{Params: 1000, WorldSize: 2}, MeasureRun(short, 2))[0], "**not enough data**") {
 		t.Errorf("what if of 3 steps: %v", WhatIf(RunInfo{Params: 1000, WorldSize: 2}, MeasureRun(short, 2)))
+	}
+}
+
+// The trainer's last line (AnalyzeBottleneck of its own totals, no
+// counts of steps) for the lab's cluster with GPUs: Transformer-base on 2
+// hosts x 2 ranks at 1 Gbit/s, 0.25 s of compute, is network-bound with
+// fp16 and says what PowerSGD at the default rank would give, marked as a
+// prediction: its bytes (P and Q 4 B x 4 x the 168,448 rows and columns
+// of the 97 matrices, and the 63,488 other parameters in fp16), its
+// allreduces as the planner times them, and the compressor's 6nmr + 3nm
+// + 2(n+m)r² over the 60,817,408 elements, 100,352 rows and 68,096
+// columns, 1.647 GFLOP, at the step's rate of FLOPs (6 x parameters x
+// 4096 batch tokens in 0.25 s).
+func TestBottleneckPowerSGD(t *testing.T) {
+	buckets := []int{4200448, 26253312, 28348416, 29396992, 29405184, 29405184, 26255360, 3149824, 67108864}
+	ri := RunInfo{Preset: "base", Params: 60880896, DModel: 512, Vocab: 32768, WorldSize: 4, Hosts: []string{"a", "a", "b", "b"},
+		BatchTokens: 4096, LinkGbps: 1, LinkSource: "probe", Compression: "fp16", Buckets: buckets, Device: "cuda:0"}
+	b := AnalyzeBottleneck(ri, StepTimes{Compute: 0.25, Sync: 0.002, Backward: 0.16})
+	if b.Verdict != "network-bound" || b.PowerSGD == nil || b.PowerSGDPlan == nil {
+		t.Fatalf("verdict %q, PowerSGD %v (%s)", b.Verdict, b.PowerSGD, b.PowerSGDNone)
+	}
+	if b.PowerSGD.WireBytes != 2822144 || b.Pred.WireBytes != 121761792 {
+		t.Errorf("%d bytes a step with PowerSGD, %d with fp16; want 2,822,144 and 121,761,792", b.PowerSGD.WireBytes, b.Pred.WireBytes)
+	}
+	if got, want := b.PowerSGD.CompressS, 0.25*1647460352/(6*60880896*4096.0); math.Abs(got-want) > 1e-12 {
+		t.Errorf("the compressor's compute %v s, want %v", got, want)
+	}
+	s := b.String()
+	for _, want := range []string{
+		"\n  prediction, not a measurement: with --compression powersgd at the default rank 4: the gradients would be 2.822 MB a step on the wire instead of 121.762 MB with fp16 (43x less)",
+		fmt.Sprintf("their allreduces %.3f s and the compressor's compute %.4f s (from FLOPs: 1.65 GFLOP", b.PowerSGD.CommS, b.PowerSGD.CompressS),
+		fmt.Sprintf("the step %.3f s against %.3f s predicted for this run: compute-bound.", b.PowerSGD.StepS, b.Pred.StepS),
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the analysis lacks %q:\n%s", want, s)
+		}
+	}
+	// the trainer's totals count no steps: no PowerSGD measurement line
+	if strings.Contains(s, "not enough data") || strings.Contains(s, "PowerSGD (rank") {
+		t.Errorf("the trainer's line:\n%s", s)
+	}
+	// compute-bound with fp16 (5 s of compute): no prediction
+	if s := AnalyzeBottleneck(ri, StepTimes{Compute: 5}).String(); strings.Contains(s, "powersgd") {
+		t.Errorf("compute-bound: %s", s)
+	}
+	// a PowerSGD run: its own verdict with PowerSGD, and, given the
+	// trainer's PowerSGD totals, what it saved
+	ri.Compression, ri.PowerSGDRank, ri.PowerSGDStartStep = "powersgd", 4, 100
+	st := StepTimes{Compute: 0.25, PowerSGDSteps: 900, PowerSGDBytes: 2695168, PowerSGDFP16Bytes: 121634816, PowerSGDCompute: 0.003}
+	p := AnalyzeBottleneck(ri, st)
+	if p.Verdict != "compute-bound" || p.PowerSGD == nil || p.Pred.WireBytes != 2822144 || p.Comm() != p.PowerSGD.CommS {
+		t.Errorf("PowerSGD run: verdict %q, %d bytes", p.Verdict, p.Pred.WireBytes)
+	}
+	for _, want := range []string{"0.023 s with powersgd", "this run sent powersgd",
+		"\n  PowerSGD (rank 4, from step 100) all-reduced P and Q of 97 matrices, 2.695 MB a step (powersgd_bytes, the mean of 900 steps), where fp16 sends 121.635 MB for them (powersgd_fp16_bytes): 118.940 MB a step saved (45.1x less)",
+		"its compute held the buckets up 3.0 ms a step (powersgd_compute_ms), 1.2 % of the 0.250 s a step computed."} {
+		if !strings.Contains(p.String(), want) {
+			t.Errorf("the PowerSGD run's analysis lacks %q:\n%s", want, p)
+		}
+	}
+	if strings.Contains(p.String(), "prediction, not a measurement") {
+		t.Errorf("a PowerSGD run is told what PowerSGD would give:\n%s", p)
+	}
+	// the shapes of an unknown preset: no verdict, and why
+	ri.Preset = "huge"
+	if v := AnalyzeBottleneck(ri, st).Verdict; !strings.HasPrefix(v, "unknown (the parameters' shapes: unknown preset") {
+		t.Errorf("unknown preset: verdict %q", v)
 	}
 }

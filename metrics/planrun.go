@@ -7,6 +7,7 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/plan"
+	"github.com/gorun/gorun/transformer"
 )
 
 // StepTimes is what a run measured of its steps (seconds, means over the
@@ -27,7 +28,56 @@ type StepTimes struct {
 	OwnSD float64
 	// Tokens: target tokens of one rank's step.
 	Tokens float64
+	// PowerSGD's own numbers (a run with --compression powersgd): of the
+	// intervals used, those it compressed throughout (compressed): the
+	// steps they cover, and the means of a step's P
+	// and Q bytes, of the fp16 bytes the matrices they replace would have
+	// been (0: not logged), of the compressor's compute (seconds) and of
+	// the step time.
+	PowerSGDSteps                    int64
+	PowerSGDBytes, PowerSGDFP16Bytes float64
+	PowerSGDCompute, PowerSGDStep    float64
 }
+
+// powerSGDFull is the largest MetricPowerSGDBytes the train records
+// logged: a step's P and Q, the same every step PowerSGD compresses. The
+// trainer averages an interval's values over all its steps, so an
+// interval that straddles --powersgd-start-step logs less, and
+// compressed leaves it out of PowerSGD's numbers.
+func powerSGDFull(recs []Record) float64 {
+	m := 0.0
+	for _, r := range recs {
+		if r.Kind == "train" {
+			m = math.Max(m, r.Values[MetricPowerSGDBytes])
+		}
+	}
+	return m
+}
+
+// compressed says whether the train record's values v are of an interval
+// every step of which PowerSGD compressed (full: powerSGDFull).
+func compressed(v map[string]float64, full float64) bool {
+	b := v[MetricPowerSGDBytes]
+	return b > 0 && b >= full*(1-1e-9)
+}
+
+// The values the trainer logs in its train records for the steps PowerSGD
+// compressed (fusion.PowerSGDStats of each step; the means over all of
+// the interval's steps, 0 before --powersgd-start-step).
+const (
+	// MetricPowerSGDBytes: the float32 bytes of P and Q that one rank
+	// all-reduced in a step (PowerSGDStats.Bytes: the buffers, not the
+	// traffic, which the algorithm multiplies; the tensors left
+	// uncompressed go in the ordinary fp16 allreduces besides).
+	MetricPowerSGDBytes = "powersgd_bytes"
+	// MetricPowerSGDFP16Bytes: the bytes the compressed matrices would
+	// have been all-reduced as in fp16 (PowerSGDStats.FP16Bytes).
+	MetricPowerSGDFP16Bytes = "powersgd_fp16_bytes"
+	// MetricPowerSGDComputeMS: the time in ms the compressor's work held
+	// a step's buckets up (PowerSGDStats.Compute: its products,
+	// orthonormalisations and error feedback).
+	MetricPowerSGDComputeMS = "powersgd_compute_ms"
+)
 
 // Own is one rank's own work per step: compute less the token-count wait.
 func (s StepTimes) Own() float64 { return s.Compute - s.Sync }
@@ -36,9 +86,10 @@ func (s StepTimes) Own() float64 { return s.Compute - s.Sync }
 // the from-th on (1 leaves the first interval, the warm-up, out).
 func MeasureSteps(recs []Record, world, from int) StepTimes {
 	st := StepTimes{Skipped: from}
+	full := powerSGDFull(recs)
 	var owns, sds []float64
 	var tokens float64
-	i := 0
+	i, psgd := 0, 0
 	var prev int64 // the step the interval starts after
 	for _, r := range recs {
 		if r.Kind == "start" {
@@ -63,6 +114,18 @@ func MeasureSteps(recs []Record, world, from int) StepTimes {
 		tokens += v["tokens_per_s"] * v["step_time_s"]
 		owns = append(owns, v["compute_s"]-v["sync_s"])
 		sds = append(sds, v["compute_sd_s"])
+		if compressed(v, full) {
+			psgd++
+			st.PowerSGDSteps += steps
+			st.PowerSGDBytes += v[MetricPowerSGDBytes]
+			st.PowerSGDFP16Bytes += v[MetricPowerSGDFP16Bytes]
+			st.PowerSGDCompute += v[MetricPowerSGDComputeMS] / 1000
+			st.PowerSGDStep += v["step_time_s"]
+		}
+	}
+	if psgd > 0 {
+		n := float64(psgd)
+		st.PowerSGDBytes, st.PowerSGDFP16Bytes, st.PowerSGDCompute, st.PowerSGDStep = st.PowerSGDBytes/n, st.PowerSGDFP16Bytes/n, st.PowerSGDCompute/n, st.PowerSGDStep/n
 	}
 	if st.Intervals == 0 {
 		return st
@@ -123,18 +186,117 @@ func (st StepTimes) WhyNotEnough() string {
 
 // RunWorkload is a run's step as the planner takes it: its own compute
 // and spread, its backward pass, its buckets (one of every gradient for a
-// run from before they were recorded), its wire type and overlap.
-func RunWorkload(ri RunInfo, st StepTimes) plan.Workload {
+// run from before they were recorded), its wire type and overlap; for a
+// run that compressed with PowerSGD, PowerSGD at its rank (RunPowerSGD),
+// and as its compute the run's less the compressor's, which the plan
+// adds back as PowerSGD's (the trainer's compute_s is taken to include
+// the compressor's work, which runs on the training cores or device).
+func RunWorkload(ri RunInfo, st StepTimes) (plan.Workload, error) {
 	w := plan.Workload{Params: ri.Params, Buckets: ri.Buckets, HeadBytes: 4 * ri.Vocab * ri.DModel,
 		ComputeS: st.Own(), ComputeSD: st.OwnSD, BackwardS: st.Backward, Threads: ri.Threads,
 		TokensPerRank: st.Tokens, Wire: WireType(ri.Compression), Overlap: ri.Overlap == nil || *ri.Overlap}
 	if len(w.Buckets) == 0 {
 		w.Buckets = []int{int(4 * ri.Params)}
 	}
+	if ri.Compression == "powersgd" && st.PowerSGDCompute > 0 && st.PowerSGDCompute < w.ComputeS {
+		w.ComputeS -= st.PowerSGDCompute
+	}
 	if w.BackwardS > w.ComputeS {
 		w.BackwardS = 0
 	}
-	return w
+	if ri.Compression == "powersgd" {
+		ps, _, err := RunPowerSGD(ri, w, st, ri.PowerSGDRank)
+		if err != nil {
+			return w, err
+		}
+		w.PowerSGD = ps
+	}
+	return w, nil
+}
+
+// RunShapes is the shapes of a run's parameters in the order its model
+// registers them: its preset with its vocabulary (run.json's, or for a
+// run from before it was recorded the one that gives its parameter
+// count).
+func RunShapes(ri RunInfo) ([][]int, error) {
+	count := func(cfg transformer.Config) ([]transformer.Param, int64, error) {
+		ps, err := transformer.ParamList(cfg)
+		n := int64(0)
+		for _, p := range ps {
+			n += int64(p.Len)
+		}
+		return ps, n, err
+	}
+	vocab := ri.Vocab
+	if vocab <= 0 {
+		probe, err := transformer.Preset(ri.Preset, 1000)
+		if err != nil {
+			return nil, fmt.Errorf("the parameters' shapes: %v", err)
+		}
+		_, n, err := count(probe)
+		if err != nil {
+			return nil, fmt.Errorf("the parameters' shapes: %v", err)
+		}
+		vocab = int((ri.Params - (n - int64(1000*probe.DModel))) / int64(probe.DModel))
+	}
+	cfg, err := transformer.Preset(ri.Preset, vocab)
+	if err != nil {
+		return nil, fmt.Errorf("the parameters' shapes: %v", err)
+	}
+	ps, n, err := count(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("the parameters' shapes: %v", err)
+	}
+	if ri.Params > 0 && n != ri.Params {
+		return nil, fmt.Errorf("the parameters' shapes: preset %s with %d ids has %d parameters, the run %d", ri.Preset, vocab, n, ri.Params)
+	}
+	shapes := make([][]int, len(ps))
+	for i, p := range ps {
+		shapes[i] = p.Shape
+	}
+	return shapes, nil
+}
+
+// RunPowerSGD is PowerSGD of rank r (0: the run's, else
+// plan.DefaultPowerSGDRank) on a run's parameters in w's buckets, with
+// the compressor's compute per step: the run's own measurement where it
+// compressed at that rank (st.PowerSGDCompute), else from FLOPs: the
+// compressor's FLOPs at the rate the run's steps ran at (w's compute for
+// 6 x parameters x the padded batch tokens, or the target tokens of a run
+// that did not record them), a lower bound (plan.ComputeFromFLOPs). how
+// says which, for the reader.
+func RunPowerSGD(ri RunInfo, w plan.Workload, st StepTimes, r int) (*plan.PowerSGD, string, error) {
+	if r <= 0 {
+		r = ri.PowerSGDRank
+	}
+	if r <= 0 {
+		r = plan.DefaultPowerSGDRank
+	}
+	shapes, err := RunShapes(ri)
+	if err != nil {
+		return nil, "", err
+	}
+	ps, err := plan.NewPowerSGD(shapes, w.Buckets, r)
+	if err != nil {
+		return nil, "", err
+	}
+	ps.StartStep = ri.PowerSGDStartStep
+	runRank := ri.PowerSGDRank
+	if runRank <= 0 {
+		runRank = plan.DefaultPowerSGDRank
+	}
+	if ri.Compression == "powersgd" && runRank == r && st.PowerSGDCompute > 0 {
+		ps.ComputeS = st.PowerSGDCompute
+		return ps, fmt.Sprintf("measured by the run (%s, a mean over %s)", MetricPowerSGDComputeMS, plural(int(st.PowerSGDSteps), "step")), nil
+	}
+	tokens, what := float64(ri.BatchTokens), "padded batch tokens"
+	if tokens <= 0 {
+		tokens, what = w.TokensPerRank, "target tokens"
+	}
+	step := plan.StepFLOPs(w.Params, tokens)
+	ps.ComputeS = plan.ComputeFromFLOPs(w.ComputeS, ps.FLOPs(), step)
+	return ps, fmt.Sprintf("from FLOPs: %.3g GFLOP of the compressor at the rate of the step's 6 x %s parameters x %.0f %s = %.4g TFLOP in %.3f s; a lower bound, its thin products are bound by memory",
+		ps.FLOPs()/1e9, Commas(w.Params), tokens, what, step/1e12, w.ComputeS), nil
 }
 
 // WireType is the gradients' type on the wire for --compression.
@@ -182,12 +344,19 @@ func WhatIf(ri RunInfo, st StepTimes) []string {
 	if why := st.WhyNotEnough(); why != "" {
 		return []string{"Predictions: **not enough data**: " + why + "."}
 	}
-	w := RunWorkload(ri, st)
+	w, err := RunWorkload(ri, st)
+	if err != nil {
+		return []string{fmt.Sprintf("Predictions: none (%v).", err)}
+	}
 	c := RunCluster(ri)
 	var out []string
 	if p, err := plan.Predict(c, w); err == nil {
-		out = append(out, fmt.Sprintf("*Prediction* for this run's own configuration (%s): **%.3f s** per step; it measured %s s.",
-			layout(c), p.StepS, fmtNum(st.Step, "%.3f")))
+		measured := fmtNum(st.Step, "%.3f") + " s"
+		if w.PowerSGD != nil && st.PowerSGDSteps > 0 && st.PowerSGDSteps < st.Steps {
+			measured += fmt.Sprintf(", %s s over the %s PowerSGD compressed (the plan is of those)", fmtNum(st.PowerSGDStep, "%.3f"), plural(int(st.PowerSGDSteps), "step"))
+		}
+		out = append(out, fmt.Sprintf("*Prediction* for this run's own configuration (%s): **%.3f s** per step; it measured %s.",
+			layout(c), p.StepS, measured))
 	}
 	twice := c
 	twice.Hosts *= 2

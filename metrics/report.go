@@ -46,6 +46,11 @@ type RunInfo struct {
 	// Buckets: the fusion buckets' float32 bytes in the order they leave
 	// (the layout the Bucketer cuts with the run's caps).
 	Buckets []int `json:"buckets,omitempty"`
+	// PowerSGDRank and PowerSGDStartStep: --powersgd-rank and
+	// --powersgd-start-step of a run whose Compression is "powersgd" (0:
+	// not recorded; the rank is then plan.DefaultPowerSGDRank).
+	PowerSGDRank      int `json:"powersgd_rank,omitempty"`
+	PowerSGDStartStep int `json:"powersgd_start_step,omitempty"`
 }
 
 // Dataset describes the training set.
@@ -795,16 +800,41 @@ func (r *report) networkSection() {
 	}
 	hosts := UniqueHosts(ri.Hosts)
 	oneHost := len(hosts) == 1
-	exposedShare := mean(r.exposed) / 1000 / mean(r.stepTime)
-	r.w("- Exposed communication (after backward finished): **%s ms** per step on average; **%s %%** of the allreduce time was hidden behind backward.\n",
-		fmtNum(mean(r.exposed), "%.1f"), fmtNum(mean(r.hidden), "%.0f"))
-	r.w("- Exposed communication is **%s %%** of the step time.\n", fmtNum(100*exposedShare, "%.1f"))
-	r.w("- Traffic per rank (mean over the ranks and the logged intervals): network %s MB/s out, %s MB/s in", fmtNum(mean(r.netOut), "%.1f"), fmtNum(mean(r.netIn), "%.1f"))
-	if !oneHost && ri.LinkGbps > 0 {
-		r.w(" against a link of %.3g Gbit/s = %.0f MB/s (%s): **%s %%** of capacity", ri.LinkGbps, ri.LinkGbps*125, orStr(ri.LinkSource, "given"), fmtNum(100*mean(r.netOut)/(ri.LinkGbps*125), "%.1f"))
+	// a PowerSGD run's intervals before its start step sent fp16: the
+	// communication and traffic below are of those it compressed
+	exposed, hidden, stepTime, netOut, netIn, shmOut, shmIn, only := r.exposed, r.hidden, r.stepTime, r.netOut, r.netIn, r.shmOut, r.shmIn, ""
+	if ri.Compression == "powersgd" {
+		on := map[int64]bool{}
+		full := powerSGDFull(r.recs)
+		for _, rec := range r.recs {
+			if rec.Kind == "train" {
+				on[rec.Step] = compressed(rec.Values, full)
+			}
+		}
+		keep := func(ps []Point) []Point {
+			var out []Point
+			for _, p := range ps {
+				if on[p.Step] {
+					out = append(out, p)
+				}
+			}
+			return out
+		}
+		if k := len(keep(r.stepTime)); k > 0 && k < len(r.stepTime) {
+			exposed, hidden, stepTime, netOut, netIn, shmOut, shmIn = keep(exposed), keep(hidden), keep(stepTime), keep(netOut), keep(netIn), keep(shmOut), keep(shmIn)
+			only = fmt.Sprintf("; over the %s PowerSGD compressed throughout, not the %d before", plural(k, "logged interval"), len(r.stepTime)-k)
+		}
 	}
-	if len(r.shmOut) > 0 {
-		r.w("; shared memory %s MB/s out, %s MB/s in (the pair rings and the host's group segment)", fmtNum(mean(r.shmOut), "%.1f"), fmtNum(mean(r.shmIn), "%.1f"))
+	exposedShare := mean(exposed) / 1000 / mean(stepTime)
+	r.w("- Exposed communication (after backward finished%s): **%s ms** per step on average; **%s %%** of the allreduce time was hidden behind backward.\n",
+		only, fmtNum(mean(exposed), "%.1f"), fmtNum(mean(hidden), "%.0f"))
+	r.w("- Exposed communication is **%s %%** of the step time.\n", fmtNum(100*exposedShare, "%.1f"))
+	r.w("- Traffic per rank (mean over the ranks and the logged intervals): network %s MB/s out, %s MB/s in", fmtNum(mean(netOut), "%.1f"), fmtNum(mean(netIn), "%.1f"))
+	if !oneHost && ri.LinkGbps > 0 {
+		r.w(" against a link of %.3g Gbit/s = %.0f MB/s (%s): **%s %%** of capacity", ri.LinkGbps, ri.LinkGbps*125, orStr(ri.LinkSource, "given"), fmtNum(100*mean(netOut)/(ri.LinkGbps*125), "%.1f"))
+	}
+	if len(shmOut) > 0 {
+		r.w("; shared memory %s MB/s out, %s MB/s in (the pair rings and the host's group segment)", fmtNum(mean(shmOut), "%.1f"), fmtNum(mean(shmIn), "%.1f"))
 	} else {
 		r.w("; shared-memory traffic not recorded (a run from before it was counted)")
 	}
@@ -823,8 +853,13 @@ func (r *report) networkSection() {
 		r.w("- No compute time was logged: no bottleneck analysis.\n")
 	} else {
 		an := AnalyzeBottleneck(ri, MeasureSteps(r.recs, ri.WorldSize, 0))
-		r.w("- %s\n", strings.ReplaceAll(an.String(), "\n", "\n  "))
-		r.w("- %s\n", measuredVerdict(an, mean(r.exposed)/1000, mean(r.stepTime), oneHost))
+		r.w("- %s\n", strings.ReplaceAll(an.analysis(), "\n", "\n  "))
+		r.w("- %s\n", measuredVerdict(an, mean(exposed)/1000, mean(stepTime), oneHost))
+		for _, l := range []string{an.PowerSGDMeasured(true), an.PowerSGDWhatIf(true)} {
+			if l != "" {
+				r.w("- %s\n", l)
+			}
+		}
 	}
 	r.w("\n%s\n\n", r.plot("network.png", "traffic per rank", "MB/s",
 		Line{"network out", r.netOut}, Line{"network in", r.netIn}, Line{"shared memory out", r.shmOut}, Line{"shared memory in", r.shmIn}))

@@ -248,7 +248,7 @@ func TestReportFixtures(t *testing.T) {
 		// the same with Transformer-base's parameters: on the lab's link
 		// its fp16 gradients need 0.974 s, more than the 0.103 s of compute
 		name: "one host, network-bound on the assumed link", fixture: "onehost-shm",
-		edit: func(ri *RunInfo, _ []Record) { ri.Params = 60880896 },
+		edit: func(ri *RunInfo, _ []Record) { ri.Params, ri.Buckets = 60880896, nil },
 		want: []string{
 			"verdict: network-bound",
 			fmt.Sprintf("- **Not here, but it would be across hosts**: on one host the ranks waited for communication 5.5 %% of the step (6.0 ms); on the assumed 1 Gbit/s link the fp16 gradients would take %.3f s by gorun's cost model (at least %.3f s at the link's rate), longer than the 0.103 s a step computes",
@@ -295,6 +295,9 @@ func TestReportFixtures(t *testing.T) {
 			// exposed = step time - 0.5 s: r = +1 over 16 intervals; tanh(1.96/sqrt(13))
 			"Step time and exposed communication (ms per step) over 16 intervals: Pearson r = **+1.00** (unrelated numbers give |r| up to 0.50, 19 times in 20). Steps are slower when more communication is exposed",
 			"`data/wmt16`: **1891.2 MB** on disk",
+			// a run.json without its vocabulary: the one that gives base its
+			// parameters, 32,768 (the PowerSGD bytes of the case below)
+			"- *Prediction* with `--compression powersgd` at the default rank 4: the gradients would be 2.822 MB a step on the wire instead of 121.762 MB with fp16",
 		},
 		not: []string{"No GPU", "All ranks ran on one host", "Two evaluations", "still falling; more steps would help", "**Yes**: the eval"},
 	}, {
@@ -412,6 +415,94 @@ func TestReportFixtures(t *testing.T) {
 			"- Predictions: **not enough data**: 0 step(s) timed; a prediction needs at least 8 (a longer run: --max-steps).",
 		},
 		not: []string{"No training step was logged", "Average step time"},
+	}, {
+		// Transformer-base on the lab's cluster with GPUs: 2 hosts x 2
+		// ranks, 1 Gbit/s, fp16, compute 0.26 s, step 1.15 s (made up as
+		// such a run would log it, its buckets as the Bucketer cuts them).
+		// PowerSGD at rank 4 would send P and Q of its 97 matrices, 4 B x
+		// 4 x the sum of their n + m (168,448) = 2,695,168 B, and its
+		// 63,488 other parameters in fp16, 126,976 B: 2,822,144 B a step
+		// against 121,761,792; its compressor's 6nmr + 3nm + 2(n+m)r²
+		// over the 60,817,408 elements, 100,352 rows and 68,096 columns,
+		// 1.647 GFLOP
+		name: "network-bound on the lab's cluster: what PowerSGD would give", fixture: "network-bound-2x2",
+		want: []string{
+			"verdict: network-bound",
+			"- *Prediction* with `--compression powersgd` at the default rank 4: the gradients would be 2.822 MB a step on the wire instead of 121.762 MB with fp16 (43x less), their allreduces ",
+			"(from FLOPs: 1.65 GFLOP of the compressor at the rate of the step's 6 x 60,880,896 parameters x 4096 padded batch tokens = 1.496 TFLOP in 0.260 s; a lower bound",
+			"predicted for this run: compute-bound.",
+		},
+		not: []string{"**not enough data**: 3", "PowerSGD (rank", "with powersgd"},
+	}, {
+		// a run too short to measure gets report.md's "not enough data" for
+		// the PowerSGD prediction too (the same rule as the what-if lines)
+		name: "network-bound, too short to predict PowerSGD from", fixture: "three-steps",
+		edit: func(ri *RunInfo, _ []Record) { ri.Params, ri.Buckets = 60880896, nil },
+		want: []string{
+			"verdict: network-bound",
+			"- *Prediction* with `--compression powersgd` at the default rank 4: **not enough data**: 3 step(s) timed; a prediction needs at least 8 (a longer run: --max-steps).",
+		},
+		not: []string{"the gradients would be"},
+	}, {
+		// compute-bound: no PowerSGD line
+		name: "compute-bound: no compression prediction", fixture: "compute-bound",
+		not: []string{"powersgd", "PowerSGD"},
+	}, {
+		// FABRICATED values (powersgd-fabricated: no PowerSGD run has been
+		// made yet): the same cluster with --compression powersgd
+		// --powersgd-rank 4 --powersgd-start-step 200; steps 1-200 fp16 (1.15
+		// s), then 16 intervals of 50 steps at 0.262 s logging P and Q's
+		// 2,695,168 B, the matrices' 121,634,816 B in fp16 and 3.1 ms of
+		// compressor a step. Saved: 118,939,648 B (45.1x); 3.1 ms of the
+		// 0.260 s compute is 1.2 %.
+		name: "a PowerSGD run (fabricated values): what it saved and cost", fixture: "powersgd-fabricated",
+		want: []string{
+			"- Exposed communication (after backward finished; over the 16 logged intervals PowerSGD compressed throughout, not the 4 before): **2.1 ms** per step",
+			"0.023 s with powersgd (2(n-1)/n x bytes / bandwidth, n hosts)", // 2,822,144 B / 125 MB/s
+			"this run sent powersgd, predicted to take",
+			"- **No** (compute-bound): the 1 Gbit/s link carries the powersgd gradients in",
+			"- **PowerSGD (rank 4, from step 200)** all-reduced P and Q of 97 matrices, 2.695 MB a step (powersgd_bytes, the mean of 800 steps), where fp16 sends 121.635 MB for them (powersgd_fp16_bytes): 118.940 MB a step saved (45.1x less); the planner gives P and Q 2.695 MB, and with the tensors left in fp16 a step's allreduces 2.822 MB against 121.762 MB with fp16 alone; its compute held the buckets up 3.1 ms a step (powersgd_compute_ms), 1.2 % of the 0.260 s a step computed.",
+			"it measured 0.401 s, 0.262 s over the 800 steps PowerSGD compressed (the plan is of those).",
+		},
+		not: []string{"*Prediction* with `--compression powersgd`", "**Yes**", "not enough data**: 3"},
+	}, {
+		// the trainer averages over all of an interval's steps: the one
+		// that holds the start step (here steps 201-250, 10 of them
+		// compressed) logs a fifth of a step's bytes and is left out of
+		// PowerSGD's numbers (the mean of the other 15 intervals: 750
+		// steps)
+		name: "a PowerSGD run whose start step falls inside an interval", fixture: "powersgd-fabricated",
+		edit: func(ri *RunInfo, recs []Record) {
+			ri.PowerSGDStartStep = 240
+			for _, r := range recs {
+				if r.Kind == "train" && r.Step == 250 {
+					for _, k := range []string{"powersgd_bytes", "powersgd_fp16_bytes", "powersgd_compute_ms"} {
+						r.Values[k] /= 5
+					}
+				}
+			}
+		},
+		want: []string{"**PowerSGD (rank 4, from step 240)** all-reduced P and Q of 97 matrices, 2.695 MB a step (powersgd_bytes, the mean of 750 steps), where fp16 sends 121.635 MB for them",
+			"over the 15 logged intervals PowerSGD compressed throughout, not the 5 before"},
+	}, {
+		// the same run's compressor not logged: the planner's count of the
+		// matrices' fp16 bytes stands in
+		name: "a PowerSGD run without its fp16 bytes and compute logged", fixture: "powersgd-fabricated",
+		edit: func(_ *RunInfo, recs []Record) {
+			setValues(recs, func(v map[string]float64) { delete(v, "powersgd_fp16_bytes"); delete(v, "powersgd_compute_ms") })
+		},
+		want: []string{"where fp16 sends 121.635 MB for them (the planner's count of them): 118.940 MB a step saved", "; its compute was not logged (powersgd_compute_ms)."},
+	}, {
+		// three steps with PowerSGD on: too few to say what it saved
+		name: "a PowerSGD run too short to measure", fixture: "three-steps",
+		edit: func(ri *RunInfo, recs []Record) {
+			ri.Compression = "powersgd"
+			setValues(recs, func(v map[string]float64) {
+				v["powersgd_bytes"], v["powersgd_fp16_bytes"], v["powersgd_compute_ms"] = 38912, 480256, 1.5
+			})
+		},
+		want: []string{"- **PowerSGD (rank 4)**: **not enough data**: 3 step(s) timed with PowerSGD on; a measure of what it saved needs at least 8 (a longer run: --max-steps, or an earlier --powersgd-start-step)."},
+		not:  []string{"a step saved"},
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			rep := reportFixture(t, c.fixture, c.lr, c.edit)

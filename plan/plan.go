@@ -70,9 +70,12 @@ type Workload struct {
 	// TokensPerRank: tokens of one rank's step (target tokens, or
 	// whatever the caller counts).
 	TokensPerRank float64
-	// Wire: the gradients' type on the wire (Float32, Float16, BFloat16).
+	// Wire: the gradients' type on the wire (Float32, Float16, BFloat16);
+	// with PowerSGD, the type of the tensors it leaves uncompressed.
 	Wire    collective.DType
 	Overlap bool // buckets all-reduced while backward runs (else one allreduce after it)
+	// PowerSGD, when not nil, compresses the buckets' matrices (powersgd.go).
+	PowerSGD *PowerSGD
 }
 
 // Bucket is what the plan does with one gradient allreduce.
@@ -83,10 +86,24 @@ type Bucket struct {
 	// returns (of the phase across hosts, when Hierarchical).
 	Algo         collective.Algorithm
 	Hierarchical bool
-	Seconds      float64 // predicted time of the allreduce
+	Seconds      float64 // predicted time of the allreduce (with PowerSGD: of its allreduces)
 	// Ready, Start, End: seconds after backward started on the slowest
 	// rank (Ready: its last gradient; Start: the previous one done).
 	Ready, Start, End float64
+	// With PowerSGD: the bucket's allreduces in order (the uncompressed
+	// tensors, P, Q; WireBytes, Algorithm, Algo and Hierarchical above
+	// are their sum and the largest's) and the compressor's compute
+	// among them.
+	Calls     []Call
+	CompressS float64
+}
+
+// Call is one allreduce of a PowerSGD bucket.
+type Call struct {
+	What      string // "rest" (the tensors left uncompressed), "P" or "Q"
+	WireBytes int
+	Algorithm string
+	Seconds   float64
 }
 
 // Prediction is one step of the job.
@@ -100,9 +117,19 @@ type Prediction struct {
 	// hidden communication takes from compute on busy cores), DataS.
 	ComputeS, WaitS, SyncS, ExposedS, StolenS, DataS float64
 	// CommS is every gradient allreduce's time, one after another;
-	// Hidden the share of it under backward.
+	// Hidden the share of it (and of the compressor's compute) under
+	// backward.
 	CommS, Hidden float64
-	TokensPerSec  float64
+	// WireBytes: the bytes of a step's gradient allreduces (their
+	// buffers, as the buckets' WireBytes).
+	WireBytes int
+	// With PowerSGD: CompressS is the compressor's compute per step
+	// (ComputeS of PowerSGD, slowed as the compute is), which runs
+	// between each bucket's allreduces; CompressUnderS the part of it
+	// that runs while backward does and takes the same cores or device,
+	// a part of StepS (the rest is in ExposedS).
+	CompressS, CompressUnderS float64
+	TokensPerSec              float64
 	// SingleS is a step of one device alone; Efficiency = SingleS/StepS
 	// (tokens/s against N times one device's).
 	SingleS, Efficiency float64
@@ -144,6 +171,17 @@ func check(c Cluster, w Workload) error {
 	for i, b := range w.Buckets {
 		if b < 0 {
 			return fmt.Errorf("%w: bucket %d has %d bytes", errInput, i, b)
+		}
+	}
+	if ps := w.PowerSGD; ps != nil {
+		if len(ps.Buckets) != len(w.Buckets) || ps.Rank < 1 || ps.ComputeS < 0 {
+			return fmt.Errorf("%w: PowerSGD of rank %d, %g s, with %d buckets for %d: want rank >= 1, compute >= 0 and a bucket for each",
+				errInput, ps.Rank, ps.ComputeS, len(ps.Buckets), len(w.Buckets))
+		}
+		for i, b := range ps.Buckets {
+			if b.RestBytes+4*b.Elems != w.Buckets[i] || b.RestBytes < 0 || b.PBytes < 0 || b.QBytes < 0 {
+				return fmt.Errorf("%w: PowerSGD's bucket %d holds %d bytes, the workload's %d", errInput, i, b.RestBytes+4*b.Elems, w.Buckets[i])
+			}
 		}
 	}
 	if _, err := ParseTransport(c.Transport); err != nil {
@@ -189,7 +227,7 @@ func Predict(c Cluster, w Workload) (Prediction, error) {
 	pr.WaitS = p.wait(w.ComputeSD*perThread, pr.Oversubscribed)
 	pr.SyncS = p.route(16, collective.Ring).sec // 4 float32 sums, ring forced (train.go allreduceSums)
 	p.gradients(&pr)
-	pr.StepS = pr.ComputeS + pr.WaitS + pr.SyncS + pr.ExposedS + pr.StolenS + pr.DataS
+	pr.StepS = pr.ComputeS + pr.WaitS + pr.SyncS + pr.ExposedS + pr.StolenS + pr.CompressUnderS + pr.DataS
 	if pr.StepS > 0 {
 		pr.Efficiency = pr.SingleS / pr.StepS
 		pr.TokensPerSec = float64(n) * w.TokensPerRank / pr.StepS

@@ -72,6 +72,16 @@ func writeAtomic(path string, data []byte) error {
 	return atomicfile.WriteFile(path, "."+filepath.Base(path)+".tmp*", data)
 }
 
+// CheckpointFile is a safetensors file of the training program's that a
+// checkpoint holds beside the model's (PowerSGD's error feedback): written
+// into the checkpoint's directory with the others and listed in
+// SHA256SUMS; ReadCheckpointFile reads it back, checked.
+type CheckpointFile struct {
+	Name    string // a file name, not one of the checkpoint's own
+	Tensors []STensor
+	Meta    map[string]string
+}
+
 // SaveRunCheckpoint writes dir/ckpt-STEP/ (model.safetensors with the weights
 // under their parameter names, optimizer.safetensors with "m/NAME" and
 // "v/NAME", state.json, and last SHA256SUMS with the SHA-256 of each of
@@ -83,8 +93,17 @@ func writeAtomic(path string, data []byte) error {
 // and never when latest names it. Weights or moments that are not finite
 // (a diverged run) are refused before anything is written, latest left as
 // it was: the error wraps a *NonFiniteError. It returns the checkpoint's
-// path.
-func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage) (string, error) {
+// path. The extra files (CheckpointFile) are written beside the others.
+func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash string, trainer map[string]json.RawMessage, extra ...CheckpointFile) (string, error) {
+	for _, f := range extra {
+		switch f.Name {
+		case "", modelFile, optimFile, stateFile, sumsFile, latestFile:
+			return "", fmt.Errorf("checkpoint: extra file %q: not a name of its own", f.Name)
+		}
+		if strings.ContainsAny(f.Name, "/\\") || strings.HasPrefix(f.Name, ".") {
+			return "", fmt.Errorf("checkpoint: extra file %q: not a plain file name", f.Name)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -154,6 +173,11 @@ func SaveRunCheckpoint(dir, run string, step int, m *Model, opt *Adam, vocabHash
 		}
 		st.Optimizer, st.OptimizerStep = opt.Name(), opt.T
 		st.Beta1, st.Beta2, st.Epsilon = opt.Beta1, opt.Beta2, opt.Eps
+	}
+	for _, f := range extra {
+		if sums[f.Name], err = writeSafetensors(filepath.Join(tmp, f.Name), f.Tensors, f.Meta); err != nil {
+			return fail(err)
+		}
 	}
 	js, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
@@ -549,6 +573,30 @@ func verifySum(ckpt string, sums map[string]string, name, got string) error {
 		return fmt.Errorf("%s: checksum mismatch (the file changed after it was written)", filepath.Join(ckpt, name))
 	}
 	return nil
+}
+
+// ReadCheckpointFile reads the file name that SaveRunCheckpoint wrote
+// into the checkpoint ckpt as a CheckpointFile, refusing it when its
+// SHA-256 is not the one SHA256SUMS lists (a checkpoint without
+// SHA256SUMS is not checked). A checkpoint without it gives an error
+// that wraps fs.ErrNotExist.
+func ReadCheckpointFile(ckpt, name string) (*SafetensorsFile, error) {
+	path := filepath.Join(ckpt, name)
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	sums, err := readSums(ckpt)
+	if err != nil {
+		return nil, err
+	}
+	f, err := ReadSafetensors(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := verifySum(ckpt, sums, name, f.SHA256); err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // ErrMismatch is wrapped by the errors of LoadCheckpoint when the

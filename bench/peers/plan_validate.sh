@@ -10,6 +10,7 @@
 #
 #   bench/peers/plan_validate.sh
 #   env: PRESETS ("tiny small"), LINKS ("1gbit 10gbit"), NPS ("2 4"), OVERLAPS ("true false"),
+#        COMPRESSIONS ("fp16"; "fp16 powersgd" adds the PowerSGD cases, issue 41), PSGD_RANK (4),
 #        THREADS (1), STEPS_tiny (60), STEPS_small (30), LOG_tiny (10), LOG_small (5),
 #        CORES_PER_HOST (the planner's: 1 = this machine's 2 cores shared by the 2 hosts),
 #        TRANSPORT (1: fit the transports' constants first, allreduce-perf at 10 Gbit/s; PRESETS=none: only that),
@@ -22,12 +23,27 @@
 # prediction is nmt-train plan --from-run of the baseline with the least
 # step time, --hosts 2 --per-host NP/2 --link L --cores-per-host
 # CORES_PER_HOST --threads THREADS --overlap=O.
+#
+# PowerSGD (COMPRESSIONS with powersgd; overlap on only, as nmt-train
+# requires): the runs compress from step 0 (--powersgd-start-step 0, so
+# every timed interval is compressed) at rank PSGD_RANK; the baseline is
+# the same one-rank run (one rank communicates nothing). The prediction is
+# the same plan --from-run with --compression powersgd, the compressor's
+# compute given as --powersgd-compute-s: what `nmt-train plan --compression
+# powersgd` measures on this machine's CPU for the preset with the
+# baseline's vocabulary and THREADS threads (--from-run of an fp16 baseline
+# would take it from FLOPs, which on this CPU underestimates it about 20x:
+# docs/plan.md). The table's last column gives, beside the load, the
+# compressor's time the run logged (powersgd_compute_ms) against that
+# measurement.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PRESETS=${PRESETS:-"tiny small"}
 LINKS=${LINKS:-"1gbit 10gbit"}
 NPS=${NPS:-"2 4"}
 OVERLAPS=${OVERLAPS:-"true false"}
+COMPRESSIONS=${COMPRESSIONS:-"fp16"}
+PSGD_RANK=${PSGD_RANK:-4}
 THREADS=${THREADS:-1}
 CORES_PER_HOST=${CORES_PER_HOST:-1}
 TRANSPORT=${TRANSPORT:-1}
@@ -92,17 +108,26 @@ for B, t in rows:
   done
 fi
 
-# mean_step DIR FROM: mean step_time_s of the train records after the FROM-th
+# mean_step DIR FROM [NAME]: mean of NAME (step_time_s) of the train records after the FROM-th
 mean_step() {
   python3 -c '
 import json, sys
-v = [json.loads(l)["values"]["step_time_s"] for l in open(sys.argv[1] + "/metrics.jsonl") if "\"train\"" in l]
+v = [json.loads(l)["values"].get(sys.argv[3], 0) for l in open(sys.argv[1] + "/metrics.jsonl") if "\"train\"" in l]
 v = v[int(sys.argv[2]):]
-print("%.4f" % (sum(v) / len(v)))' "$1" "$2"
+print("%.4f" % (sum(v) / len(v)))' "$1" "$2" "${3:-step_time_s}"
+}
+# psgd_compute PRESET BASE L: the compressor's compute a step (s) as plan
+# measures it on this CPU, for PRESET with BASE's vocabulary and THREADS
+psgd_compute() {
+  local vocab
+  vocab=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1] + "/run.json")).get("vocab", 0))' "$2")
+  "$BIN/nmt-train" plan --preset "$1" --vocab "$vocab" --hosts 2 --link "$3" --compression powersgd \
+    --powersgd-rank "$PSGD_RANK" --powersgd-start-step 0 --threads "$THREADS" --measure-steps 2 2>/dev/null |
+    awk '/^powersgd compute:/ { print $3 }'
 }
 TABLE="$OUT/table.md"
-echo "| preset | np | link | overlap | measured s/step (best; all) | predicted s/step | error | predicted parts (compute + wait + sync + exposed + CPU) | transport | load |" >"$TABLE"
-echo "|---|---|---|---|---|---|---|---|---|---|" >>"$TABLE"
+echo "| preset | np | link | overlap | compression | measured s/step (best; all) | predicted s/step | error | predicted parts (compute + wait + sync + exposed + CPU + compressor in backward) | transport | load |" >"$TABLE"
+echo "|---|---|---|---|---|---|---|---|---|---|---|" >>"$TABLE"
 # best DIR...: the directory whose mean step time is the least
 best() {
   for d in "$@"; do echo "$(mean_step "$d" 1) $d"; done | sort -n | head -1 | cut -d' ' -f2
@@ -119,24 +144,37 @@ for p in $PRESETS; do
       map=()
       [ "$np" = 2 ] && map=(--map-by node)
       for ov in $OVERLAPS; do
-        case="$p-np$np-$l-$ov" bases=() runs=() all=""
+      for comp in $COMPRESSIONS; do
+        comp_args=() plan_args=()
+        if [ "$comp" = powersgd ]; then
+          [ "$ov" = true ] || continue # nmt-train compresses the overlapped buckets only
+          comp_args=(--compression powersgd --powersgd-rank "$PSGD_RANK" --powersgd-start-step 0)
+        fi
+        case="$p-np$np-$l-$ov-$comp" bases=() runs=() all=""
         for ((k = 1; k <= REPS; k++)); do
           # the one-rank baseline right before the run: like with like, under the same load
           "$BIN/nmt-train" train "${common[@]}" --run-dir "$OUT/base-$case-$k" >"$OUT/base-$case-$k.log" 2>&1
-          "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/nmt-train" train "${common[@]}" --overlap="$ov" \
+          "${GORUN[@]}" -np "$np" "${map[@]}" "$BIN/nmt-train" train "${common[@]}" --overlap="$ov" "${comp_args[@]}" \
             --run-dir "$OUT/run-$case-$k" >"$OUT/run-$case-$k.log" 2>&1
           bases+=("$OUT/base-$case-$k") runs+=("$OUT/run-$case-$k")
           all="$all${all:+, }$(mean_step "$OUT/run-$case-$k" 1) (base $(mean_step "$OUT/base-$case-$k" 1))"
         done
         base=$(best "${bases[@]}") run=$(best "${runs[@]}")
         meas=$(mean_step "$run" 1)
+        extra=""
+        if [ "$comp" = powersgd ]; then
+          psgd_s=$(psgd_compute "$p" "$base" "$l")
+          plan_args=(--compression powersgd --powersgd-rank "$PSGD_RANK" --powersgd-start-step 0 --powersgd-compute-s "${psgd_s:-0}")
+          extra="; compressor $(mean_step "$run" 1 powersgd_compute_ms) ms in the run, ${psgd_s:-?} s measured for the plan"
+        fi
         "$BIN/nmt-train" plan --from-run "$base" --hosts 2 --per-host $((np / 2)) --link "$l" \
-          --cores-per-host "$CORES_PER_HOST" --threads "$THREADS" --overlap="$ov" >"$OUT/$case.plan" 2>&1
+          --cores-per-host "$CORES_PER_HOST" --threads "$THREADS" --overlap="$ov" "${plan_args[@]}" >"$OUT/$case.plan" 2>&1
         pred=$(awk '/^predicted step time:/ { print $4 }' "$OUT/$case.plan")
-        parts=$(awk '/^  (compute|wait|token-count|exposed|transport CPU) / { for (i = 2; i <= NF; i++) if ($i == "s") { printf "%s%s", sep, $(i-1); sep = " + "; break } }' "$OUT/$case.plan")
+        parts=$(awk '/^  (compute|wait|token-count|exposed|transport CPU|powersgd compute in backward) / { for (i = 2; i <= NF; i++) if ($i == "s") { printf "%s%s", sep, $(i-1); sep = " + "; break } }' "$OUT/$case.plan")
         trn=$(grep -o 'transport [A-Z/]*' "$run.log" | head -1 | cut -d' ' -f2)
         err=$(awk -v a="$pred" -v b="$meas" 'BEGIN { printf "%+.0f %%", 100 * (a - b) / b }')
-        echo "| $p | $np | $l | $ov | $meas; $all | $pred | $err | $parts | $trn | $(cut -d' ' -f1 /proc/loadavg) |" | tee -a "$TABLE"
+        echo "| $p | $np | $l | $ov | $comp | $meas; $all | $pred | $err | $parts | $trn | $(cut -d' ' -f1 /proc/loadavg)$extra |" | tee -a "$TABLE"
+      done
       done
     done
   done

@@ -10,11 +10,14 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/transformer"
@@ -40,7 +43,10 @@ func planCommand() *cli.Command {
 			&cli.Float64Flag{Name: "compute-sd-s", Usage: "its standard deviation from step to step (the ranks' batches differ; the step waits for the slowest)"},
 			&cli.IntFlag{Name: "cores-per-host", Usage: "CPU cores of a host; ranks whose threads outnumber them share them (0: the run's with --from-run, this machine's when plan measures the compute, and with --compute-s as many as the ranks' threads)"},
 			&cli.IntFlag{Name: "threads", Usage: "compute threads per rank on the CPU (with --compute-s: those its measurement used; 0: the run's with --from-run, cores per host / ranks per host when plan measures the compute)"},
-			&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
+			&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none | powersgd (P and Q of every large matrix in float32, the other tensors in fp16)"},
+			&cli.IntFlag{Name: "powersgd-rank", Value: fusion.DefaultPowerSGDRank, Usage: "`R`: PowerSGD's rank, the columns of P and Q (with --from-run of a PowerSGD run: the run's unless given)"},
+			&cli.IntFlag{Name: "powersgd-start-step", Value: fusion.DefaultPowerSGDStartStep, Usage: "`S`: the first step PowerSGD compresses (the plan is of the steps from it on; before it, as --compression fp16; with --from-run of a PowerSGD run: the run's unless given)"},
+			&cli.Float64Flag{Name: "powersgd-compute-s", Usage: "the compressor's extra compute per step per rank, measured (0: measured now with the compute on this CPU, the run's own with --from-run of a PowerSGD run, else from FLOPs)"},
 			&cli.BoolFlag{Name: "overlap", Value: true, Usage: "buckets all-reduced while backward runs (false: one allreduce after backward)"},
 			&cli.IntFlag{Name: "batch-tokens", Value: 4096, Usage: "padded tokens per batch per rank (compute scales with it from the measurement's)"},
 			&cli.Float64Flag{Name: "bucket-cap-mb", Value: fusion.DefaultBucketCap >> 20, Usage: "fusion bucket cap in MiB without --from-run"},
@@ -65,7 +71,17 @@ func planCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			printPlan(os.Stdout, in, p)
+			var fp16 *plan.Prediction
+			if in.w.PowerSGD != nil { // fp16's for comparison
+				w := in.w
+				w.PowerSGD, w.Wire = nil, metrics.WireType("fp16")
+				p16, err := plan.Predict(in.c, w)
+				if err != nil {
+					return err
+				}
+				fp16 = &p16
+			}
+			printPlan(os.Stdout, in, p, fp16)
 			return nil
 		},
 	}
@@ -80,6 +96,15 @@ type planIn struct {
 	tokens  string // what TokensPerRank counts
 	measure string // "" or how the run measured (its step time, for comparison)
 	runStep float64
+	// for PowerSGD: the parameters' shapes (the preset's), the run (with
+	// --from-run) and what it measured, whether plan measured the
+	// compute on this CPU now (and with how many threads), and where
+	// the compressor's compute comes from
+	shapes   [][]int
+	run      *metrics.RunInfo
+	st       metrics.StepTimes
+	measured int
+	psgdHow  string
 }
 
 // linkRate is a rate with its unit: a number, a decimal (k, M, G, T) or
@@ -130,9 +155,16 @@ func planInputs(c *cli.Context) (planIn, error) {
 		return in, usage(fmt.Errorf("plan: --threads %d --cores-per-host %d: must not be negative", c.Int("threads"), c.Int("cores-per-host")))
 	}
 	switch c.String("compression") {
-	case "fp16", "bf16", "none":
+	case "fp16", "bf16", "none", "powersgd":
 	default:
-		return in, usage(fmt.Errorf("plan: --compression %q: want fp16, bf16 or none", c.String("compression")))
+		return in, usage(fmt.Errorf("plan: --compression %q: want fp16, bf16, none or powersgd", c.String("compression")))
+	}
+	if c.String("compression") == "powersgd" && !c.Bool("overlap") {
+		return in, usage(fmt.Errorf("plan: --compression powersgd needs --overlap (the Bucketer compresses the buckets), as nmt-train train"))
+	}
+	if r := c.Int("powersgd-rank"); r < 1 || r > kernels.OrthoMaxCols || c.Int("powersgd-start-step") < 0 || c.Float64("powersgd-compute-s") < 0 {
+		return in, usage(fmt.Errorf("plan: --powersgd-rank %d --powersgd-start-step %d --powersgd-compute-s %g: want a rank of 1 to %d (the compressor's), and neither negative",
+			r, c.Int("powersgd-start-step"), c.Float64("powersgd-compute-s"), kernels.OrthoMaxCols))
 	}
 	tr, err := plan.ParseTransport(c.String("transport"))
 	if err != nil {
@@ -148,7 +180,72 @@ func planInputs(c *cli.Context) (planIn, error) {
 	in.c.Transport, in.c.GPU, in.c.Flat = tr, gpu != "", c.Bool("flat")
 	in.c.CapGBs, in.c.StepUs = c.Float64("transport-cap-gbs"), c.Float64("transport-step-us")
 	overrideCluster(c, &in)
+	if err := applyPowerSGD(c, &in); err != nil {
+		return in, err
+	}
 	return in, nil
+}
+
+// applyPowerSGD gives the workload PowerSGD when --compression powersgd
+// asks for it (or the run of --from-run compressed with it and no other
+// --compression is given), at --powersgd-rank (or the run's), with the
+// compressor's compute from, in this order: --powersgd-compute-s; the
+// run's own measurement (at its rank); a measurement now on this CPU
+// where plan measured the compute now; the compressor's FLOPs at the
+// rate of the step's FLOPs (on a GPU, and with --compute-s).
+func applyPowerSGD(c *cli.Context, in *planIn) error {
+	comp := c.String("compression")
+	if in.run != nil && !c.IsSet("compression") {
+		comp = in.run.Compression
+	}
+	in.w.PowerSGD = nil
+	if comp != "powersgd" {
+		return nil
+	}
+	r := c.Int("powersgd-rank")
+	if in.run != nil && !c.IsSet("powersgd-rank") && in.run.PowerSGDRank > 0 {
+		r = in.run.PowerSGDRank
+	}
+	var ps *plan.PowerSGD
+	var err error
+	if in.run != nil {
+		ri := *in.run
+		if c.IsSet("batch-tokens") {
+			ri.BatchTokens = c.Int("batch-tokens") // the compute was scaled to it
+		}
+		ps, in.psgdHow, err = metrics.RunPowerSGD(ri, in.w, in.st, r)
+	} else {
+		ps, err = plan.NewPowerSGD(in.shapes, in.w.Buckets, r)
+	}
+	if err != nil {
+		return fmt.Errorf("plan: --compression powersgd: %v", err)
+	}
+	switch tokens := float64(c.Int("batch-tokens")); {
+	case c.Float64("powersgd-compute-s") > 0:
+		ps.ComputeS, in.psgdHow = c.Float64("powersgd-compute-s"), "given with --powersgd-compute-s"
+	case in.run != nil:
+	case in.measured > 0:
+		fmt.Fprintf(os.Stderr, "nmt-train plan: measuring PowerSGD's compute (rank %d) on this machine's CPU...\n", r)
+		if ps.ComputeS, _, err = measurePowerSGD(in.shapes, r, in.measured, 3); err != nil {
+			return fmt.Errorf("plan: %v", err)
+		}
+		in.psgdHow = fmt.Sprintf("measured now on this machine's CPU: its products, orthonormalisation and error feedback on the preset's shapes, %s", plural(in.measured, "thread"))
+	default:
+		step := plan.StepFLOPs(in.w.Params, tokens)
+		ps.ComputeS = plan.ComputeFromFLOPs(in.w.ComputeS, ps.FLOPs(), step)
+		on := "on the CPU"
+		if in.c.GPU {
+			on = "on the GPU, where nothing was measured"
+		}
+		in.psgdHow = fmt.Sprintf("from FLOPs and --compute-s (%s): %.3g GFLOP of the compressor at the rate of the step's 6 x %s parameters x %.0f padded batch tokens = %.4g TFLOP in %.4f s; a lower bound, its thin products (%d columns) are bound by memory, not FLOPs",
+			on, ps.FLOPs()/1e9, metrics.Commas(in.w.Params), tokens, step/1e12, in.w.ComputeS, r)
+	}
+	ps.StartStep = c.Int("powersgd-start-step")
+	if in.run != nil && !c.IsSet("powersgd-start-step") {
+		ps.StartStep = in.run.PowerSGDStartStep
+	}
+	in.w.PowerSGD, in.w.Wire = ps, metrics.WireType("fp16")
+	return nil
 }
 
 // overrideCluster applies the flags given (over a run's values).
@@ -198,6 +295,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	var params int64
 	for _, p := range ps {
 		params += int64(p.Len)
+		in.shapes = append(in.shapes, p.Shape)
 	}
 	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: metrics.WireType(c.String("compression")), Overlap: c.Bool("overlap"),
 		Buckets: bucketBytes(c, ps)}
@@ -226,6 +324,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	}
 	in.w.ComputeS, in.w.ComputeSD, in.w.BackwardS, in.w.Threads = m.ComputeS, m.ComputeSD, m.Backward, threads
 	in.w.TokensPerRank, in.tokens = m.TargetTokens, "target tokens"
+	in.measured = threads
 	in.source = fmt.Sprintf("measured now on this machine's CPU: %d steps of the synthetic corpus with %d ids, %s, %d batch tokens", m.Steps, m.Vocab, plural(threads, "thread"), batch)
 	return in, nil
 }
@@ -249,7 +348,11 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	if why := st.WhyNotEnough(); why != "" && !(c.Float64("compute-s") > 0) {
 		return in, fmt.Errorf("plan: --from-run %s: not enough data: %s; or give --compute-s", dir, why)
 	}
-	in.preset, in.c, in.w = ri.Preset, metrics.RunCluster(ri), metrics.RunWorkload(ri, st)
+	in.preset, in.c = ri.Preset, metrics.RunCluster(ri)
+	if in.w, err = metrics.RunWorkload(ri, st); err != nil {
+		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
+	}
+	in.run, in.st = &ri, st
 	if len(ri.Buckets) == 0 {
 		if err := presetBuckets(c, ri, &in.w); err != nil {
 			return in, err
@@ -312,14 +415,32 @@ func plural(n int, what string) string {
 }
 
 // printPlan writes one prediction with its parts and the numbers behind
-// the verdict.
-func printPlan(out io.Writer, in planIn, p plan.Prediction) {
+// the verdict; with PowerSGD, its bytes and compute, and fp16's
+// prediction beside it.
+func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Prediction) {
 	c, w := in.c, in.w
 	fmt.Fprintf(out, "plan: preset %s (%s parameters), %s x %s = %s", in.preset, metrics.Commas(w.Params), plural(c.Hosts, "host"), plural(c.PerHost, "rank"), plural(p.Ranks, "rank"))
 	if c.Hosts > 1 {
 		fmt.Fprintf(out, ", link %.3g Gbit/s, %s (%.3f GB/s each way: %s)", c.LinkGbps, plan.TransportLabel(p.Transport), p.RateGBs, limitNote(p))
 	}
 	fmt.Fprintf(out, "\ncompute: %.4f s per step per rank (sd %.4f s), %s\n", w.ComputeS, w.ComputeSD, in.source)
+	if ps := w.PowerSGD; ps != nil {
+		mats, elems, tensors, rest := ps.Totals()
+		from := ""
+		if ps.StartStep > 0 {
+			from = fmt.Sprintf(", from step %d (before it: as fp16 below)", ps.StartStep)
+		}
+		pq := 0
+		for _, b := range ps.Buckets {
+			pq += b.PBytes + b.QBytes
+		}
+		fmt.Fprintf(out, "compression: powersgd, rank %d%s: %d matrices compressed (%s parameters; P and Q %s in float32), %s left in fp16 (%s parameters, %s): %s a step on the wire",
+			ps.Rank, from, mats, metrics.Commas(elems), mb(pq), plural(tensors, "tensor"), metrics.Commas(rest), mb(2*rest), mb(p.WireBytes))
+		if fp16 != nil && p.WireBytes > 0 {
+			fmt.Fprintf(out, " against %s with fp16 (%.1fx less)", mb(fp16.WireBytes), float64(fp16.WireBytes)/float64(p.WireBytes))
+		}
+		fmt.Fprintf(out, "\npowersgd compute: %.4f s per step per rank (%.2f GFLOP), %s\n", ps.ComputeS, ps.FLOPs()/1e9, in.psgdHow)
+	}
 	fmt.Fprintf(out, "predicted step time: %.4f s\n", p.StepS)
 	fmt.Fprintf(out, "  compute                 %.4f s", p.ComputeS)
 	if p.Oversubscribed > 1 {
@@ -327,7 +448,12 @@ func printPlan(out io.Writer, in planIn, p plan.Prediction) {
 	}
 	fmt.Fprintf(out, "\n  wait for the slowest     %.4f s  (the ranks' batches differ)\n", p.WaitS)
 	fmt.Fprintf(out, "  token-count allreduce   %.4f s\n", p.SyncS)
-	fmt.Fprintf(out, "  exposed communication   %.4f s  (%.0f %% of %.4f s of gradient allreduces hidden behind backward)\n", p.ExposedS, 100*p.Hidden, p.CommS)
+	if w.PowerSGD != nil {
+		fmt.Fprintf(out, "  exposed communication   %.4f s  (%.0f %% of %.4f s of gradient allreduces and %.4f s of compression hidden behind backward)\n", p.ExposedS, 100*p.Hidden, p.CommS, p.CompressS)
+		fmt.Fprintf(out, "  powersgd compute in backward %.4f s  (the compression that runs while backward does, on its cores or device; the rest of its %.4f s is in the exposed time)\n", p.CompressUnderS, p.CompressS)
+	} else {
+		fmt.Fprintf(out, "  exposed communication   %.4f s  (%.0f %% of %.4f s of gradient allreduces hidden behind backward)\n", p.ExposedS, 100*p.Hidden, p.CommS)
+	}
 	if p.StolenS > 0 {
 		fmt.Fprintf(out, "  transport CPU in backward %.4f s  (the hidden allreduces' CPU on busy cores)\n", p.StolenS)
 	}
@@ -336,8 +462,22 @@ func printPlan(out io.Writer, in planIn, p plan.Prediction) {
 		metrics.Commas(int64(math.Round(p.TokensPerSec))), in.tokens, metrics.Commas(int64(p.Ranks)), w.TokensPerRank, 100*p.Efficiency)
 	fmt.Fprintf(out, "verdict: %s: the gradients' allreduces take %.4f s, %.0f %% of the %.4f s a step computes\n", p.Verdict, p.CommS, 100*p.CommS/math.Max(p.ComputeS, 1e-12), p.ComputeS)
 	for i, b := range p.Buckets {
-		fmt.Fprintf(out, "  bucket %d: %s on the wire, %s, %.2f ms (ready %.1f ms into backward, done %.1f ms)\n",
-			i, mb(b.WireBytes), b.Algorithm, 1e3*b.Seconds, 1e3*b.Ready, 1e3*b.End)
+		if w.PowerSGD == nil {
+			fmt.Fprintf(out, "  bucket %d: %s on the wire, %s, %.2f ms (ready %.1f ms into backward, done %.1f ms)\n",
+				i, mb(b.WireBytes), b.Algorithm, 1e3*b.Seconds, 1e3*b.Ready, 1e3*b.End)
+			continue
+		}
+		var calls []string
+		for _, cl := range b.Calls {
+			what := map[string]string{"rest": "the rest in fp16", "P": "P in float32", "Q": "Q in float32"}[cl.What]
+			calls = append(calls, fmt.Sprintf("%s %s, %.2f ms", what, mb(cl.WireBytes), 1e3*cl.Seconds))
+		}
+		fmt.Fprintf(out, "  bucket %d: %s on the wire (%s), %s, %.2f ms of allreduces and %.2f ms of compression (ready %.1f ms into backward, done %.1f ms)\n",
+			i, mb(b.WireBytes), strings.Join(calls, "; "), b.Algorithm, 1e3*b.Seconds, 1e3*b.CompressS, 1e3*b.Ready, 1e3*b.End)
+	}
+	if fp16 != nil {
+		fmt.Fprintf(out, "fp16 for comparison: predicted step time %.4f s (exposed communication %.4f s); the gradients' allreduces take %.4f s, %s on the wire; %s\n",
+			fp16.StepS, fp16.ExposedS, fp16.CommS, mb(fp16.WireBytes), fp16.Verdict)
 	}
 	if in.runStep > 0 {
 		fmt.Fprintf(out, "the run itself measured %.4f s per step (%s)\n", in.runStep, in.measure)
@@ -355,7 +495,11 @@ func mb(b int) string { return fmt.Sprintf("%.2f MB", float64(b)/1e6) }
 
 // printSweep writes a table over 1, 2, 4, ..., 512 hosts.
 func printSweep(out io.Writer, in planIn) error {
-	fmt.Fprintf(out, "plan: preset %s, %s per host, link %.3g Gbit/s; compute %.4f s per step per rank (%s)\n\n", in.preset, plural(in.c.PerHost, "rank"), in.c.LinkGbps, in.w.ComputeS, in.source)
+	fmt.Fprintf(out, "plan: preset %s, %s per host, link %.3g Gbit/s; compute %.4f s per step per rank (%s)", in.preset, plural(in.c.PerHost, "rank"), in.c.LinkGbps, in.w.ComputeS, in.source)
+	if ps := in.w.PowerSGD; ps != nil {
+		fmt.Fprintf(out, "; powersgd, rank %d, its compute %.4f s a step (%s)", ps.Rank, ps.ComputeS, in.psgdHow)
+	}
+	fmt.Fprintf(out, "\n\n")
 	fmt.Fprintln(out, "| hosts | ranks | step s | compute | wait | sync | exposed | hidden | tokens/s | efficiency | verdict | largest bucket |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for h := 1; h <= 512; h *= 2 {
@@ -398,4 +542,74 @@ func bucketBytes(c *cli.Context, ps []transformer.Param) []int {
 		out = append(out, b.Bytes())
 	}
 	return out
+}
+
+// measurePowerSGD times, on this machine's CPU with threads compute
+// threads, the work PowerSGD of rank r adds to a step on parameters of
+// the given shapes, as fusion's compressor does it with the CPU backend:
+// for each matrix it compresses, M += E, Q orthonormalised, P = M Q, P
+// orthonormalised, Q = Mᵀ P, E = M − P Qᵀ and the gradient M = P Qᵀ
+// written back (the allreduces left out). Each distinct shape is timed on as many copies
+// as fill 64 MB (no fewer than one, no more than the model has), so that
+// they come from memory, not cache, as the gradients of a step do; reps
+// passes after one untimed, their mean. It returns the seconds a step
+// and the number of matrices they stand for.
+func measurePowerSGD(shapes [][]int, r, threads, reps int) (float64, int, error) {
+	if threads < 1 || reps < 1 {
+		return 0, 0, fmt.Errorf("measuring PowerSGD: %d threads, %d passes", threads, reps)
+	}
+	defer cpu.SetThreads(cpu.SetThreads(threads))
+	be := cpu.New()
+	be.Threads = threads
+	type shape struct{ n, m int }
+	count := map[shape]int{}
+	var order []shape
+	for _, s := range shapes {
+		if n, m, ok := plan.AsMatrix(s); ok && plan.PowerSGDCompresses(n, m, r) {
+			if count[shape{n, m}] == 0 {
+				order = append(order, shape{n, m})
+			}
+			count[shape{n, m}]++
+		}
+	}
+	total, mats := 0.0, 0
+	for _, sh := range order {
+		n, m := sh.n, sh.m
+		copies := min(count[sh], max(1, (64<<20)/(4*n*m)))
+		type mat struct{ M, E, P, Q kernels.Tensor }
+		ms := make([]mat, copies)
+		for i := range ms {
+			ms[i] = mat{be.Alloc(kernels.F32, n, m), be.Alloc(kernels.F32, n, m), be.Alloc(kernels.F32, n, r), be.Alloc(kernels.F32, m, r)}
+			for j := range ms[i].M.F32 {
+				ms[i].M.F32[j] = float32((j*7+i)%13-6) * 1e-3
+			}
+			for j := range ms[i].Q.F32 {
+				ms[i].Q.F32[j] = float32((j*5+i)%11-5) * 1e-2
+			}
+		}
+		var sec float64
+		for pass := 0; pass <= reps; pass++ {
+			t0 := time.Now()
+			for _, x := range ms {
+				be.Axpy(x.M, 1, x.E)
+				be.Orthonormalize(x.Q, 1e-8)
+				be.Gemm(false, false, 1, x.M, x.Q, 0, x.P)
+				be.Orthonormalize(x.P, 1e-8)
+				be.Gemm(true, false, 1, x.M, x.P, 0, x.Q)
+				copy(x.E.F32, x.M.F32)
+				be.Gemm(false, true, -1, x.P, x.Q, 1, x.E)
+				be.Axpy(x.M, -1, x.E)
+			}
+			if pass > 0 {
+				sec += time.Since(t0).Seconds()
+			}
+		}
+		for i := range ms {
+			be.Free(ms[i].M)
+			be.Free(ms[i].E)
+		}
+		total += sec / float64(reps) * float64(count[sh]) / float64(copies)
+		mats += count[sh]
+	}
+	return total, mats, nil
 }

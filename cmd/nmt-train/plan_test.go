@@ -12,8 +12,11 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
+	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/transformer"
 )
 
 // TestPlanErrors: bad input to `plan` gets one line on stderr naming what
@@ -34,7 +37,10 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"--compute-s", "-1"}, 2, "nmt-train: plan: --compute-s -1: must not be negative"},
 		{[]string{"--compute-s", "1", "--threads", "-2"}, 2, "nmt-train: plan: --threads -2 --cores-per-host 0: must not be negative"},
 		{[]string{"--device", "h100"}, 2, "nmt-train: plan: --device h100: no compute time measured on a GPU in this project (nothing has run on one yet): give --compute-s"},
-		{[]string{"--compression", "zip", "--compute-s", "1"}, 2, `nmt-train: plan: --compression "zip": want fp16, bf16 or none`},
+		{[]string{"--compression", "zip", "--compute-s", "1"}, 2, `nmt-train: plan: --compression "zip": want fp16, bf16, none or powersgd`},
+		{[]string{"--compression", "powersgd", "--overlap=false", "--compute-s", "1"}, 2, "nmt-train: plan: --compression powersgd needs --overlap"},
+		{[]string{"--compression", "powersgd", "--powersgd-rank", "0", "--compute-s", "1"}, 2, "nmt-train: plan: --powersgd-rank 0 --powersgd-start-step 1000 --powersgd-compute-s 0: want a rank of 1 to 64 (the compressor's)"},
+		{[]string{"--compression", "powersgd", "--powersgd-rank", "65", "--compute-s", "1"}, 2, "nmt-train: plan: --powersgd-rank 65 "},
 		{[]string{"--transport", "pigeon", "--compute-s", "1"}, 2, `nmt-train: plan: --transport: unknown transport "pigeon"`},
 		{[]string{"--from-run", filepath.Join(dir, "nothing")}, 1, "nmt-train: plan: --from-run " + filepath.Join(dir, "nothing") + " is not a run directory: "},
 		{[]string{"stray"}, 2, `nmt-train: plan: unexpected argument "stray"`},
@@ -169,4 +175,238 @@ func writeRunSteps(t *testing.T, dir, name string, steps int) string {
 		t.Fatal(err)
 	}
 	return run
+}
+
+// labPowerSGD is what `plan` should predict for Transformer-base on the
+// lab's cluster (2 hosts x 2 ranks, 1 Gbit/s, 0.25 s of compute) with
+// PowerSGD of rank r, built here from the pieces: the preset's shapes in
+// the buckets the Bucketer cuts, the compressor's FLOPs at the step's
+// rate (6 x parameters x 4096 batch tokens in 0.25 s); and with fp16.
+func labPowerSGD(t *testing.T, r int, gpu bool) (psgd, fp16 plan.Prediction, ps *plan.PowerSGD) {
+	t.Helper()
+	cfg, err := transformer.Preset("base", 32768)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := transformer.ParamList(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shapes [][]int
+	var infos []fusion.ParamInfo
+	for _, p := range params {
+		shapes = append(shapes, p.Shape)
+		infos = append(infos, fusion.ParamInfo{Name: p.Name, Len: p.Len})
+	}
+	var buckets []int
+	for _, b := range fusion.Layout(infos, fusion.BucketConfig{}) {
+		buckets = append(buckets, b.Bytes())
+	}
+	if ps, err = plan.NewPowerSGD(shapes, buckets, r); err != nil {
+		t.Fatal(err)
+	}
+	ps.ComputeS = 0.25 * ps.FLOPs() / (6 * 60880896 * 4096)
+	w := plan.Workload{Params: 60880896, Buckets: buckets, HeadBytes: 4 * 32768 * 512, ComputeS: 0.25, TokensPerRank: 4096,
+		Wire: collective.Float16, Overlap: true}
+	c := plan.Cluster{Hosts: 2, PerHost: 2, LinkGbps: 1, Transport: "auto", GPU: gpu}
+	if fp16, err = plan.Predict(c, w); err != nil {
+		t.Fatal(err)
+	}
+	w.PowerSGD = ps
+	if psgd, err = plan.Predict(c, w); err != nil {
+		t.Fatal(err)
+	}
+	return psgd, fp16, ps
+}
+
+// TestPlanPowerSGD: `plan --compression powersgd` on the lab's cluster
+// prints plan.Predict's step with PowerSGD, its bytes a step against
+// fp16's, the compressor's compute and where it came from (FLOPs and
+// --compute-s, on the CPU or, said so, on a GPU), each bucket's three
+// allreduces, and fp16's prediction beside it: network-bound with fp16,
+// compute-bound with PowerSGD. --powersgd-rank and --powersgd-compute-s
+// change what they say.
+func TestPlanPowerSGD(t *testing.T) {
+	dir := t.TempDir()
+	lab := []string{"plan", "--preset", "base", "--hosts", "2", "--per-host", "2", "--link", "1gbit", "--compute-s", "0.25", "--compression", "powersgd"}
+	for _, gpu := range []bool{false, true} {
+		args := lab
+		if gpu {
+			args = append(args[:len(args):len(args)], "--device", "h100")
+		}
+		code, out, errs := nmt(t, dir, "", args...)
+		if code != 0 {
+			t.Fatalf("%q: status %d: %s", args, code, errs)
+		}
+		p, p16, ps := labPowerSGD(t, 4, gpu)
+		if got := predicted(t, out); math.Abs(got-p.StepS) > 1e-4 {
+			t.Errorf("printed %v s, plan.Predict gives %v s:\n%s", got, p.StepS, out)
+		}
+		on := map[bool]string{false: "(on the CPU)", true: "(on the GPU, where nothing was measured)"}[gpu]
+		for _, want := range []string{
+			// P and Q: 16 B x the 168,448 rows and columns of the 97 matrices
+			"compression: powersgd, rank 4, from step 1000 (before it: as fp16 below): 97 matrices compressed (60,817,408 parameters; P and Q 2.70 MB in float32), 88 tensors left in fp16 (63,488 parameters, 0.13 MB): 2.82 MB a step on the wire against 121.76 MB with fp16 (43.1x less)",
+			fmt.Sprintf("powersgd compute: %.4f s per step per rank (1.65 GFLOP), from FLOPs and --compute-s %s: 1.65 GFLOP of the compressor at the rate of the step's 6 x 60,880,896 parameters x 4096 padded batch tokens = 1.496 TFLOP in 0.2500 s; a lower bound", ps.ComputeS, on),
+			fmt.Sprintf("(%.0f %% of %.4f s of gradient allreduces and %.4f s of compression hidden behind backward)", 100*p.Hidden, p.CommS, p.CompressS),
+			"verdict: compute-bound",
+			"  bucket 8: 0.53 MB on the wire (P in float32 0.52 MB, ", // the embedding alone: P 32,768 x 16 B, Q 512 x 16 B
+			"  bucket 0: 0.04 MB on the wire (the rest in fp16 0.00 MB, ",
+			fmt.Sprintf("fp16 for comparison: predicted step time %.4f s (exposed communication %.4f s); the gradients' allreduces take %.4f s, 121.76 MB on the wire; network-bound", p16.StepS, p16.ExposedS, p16.CommS),
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("gpu %v: output lacks %q:\n%s", gpu, want, out)
+			}
+		}
+		if strings.Count(out, "\n  bucket ") != 9 || !(p.StepS < p16.StepS/3) {
+			t.Errorf("gpu %v: %d buckets, step %.4f s against fp16's %.4f s:\n%s", gpu, strings.Count(out, "\n  bucket "), p.StepS, p16.StepS, out)
+		}
+	}
+	// rank 8 (P and Q twice as big) and a measured compressor
+	code, out, errs := nmt(t, dir, "", append(lab[:len(lab):len(lab)], "--powersgd-rank", "8", "--powersgd-compute-s", "0.05", "--powersgd-start-step", "0")...)
+	p8, _, _ := labPowerSGD(t, 8, false)
+	if code != 0 || !strings.Contains(out, "compression: powersgd, rank 8: 97 matrices compressed (60,817,408 parameters; P and Q 5.39 MB in float32)") ||
+		!strings.Contains(out, "powersgd compute: 0.0500 s per step per rank (3.12 GFLOP), given with --powersgd-compute-s") || predicted(t, out) <= p8.StepS {
+		t.Errorf("rank 8, 0.05 s: status %d, stderr %s, output:\n%s", code, errs, out)
+	}
+	// fp16 (the default): no PowerSGD lines
+	if code, out, _ := nmt(t, dir, "", lab[:len(lab)-2]...); code != 0 || strings.Contains(out, "powersgd") || strings.Contains(out, "fp16 for comparison") {
+		t.Errorf("fp16: status %d, output:\n%s", code, out)
+	}
+}
+
+// TestPlanFromPowerSGDRun: --from-run of a run that compressed with
+// PowerSGD takes its rank, its buckets and its compressor's measured
+// compute (the run's compute less it, plus it as PowerSGD's); asked for
+// fp16 instead, the compressor's part is gone.
+func TestPlanFromPowerSGDRun(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "psgd")
+	os.MkdirAll(run, 0o755)
+	ov := true
+	// tiny with 1000 ids: 296,192 parameters (TestPlanCommand), one bucket
+	ri := metrics.RunInfo{Preset: "tiny", Params: 296192, DModel: 64, WorldSize: 2, Hosts: []string{"a", "b"}, Threads: 1, CPUs: 2,
+		BatchTokens: 4096, LinkGbps: 1, LinkSource: "probe", Compression: "powersgd", PowerSGDRank: 2, PowerSGDStartStep: 5,
+		Vocab: 1000, Overlap: &ov, Buckets: []int{4 * 296192}}
+	if err := metrics.WriteRunInfo(run, ri); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for i, c := range []float64{0.5, 0.1, 0.1} {
+		v := map[string]float64{"step_time_s": 0.12, "compute_s": c, "sync_s": 0.01, "compute_sd_s": 0.01, "tokens_per_s": 20000,
+			"powersgd_bytes": 9000, "powersgd_compute_ms": 4}
+		j, _ := json.Marshal(metrics.Record{Kind: "train", Step: int64(10 * (i + 1)), Values: v})
+		fmt.Fprintf(&b, "%s\n", j)
+	}
+	if err := os.WriteFile(filepath.Join(run, "metrics.jsonl"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := nmt(t, dir, "", "plan", "--from-run", run)
+	for _, want := range []string{"compute: 0.0860 s per step per rank", // 0.1 - 0.01 at the token count - 0.004 of compressor
+		"compression: powersgd, rank 2, from step 5 (before it: as fp16 below)",
+		"powersgd compute: 0.0040 s per step per rank", "measured by the run (powersgd_compute_ms, a mean over 20 steps)", "fp16 for comparison"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("status %d, stderr %s: output lacks %q:\n%s", code, errs, want, out)
+		}
+	}
+	code, out, errs = nmt(t, dir, "", "plan", "--from-run", run, "--compression", "fp16")
+	if code != 0 || strings.Contains(out, "powersgd") || !strings.Contains(out, "compute: 0.0860 s per step per rank") {
+		t.Errorf("--compression fp16: status %d, stderr %s, output:\n%s", code, errs, out)
+	}
+	// another rank than the run's: its compute from FLOPs
+	code, out, errs = nmt(t, dir, "", "plan", "--from-run", run, "--powersgd-rank", "4")
+	if code != 0 || !strings.Contains(out, "compression: powersgd, rank 4") || !strings.Contains(out, "from FLOPs") {
+		t.Errorf("--powersgd-rank 4: status %d, stderr %s, output:\n%s", code, errs, out)
+	}
+}
+
+// The planner's PowerSGD is the compressor's: the same default rank and
+// minimum compression rate, and for every preset at ranks 1 to 64 the
+// same matrices compressed with the same columns (fusion's Bucketer given
+// each parameter as its first dimension x the rest, as plan.AsMatrix).
+func TestPowerSGDMatchesCompressor(t *testing.T) {
+	if plan.DefaultPowerSGDRank != fusion.DefaultPowerSGDRank || plan.PowerSGDMinCompressionRate != fusion.DefaultPowerSGDMinRate {
+		t.Errorf("plan's rank %d and rate %v, fusion's %d and %v", plan.DefaultPowerSGDRank, float64(plan.PowerSGDMinCompressionRate),
+			fusion.DefaultPowerSGDRank, float64(fusion.DefaultPowerSGDMinRate))
+	}
+	comm, err := collective.New(rank.NewLocalGroup(1, 1)[0], collective.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comm.Close()
+	for _, preset := range []string{"tiny", "small", "base", "big"} {
+		cfg, err := transformer.Preset(preset, 32768)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params, err := transformer.ParamList(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []int{1, 4, 16, 64} {
+			var infos []fusion.ParamInfo
+			var shapes [][]int
+			total := 0
+			for _, p := range params {
+				total += p.Len
+				info := fusion.ParamInfo{Name: p.Name, Len: p.Len}
+				if n, m, ok := plan.AsMatrix(p.Shape); ok {
+					info.Rows, info.Cols = n, m
+				}
+				infos = append(infos, info)
+				shapes = append(shapes, p.Shape)
+			}
+			bk, err := fusion.NewBucketer(comm, infos, fusion.BucketConfig{PowerSGD: &fusion.PowerSGD{Rank: r}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pq int
+			for _, m := range bk.PowerSGDMatrices() {
+				pq += 4 * (m.Rows + m.Cols) * m.Rank
+			}
+			ps, err := plan.NewPowerSGD(shapes, []int{4 * total}, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mats, _, _, _ := ps.Totals()
+			if mats != len(bk.PowerSGDMatrices()) || ps.Buckets[0].PBytes+ps.Buckets[0].QBytes != pq {
+				t.Errorf("%s at rank %d: the plan compresses %d matrices into %d bytes of P and Q, the compressor %d into %d",
+					preset, r, mats, ps.Buckets[0].PBytes+ps.Buckets[0].QBytes, len(bk.PowerSGDMatrices()), pq)
+			}
+		}
+	}
+}
+
+// measurePowerSGD times every matrix the compressor compresses, as plan
+// counts them, and nothing else: tiny's 33 at rank 4 (the embedding, 6 in
+// each encoder layer, 10 in each decoder layer), 9 at rank 20 (64 x 64 no
+// longer shrinks enough). How long it takes is not checked.
+func TestMeasurePowerSGD(t *testing.T) {
+	cfg, err := transformer.Preset("tiny", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := transformer.ParamList(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shapes [][]int
+	total := 0
+	for _, p := range params {
+		shapes = append(shapes, p.Shape)
+		total += p.Len
+	}
+	for _, r := range []int{1, 4, 20} {
+		ps, err := plan.NewPowerSGD(shapes, []int{4 * total}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _, _, _ := ps.Totals()
+		sec, mats, err := measurePowerSGD(shapes, r, 1, 1)
+		if err != nil || mats != want || !(sec > 0) {
+			t.Errorf("rank %d: %v s for %d matrices, %v; want %d matrices timed", r, sec, mats, err, want)
+		}
+	}
+	if _, _, err := measurePowerSGD(shapes, 4, 0, 1); err == nil {
+		t.Error("0 threads: no error")
+	}
 }

@@ -35,15 +35,18 @@ func runPyArgs(args []string) bool {
 // gorunExtras are nmt-train's own flags that run.py's command line may
 // carry too (they are not OpenSeq2Seq's): where to compute, the gradients'
 // wire format, the threads, the progress bar, the collective timeout.
-var gorunExtras = map[string]bool{"device": true, "compression": true, "threads": true, "quiet": true, "timeout": true}
+var gorunExtras = map[string]bool{"device": true, "compression": true, "powersgd-rank": true, "powersgd-start-step": true,
+	"threads": true, "quiet": true, "timeout": true}
 
 // runPyExtras is the help of gorunExtras.
 const runPyExtras = `
 nmt-train's own flags, accepted on run.py's command line too:
   --device=auto|cpu|cuda    where to compute (default auto: a GPU when one is usable)
-  --compression=none|fp16|bf16
+  --compression=none|fp16|bf16|powersgd
                             the gradients' wire format (default none: float32, as Horovod's
-                            allreduce in the lab)
+                            allreduce in the lab); powersgd: low-rank compression (docs/fusion.md)
+  --powersgd-rank=R, --powersgd-start-step=S
+                            PowerSGD's rank and the step it starts at
   --threads=N               CPU threads per rank (default: cores / ranks on the host)
   --timeout=DURATION        a collective waiting longer on a peer is an error naming it
   --quiet                   no progress bar

@@ -74,6 +74,8 @@ func (t *Trainer) settings() []setting {
 		{"--keep-checkpoints", i(o.KeepCkpts)},
 		{"--seed", strconv.FormatUint(o.Seed, 10)},
 		{"--compression", o.Compression},
+		{"--powersgd-rank", i(o.PowerSGDRank)},
+		{"--powersgd-start-step", i(o.PowerSGDStart)},
 		{"--bucket-cap-mb", f(o.BucketCapMB)},
 		{"--first-bucket-mb", f(o.FirstBucketMB)},
 		{"--cycle-time", o.CycleTime.String()},

@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -44,6 +45,8 @@ type Options struct {
 	RunDir                  string
 	Resume                  bool
 	Compression             string
+	PowerSGDRank            int // --compression powersgd: the approximation's rank
+	PowerSGDStart           int // --compression powersgd: plain fp16 before this step
 	BucketCapMB             float64
 	FirstBucketMB           float64
 	CycleTime               time.Duration
@@ -109,7 +112,9 @@ func Flags() []cli.Flag {
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the weights, the data order and dropout"},
 		&cli.StringFlag{Name: "run-dir", Value: "runs/nmt", Usage: "where metrics, plots, checkpoints and the report go"},
 		&cli.BoolFlag{Name: "resume", Usage: "continue from the latest checkpoint in --run-dir"},
-		&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none"},
+		&cli.StringFlag{Name: "compression", Value: "fp16", Usage: "gradient wire format: fp16 | bf16 | none | powersgd (weight matrices as rank-R factors, the rest fp16)"},
+		&cli.IntFlag{Name: "powersgd-rank", Value: fusion.DefaultPowerSGDRank, Usage: "--compression powersgd: rank R of each matrix's approximation (1 to 64)"},
+		&cli.IntFlag{Name: "powersgd-start-step", Value: fusion.DefaultPowerSGDStartStep, Usage: "--compression powersgd: plain fp16 before this step (DDP's start_powerSGD_iter)"},
 		&cli.Float64Flag{Name: "bucket-cap-mb", Value: fusion.DefaultBucketCap >> 20, Usage: "fusion bucket size cap in MiB (fp32 bytes)"},
 		&cli.Float64Flag{Name: "first-bucket-mb", Value: fusion.DefaultFirstBucketCap >> 20, Usage: "size cap of the first (last layers') bucket, so communication starts early"},
 		&cli.DurationFlag{Name: "cycle-time", Usage: "flush a partly filled bucket after this long (0: off)"},
@@ -137,6 +142,7 @@ func OptionsFromCLI(c *cli.Context) (Options, error) {
 		Alpha: c.Float64("alpha"), DecodeExtra: c.Int("decode-extra"), CkptEvery: c.Int("checkpoint-every"), BatchPairs: c.Int("batch-pairs"),
 		KeepCkpts: c.Int("keep-checkpoints"), Seed: c.Uint64("seed"), RunDir: c.String("run-dir"),
 		Resume: c.Bool("resume"), Compression: c.String("compression"), BucketCapMB: c.Float64("bucket-cap-mb"),
+		PowerSGDRank: c.Int("powersgd-rank"), PowerSGDStart: c.Int("powersgd-start-step"),
 		FirstBucketMB: c.Float64("first-bucket-mb"), CycleTime: c.Duration("cycle-time"), Overlap: c.Bool("overlap"),
 		PassesPerStep: c.Int("backward-passes-per-step"), Timeline: c.String("timeline"), LinkGbps: c.Float64("link-gbps"),
 		Threads: c.Int("threads"), Device: c.String("device"), Precision: c.String("precision"), NoDropout: c.Bool("no-dropout"),
@@ -212,8 +218,18 @@ func (o Options) Validate() error {
 	default:
 		return fmt.Errorf("--precision %q: want auto, fp32, fp16 or bf16", o.Precision)
 	}
-	if _, err := fusion.ParseCompression(o.Compression); err != nil {
-		return fmt.Errorf("--compression %q: want fp16, bf16 or none", o.Compression)
+	if o.Compression == compressPowerSGD {
+		if o.PowerSGDRank < 1 || o.PowerSGDRank > kernels.OrthoMaxCols {
+			return fmt.Errorf("--powersgd-rank %d: want 1 to %d", o.PowerSGDRank, kernels.OrthoMaxCols)
+		}
+		if o.PowerSGDStart < 0 {
+			return fmt.Errorf("--powersgd-start-step %d: must not be negative", o.PowerSGDStart)
+		}
+		if !o.Overlap {
+			return fmt.Errorf("--compression powersgd needs --overlap (the Bucketer compresses the buckets)")
+		}
+	} else if _, err := fusion.ParseCompression(o.Compression); err != nil {
+		return fmt.Errorf("--compression %q: want fp16, bf16, none or powersgd", o.Compression)
 	}
 	if o.BucketCapMB <= 0 || o.FirstBucketMB <= 0 {
 		return fmt.Errorf("--bucket-cap-mb and --first-bucket-mb must be positive")

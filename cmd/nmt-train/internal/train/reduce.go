@@ -19,6 +19,7 @@ type commStats struct {
 	Exposed  time.Duration // of which after backward had finished
 	Overflow bool          // inf or NaN in the reduced gradients
 	Buckets  int
+	PowerSGD fusion.PowerSGDStats // --compression powersgd
 }
 
 // reducer sums the gradients of all ranks into m.Grads.
@@ -32,6 +33,9 @@ type reducer interface {
 	SetScale(f float32)
 	// Wait returns when every gradient has been reduced.
 	Wait() (commStats, error)
+	// SetStep gives the number of the step about to run (PowerSGD's
+	// start step).
+	SetStep(step int)
 	Close()
 }
 
@@ -64,6 +68,7 @@ func newPlainReducer(ctx context.Context, comm *collective.Communicator, m *tran
 }
 
 func (p *plainReducer) Ready(int)     {}
+func (p *plainReducer) SetStep(int)   {}
 func (p *plainReducer) BackwardDone() { p.start = time.Now() }
 func (p *plainReducer) Close()        {}
 
@@ -110,17 +115,47 @@ func (p *plainReducer) Wait() (commStats, error) {
 // each bucket is cast and copied to pinned host memory as soon as its last
 // gradient is ready, and copied back after the allreduce.
 type bucketReducer struct {
-	b *fusion.Bucketer
+	b    *fusion.Bucketer
+	psgd bool // --compression powersgd
 }
 
-func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, comp fusion.Compression, tl *metrics.Timeline) (reducer, error) {
+// compressPowerSGD is --compression's value for PowerSGD (fusion.PowerSGD):
+// the weight matrices as rank-R factors, the other gradients in fp16.
+const compressPowerSGD = "powersgd"
+
+// powerSGDEmbedding: PowerSGD compresses the shared embedding/softmax
+// matrix [V, d] too (a later measurement may change that).
+const powerSGDEmbedding = true
+
+// compression is --compression as the Bucketer takes it: the wire of the
+// uncompressed gradients, and PowerSGD's settings (nil unless powersgd).
+func compression(o Options) (fusion.Compression, *fusion.PowerSGD) {
+	if o.Compression == compressPowerSGD {
+		return fusion.CompressFP16, &fusion.PowerSGD{Rank: o.PowerSGDRank, StartStep: o.PowerSGDStart, Seed: o.Seed}
+	}
+	comp, _ := fusion.ParseCompression(o.Compression) // Validate checked it
+	return comp, nil
+}
+
+func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, tl *metrics.Timeline) (reducer, error) {
 	params, err := paramInfos(m)
 	if err != nil {
 		return nil, err
 	}
+	comp, psgd := compression(o)
+	if psgd != nil {
+		if c, ok := m.Backend().(*cpu.Backend); ok {
+			// the compressor runs on the Bucketer's goroutines while the
+			// backward pass goes on: a backend of its own
+			own := cpu.New()
+			own.Threads = c.Threads
+			psgd.Backend = own
+		}
+	}
 	b, err := fusion.NewBucketer(comm, params, fusion.BucketConfig{
 		CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20)),
 		Compression: comp, CycleTime: o.CycleTime, BackwardPassesPerStep: 1, Timeout: o.Timeout, Timeline: tl,
+		PowerSGD: psgd,
 	})
 	if err != nil {
 		return nil, err
@@ -136,7 +171,7 @@ func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *tra
 		b.Close()
 		return nil, err
 	}
-	return &bucketReducer{b: b}, nil
+	return &bucketReducer{b: b, psgd: psgd != nil}, nil
 }
 
 // paramInfos is the model's gradients as the Bucketer takes them.
@@ -148,6 +183,10 @@ func paramInfos(m *transformer.Model) ([]fusion.ParamInfo, error) {
 			return nil, fmt.Errorf("internal: parameter %s at offset %d, want %d (gradients not contiguous)", p.Name, p.Offset, off)
 		}
 		params[i] = fusion.ParamInfo{Name: p.Name, Len: p.Len}
+		// the matrices, for PowerSGD
+		if len(p.Shape) == 2 && (powerSGDEmbedding || p.Name != "embedding_and_softmax/weights") {
+			params[i].Rows, params[i].Cols = p.Shape[0], p.Shape[1]
+		}
 		off += p.Len
 	}
 	return params, nil
@@ -172,8 +211,9 @@ func (r *bucketReducer) Ready(p int)        { r.b.MarkReady(p) }
 func (r *bucketReducer) BackwardDone()      { r.b.BackwardDone() }
 func (r *bucketReducer) Close()             { r.b.Close() }
 func (r *bucketReducer) SetScale(f float32) { r.b.SetScale(f) }
+func (r *bucketReducer) SetStep(step int)   { r.b.SetStep(step) }
 
 func (r *bucketReducer) Wait() (commStats, error) {
 	st, err := r.b.Wait()
-	return commStats{Comm: st.CommTime, Exposed: st.Exposed, Overflow: st.Overflow, Buckets: len(st.Buckets)}, err
+	return commStats{Comm: st.CommTime, Exposed: st.Exposed, Overflow: st.Overflow, Buckets: len(st.Buckets), PowerSGD: st.PowerSGD}, err
 }

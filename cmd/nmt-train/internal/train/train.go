@@ -100,6 +100,10 @@ type Trainer struct {
 	// syncTotal, backTotal: the parts of computeTotal in the token-count
 	// allreduce and the backward passes
 	syncTotal, backTotal float64
+	// psgd: the steps PowerSGD compressed, with the sums of their P and Q
+	// bytes, the fp16 bytes those matrices would have been, the
+	// compressor's time and the step time (the final verdict's line)
+	psgd metrics.StepTimes
 	// info is run.json as rank 0 wrote it (the final analysis reads it)
 	info metrics.RunInfo
 
@@ -117,6 +121,8 @@ type Trainer struct {
 	inLoop  bool
 	// ckptStep is the step of the last checkpoint this process wrote.
 	ckptStep int
+	// psgdCkpt is PowerSGD's state in the checkpoint resumed from (rank 0).
+	psgdCkpt *psgdCheckpoint
 }
 
 // Run trains as the rank described by the environment.
@@ -377,13 +383,17 @@ func (t *Trainer) setup(ctx context.Context) error {
 	// Every rank draws its own dropout masks.
 	t.m.Seed = o.Seed*0x9E3779B97F4A7C15 + uint64(t.id.Rank) + 1
 
-	comp, _ := fusion.ParseCompression(o.Compression) // Validate checked it
 	if o.Overlap && t.id.Size > 1 {
-		t.red, err = newBucketReducer(ctx, t.comm, t.m, o, comp, t.tl)
+		t.red, err = newBucketReducer(ctx, t.comm, t.m, o, t.tl)
 		if err != nil {
 			return err
 		}
+		if err := t.restorePowerSGD(ctx, t.psgdCkpt); err != nil {
+			return err
+		}
+		t.psgdCkpt = nil
 	} else {
+		comp, _ := compression(o) // one rank communicates nothing: no PowerSGD
 		t.red = newPlainReducer(ctx, t.comm, t.m, comp.Wire())
 	}
 
@@ -626,6 +636,9 @@ func (t *Trainer) resumeRunDir() (*transformer.State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.psgdCkpt, err = t.readPowerSGD(ck); err != nil {
+		return nil, err
+	}
 	// The data position, checked here so that the refusal names the file
 	// (the other ranks restore it after the broadcast).
 	if raw, ok := st.Trainer["data"]; ok && string(raw) != "null" {
@@ -801,6 +814,9 @@ func (t *Trainer) writeRunInfo(cfg transformer.Config, threads int) error {
 	if t.o.LinkGbps > 0 {
 		ri.LinkSource = t.linkSource
 	}
+	if t.o.Compression == compressPowerSGD {
+		ri.PowerSGDRank, ri.PowerSGDStartStep = t.o.PowerSGDRank, t.o.PowerSGDStart
+	}
 	if t.resumedFrom >= 0 {
 		// the run started when its first attempt did
 		if prev, err := metrics.ReadRunInfo(t.o.RunDir); err == nil && prev.Started > 0 {
@@ -845,6 +861,7 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	// summed gradient is the gradient of the global mean loss, whatever the
 	// token counts of the ranks.
 	var raw, lab, cur, total float64
+	t.red.SetStep(t.step)
 	if t.lossScaling {
 		// the reducer unscales the gradients and checks them for Inf/NaN
 		// (an fp16 product overflowed under the scale: the step is skipped
@@ -1018,6 +1035,13 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.syncTotal += r.sync.Seconds()
 		t.backTotal += r.backward.Seconds()
 		t.computeSteps++
+		if p := r.comm.PowerSGD; p.Compressed {
+			t.psgd.PowerSGDSteps++
+			t.psgd.PowerSGDBytes += float64(p.Bytes)
+			t.psgd.PowerSGDFP16Bytes += float64(p.FP16Bytes)
+			t.psgd.PowerSGDCompute += p.Compute.Seconds()
+			t.psgd.PowerSGDStep += r.dur.Seconds()
+		}
 		if math.IsNaN(smoothRaw) {
 			smoothRaw = r.lossRaw
 		} else {
@@ -1049,6 +1073,13 @@ func (t *Trainer) loop(ctx context.Context) error {
 			if t.lossScaling {
 				vals["loss_scale"] = float64(t.scaler.Scale)
 			}
+			psgd := "" // the compressed matrices' bytes and the compressor's time (docs/fusion.md)
+			if t.powerSGD() != nil {
+				vals["powersgd_bytes"], vals["powersgd_fp16_bytes"], vals["powersgd_compute_ms"] = a.psgdBytes, a.psgdFP16, a.psgdSec*1e3
+				if a.psgdFP16 > 0 {
+					psgd = fmt.Sprintf(" | powersgd %.2f MB for fp16's %.1f MB, %.0f ms", a.psgdBytes/1e6, a.psgdFP16/1e6, a.psgdSec*1e3)
+				}
+			}
 			comm := "" // one rank communicates nothing
 			if t.id.Size > 1 {
 				traffic := fmt.Sprintf("net %.0f MB/s out %.0f MB/s in", outMB, inMB)
@@ -1059,7 +1090,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 						traffic += fmt.Sprintf(", shm %.0f/%.0f", shmOut, shmIn)
 					}
 				}
-				comm = fmt.Sprintf(" | %s | comm exposed %.0f ms (%.0f %% hidden)", traffic, a.exposed*1e3, a.hiddenPct)
+				comm = fmt.Sprintf(" | %s | comm exposed %.0f ms (%.0f %% hidden)%s", traffic, a.exposed*1e3, a.hiddenPct, psgd)
 			}
 			t.logf("step %s/%s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s%s%s | ETA %s",
 				metrics.Commas(int64(t.step)), metrics.Commas(int64(o.MaxSteps)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), comm, gpuNote, t.bar.eta(t.step))
@@ -1081,7 +1112,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 			}
 		}
 		if (o.CkptEvery > 0 && t.step%o.CkptEvery == 0) || t.step == o.MaxSteps {
-			if err := t.checkpoint(); err != nil {
+			if err := t.checkpoint(ctx); err != nil {
 				return err
 			}
 		}
@@ -1112,7 +1143,13 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.run = nil
 		if t.computeSteps > 0 && t.id.Size > 1 {
 			n := float64(t.computeSteps)
-			t.logf("%s", metrics.AnalyzeBottleneck(t.info, metrics.StepTimes{Compute: t.computeTotal / n, Sync: t.syncTotal / n, Backward: t.backTotal / n}))
+			st := metrics.StepTimes{Steps: int64(t.computeSteps), Compute: t.computeTotal / n, Sync: t.syncTotal / n, Backward: t.backTotal / n}
+			if k := float64(t.psgd.PowerSGDSteps); k > 0 { // means over the compressed steps
+				st.PowerSGDSteps = t.psgd.PowerSGDSteps
+				st.PowerSGDBytes, st.PowerSGDFP16Bytes = t.psgd.PowerSGDBytes/k, t.psgd.PowerSGDFP16Bytes/k
+				st.PowerSGDCompute, st.PowerSGDStep = t.psgd.PowerSGDCompute/k, t.psgd.PowerSGDStep/k
+			}
+			t.logf("%s", metrics.AnalyzeBottleneck(t.info, st))
 		}
 		if err := t.writeGPUProfile(); err != nil {
 			return err
@@ -1138,7 +1175,7 @@ func (t *Trainer) loop(ctx context.Context) error {
 func (t *Trainer) stop(ctx context.Context) error {
 	sig := t.stopRequested()
 	if t.ckptStep != t.step {
-		if err := t.checkpoint(); err != nil {
+		if err := t.checkpoint(ctx); err != nil {
 			return err
 		}
 	}
@@ -1190,9 +1227,17 @@ func (t *Trainer) mergeTimeline() error {
 	return nil
 }
 
-func (t *Trainer) checkpoint() error {
+func (t *Trainer) checkpoint(ctx context.Context) error {
 	// Every rank is at the same data position; rank 0 writes.
 	t.ckptStep = t.step
+	psgd, err := t.gatherPowerSGD(ctx) // every rank's error feedback, to rank 0
+	if err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", t.step, err)
+	}
+	var extra []transformer.CheckpointFile
+	if psgd != nil {
+		extra = append(extra, *psgd)
+	}
 	if !t.leader() {
 		// Rank 0's save refuses weights or moments that are not finite;
 		// the other ranks, which hold the same, check theirs on their
@@ -1211,7 +1256,7 @@ func (t *Trainer) checkpoint() error {
 	sc, _ := json.Marshal(t.scaler)
 	ts["loss_scaler"] = sc
 	end := t.tl.Begin("checkpoint", "save")
-	path, err := transformer.SaveRunCheckpoint(t.o.RunDir, t.runID, t.step, t.m, t.opt, t.data.VocabHash, ts)
+	path, err := transformer.SaveRunCheckpoint(t.o.RunDir, t.runID, t.step, t.m, t.opt, t.data.VocabHash, ts, extra...)
 	end()
 	var nonFinite *transformer.NonFiniteError
 	if errors.As(err, &nonFinite) {
@@ -1297,6 +1342,9 @@ type window struct {
 	backward, sync            float64
 	own, own2                 float64 // compute less sync (this rank's own work), and its squares
 	skipped                   int
+	// PowerSGD: the bytes of P and Q all-reduced, what the compressed
+	// matrices would have been in fp16, the compressor's time
+	psgdBytes, psgdFP16, psgdSec float64
 }
 
 type windowAvg struct {
@@ -1305,6 +1353,9 @@ type windowAvg struct {
 	// from step to step of compute less sync (the planner's spread)
 	backward, sync, ownSD float64
 	skipped               int
+	// per step: PowerSGD's bytes, fp16's for the same matrices, its
+	// compute (0 before --powersgd-start-step)
+	psgdBytes, psgdFP16, psgdSec float64
 }
 
 func (w *window) add(r stepResult) {
@@ -1324,12 +1375,18 @@ func (w *window) add(r stepResult) {
 	if r.skipped {
 		w.skipped++
 	}
+	if p := r.comm.PowerSGD; p.Compressed {
+		w.psgdBytes += float64(p.Bytes)
+		w.psgdFP16 += float64(p.FP16Bytes)
+		w.psgdSec += p.Compute.Seconds()
+	}
 }
 
 func (w *window) avg() windowAvg {
 	n := float64(max(w.n, 1))
 	a := windowAvg{lossRaw: w.raw / n, lossLab: w.lab / n, dur: w.dur / n, comm: w.comm / n, exposed: w.expo / n,
-		compute: w.compute / n, backward: w.backward / n, sync: w.sync / n, skipped: w.skipped}
+		compute: w.compute / n, backward: w.backward / n, sync: w.sync / n, skipped: w.skipped,
+		psgdBytes: w.psgdBytes / n, psgdFP16: w.psgdFP16 / n, psgdSec: w.psgdSec / n}
 	if w.n > 1 {
 		m := w.own / n
 		a.ownSD = math.Sqrt(math.Max(0, (w.own2-n*m*m)/(n-1)))

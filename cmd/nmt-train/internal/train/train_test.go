@@ -132,6 +132,7 @@ func TestDevicePathMatchesCPU(t *testing.T) {
 		{"overlap/fp32", []string{"--compression", "none"}, 0},
 		{"plain/fp32", []string{"--compression", "none", "--overlap=false"}, 0},
 		{"overlap/fp16", []string{"--compression", "fp16"}, 2e-3},
+		{"overlap/powersgd", []string{"--compression", "powersgd", "--powersgd-rank", "2", "--powersgd-start-step", "2"}, 2e-3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append([]string{"--max-steps", fmt.Sprint(steps)}, base...), tc.args...)
