@@ -43,7 +43,8 @@ test: ptx-check fmt-check vet build
 # The CUDA kernels (docs/cuda.md): nvcc from Debian's nvidia-cuda-toolkit 11.8, unpacked
 # into ~/.cache/gorun/cuda-11.8 (no system install); kernels.cu compiled to the committed
 # PTX in kernels/cuda/ptx; the check fails when that PTX is stale, and where the toolchain
-# is present rebuilds it (byte for byte) and assembles it for sm_70, sm_80 and sm_90.
+# is present rebuilds it (byte for byte) and assembles it for sm_70, sm_80 and sm_90 with
+# ptxas -v: every kernel within its __launch_bounds__, no spills in the hot kernels.
 cuda-toolchain:
 	@bash kernels/cuda/toolchain.sh
 

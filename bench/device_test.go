@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -54,8 +55,19 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 		prec = "fp32"
 	}
 	b.Logf("%s, precision %s", why, prec)
-	const vocab = 32768
-	cfg, err := transformer.Preset("base", vocab)
+	// GORUN_BENCH_PRESET and GORUN_BENCH_VOCAB: base and 32768 (the lab's
+	// model, PyTorch's) unless set (bench/gpu/run.sh's dry run on the
+	// emulator: tiny, 1000)
+	preset, vocab := os.Getenv("GORUN_BENCH_PRESET"), 32768
+	if preset == "" {
+		preset = "base"
+	}
+	if v := os.Getenv("GORUN_BENCH_VOCAB"); v != "" {
+		if vocab, err = strconv.Atoi(v); err != nil || vocab < 8 {
+			b.Fatalf("GORUN_BENCH_VOCAB=%q: want a vocabulary size of 8 or more", v)
+		}
+	}
+	cfg, err := transformer.Preset(preset, vocab)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,7 +91,7 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 	}
 	for _, bt := range budgets {
 		batches := byBudget[bt]
-		b.Run(fmt.Sprintf("base/%s/tokens=%d", prec, bt), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/%s/tokens=%d", preset, prec, bt), func(b *testing.B) {
 			step := func(batch *transformer.Batch) (int, int) {
 				l, err := m.Forward(batch, true)
 				if err != nil {

@@ -819,17 +819,19 @@ func TestCUDAEmulatorParity(t *testing.T) {
 	base := append(append([]string{}, tinyArgs...), "--no-dropout", "--batch-tokens", "256",
 		"--max-steps", fmt.Sprint(steps), "--checkpoint-every", "0", "--eval-every", "0")
 	var last metrics.Record // the last train record of the latest run
-	var lastDir string
+	var lastDir, lastOut string
+	var extra []string // more flags for the next run
 	run := func(n int, dev, prec string, env ...string) losses {
 		dir := t.TempDir()
 		lastDir = dir
-		args := append(append([]string{}, base...), "--device", dev, "--precision", prec, "--backward-passes-per-step", fmt.Sprint(2/n), "--run-dir", dir)
+		args := append(append(append([]string{}, base...), extra...), "--device", dev, "--precision", prec, "--backward-passes-per-step", fmt.Sprint(2/n), "--run-dir", dir)
 		j := startJobEnv(t, n, append([]string{"GORUN_CUDA_LIB_DIR=" + lib, "GORUN_CUDA_EMU_DEVICES=2"}, env...), args...)
 		for r, err := range j.wait() {
 			if err != nil {
 				t.Fatalf("%s np %d rank %d: %v\n%s", dev, n, r, err, j.outs[r])
 			}
 		}
+		lastOut = j.outs[0].String()
 		if dev == "cuda" && !strings.Contains(j.outs[0].String(), "gorun CUDA emulator") {
 			t.Fatalf("np %d did not run on the emulated GPU:\n%s", n, j.outs[0])
 		}
@@ -864,10 +866,24 @@ func TestCUDAEmulatorParity(t *testing.T) {
 		}
 		follow(t, fmt.Sprintf("cuda np %d against cpu", n), got, ref, 1, steps, 1e-4)
 	}
+	// np 2 with the float32 wire, under the emulator's asynchronous streams
+	// in a random order (GORUN_CUDA_EMU_SCHED, internal/cudaemu): a bucket's
+	// copy to the host runs when the communication goroutine waits for it,
+	// interleaved at random with the backward pass queued on the compute
+	// stream, and blocks and threads run in random order; the same curve.
+	extra = []string{"--compression", "none"}
+	got := run(2, "cuda", "fp32", "GORUN_CUDA_EMU_SCHED=async,random,seed=3")
+	extra = nil
+	follow(t, "cuda np 2, float32 wire, async streams, against cpu", got, ref, 1, steps, 1e-4)
 	// fp16 activations and matrix products with dynamic loss scaling: the same curve to
 	// fp16's rounding, and the scale (2^14, no overflow yet) recorded; profiled
-	// (GORUN_CUDA_PROFILE=1), which changes no number, and the profile written
-	got := run(1, "cuda", "fp16", "GORUN_CUDA_PROFILE=1")
+	// (GORUN_CUDA_PROFILE=1), which changes no number, and the profile written;
+	// on the emulator presenting an H200 (compute capability 9.0, 132
+	// multiprocessors: the PTX and grid sizes an H200 gets)
+	got = run(1, "cuda", "fp16", "GORUN_CUDA_PROFILE=1", "GORUN_CUDA_EMU_CC=9.0", "GORUN_CUDA_EMU_SMS=132")
+	if !strings.Contains(lastOut, "compute capability 9.0, 132 SMs") {
+		t.Errorf("fp16: not on the emulated H200:\n%s", lastOut)
+	}
 	follow(t, "cuda fp16 against cpu fp32", got, ref, 1, steps, 1e-2)
 	if sc := last.Values["loss_scale"]; sc != 1<<14 {
 		t.Errorf("fp16: loss_scale %v, want 16384", sc)
@@ -879,6 +895,17 @@ func TestCUDAEmulatorParity(t *testing.T) {
 	for _, want := range []string{fmt.Sprintf("over %d steps", steps), "gr_layernorm_f16", "gemm F16,F16->F16 ", "gr_adam_f32", "all, on the GPU"} {
 		if !strings.Contains(string(prof), want) {
 			t.Errorf("the GPU profile lacks %q:\n%s", want, prof)
+		}
+	}
+	// every kernel the run launched is a hot kernel: one that make ptx-check
+	// forbids to spill (kernels/cuda/hot_kernels.txt)
+	hot, err := os.ReadFile("../../kernels/cuda/hot_kernels.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(prof), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "gr_") && !regexp.MustCompile(`(?m)^`+f[0]+`$`).Match(hot) {
+			t.Errorf("the run launched %s, which kernels/cuda/hot_kernels.txt does not list", f[0])
 		}
 	}
 }

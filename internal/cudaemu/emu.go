@@ -57,6 +57,15 @@
 //     CUBLAS_STATUS_EXECUTION_FAILED).
 //   - New device memory is filled with 0xff bytes (a NaN as float32, -1 as
 //     int), so reading memory nobody wrote shows.
+//   - Every device allocation has guard regions (csrc/emu_guard.h): after a
+//     kernel has run, a write it made near one of the allocations its
+//     pointer parameters point into (256 bytes before, up to 256 after the
+//     next multiple of 256) fails the launch with CUDA_ERROR_ILLEGAL_ADDRESS
+//     naming the kernel and the byte. The CUDA backend's allocator rounds
+//     tensors up to size classes unless GORUN_CUDA_EXACT_ALLOC=1. BuildASan
+//     compiles the kernels with AddressSanitizer instead (asan.go): every
+//     read or write outside an allocation, or of freed memory, stops the
+//     process with ASan's report.
 //   - A block whose threads do not all reach a __syncthreads (or whose lanes
 //     do not all reach a warp collective) fails the launch with
 //     CUDA_ERROR_LAUNCH_FAILED and names the threads, where a GPU would hang
@@ -70,17 +79,24 @@
 //
 // # What is not emulated
 //
-//   - Concurrency: every call does its work before it returns, under one
-//     process-wide lock; streams never overlap, events are complete when
-//     recorded, cuEventQuery never says CUDA_ERROR_NOT_READY. Races between
-//     streams that a GPU would expose cannot show here.
+//   - Concurrency: by default every call does its work before it returns,
+//     under one process-wide lock; streams never overlap, events are
+//     complete when recorded, cuEventQuery never says CUDA_ERROR_NOT_READY.
+//     GORUN_CUDA_EMU_SCHED=async (below) queues the work per stream and runs
+//     it later, in an order chosen to break code that misses an event wait;
+//     even then two operations never run at the same instant, so a race
+//     that needs them to overlap in time (two kernels, or a kernel and a
+//     copy, touching the same bytes concurrently) is seen only as one of
+//     its orders.
 //   - Memory spaces: device pointers are host addresses; a kernel that reads
-//     host memory through a pointer it computed is not caught, nor is an
-//     out-of-bounds access inside (or just past) an allocation.
+//     host memory through a pointer it computed is not caught; an access out
+//     of bounds is caught only as above (a write near the allocation, or
+//     anything in the ASan build), and not within a size class's slack.
 //   - Timing: meaningless; the kernels run on one CPU core.
 //   - Errors are reported by the call that causes them, and they are not
 //     sticky (a GPU reports a kernel's fault at a later synchronising call
-//     and the context is then unusable).
+//     and the context is then unusable); under GORUN_CUDA_EMU_SCHED=async a
+//     queued launch's fault is reported as a GPU's is, and sticks.
 //   - Numerics: the host's libm and no FMA contraction, so results differ
 //     from a GPU's in the last bits; NaN payloads of float16 conversions are
 //     package half's (a GPU gives the canonical 0x7fff).
@@ -88,7 +104,39 @@
 //     only at __syncthreads and warp collectives, so a kernel that spins
 //     waiting for another thread hangs, and warp-synchronous code that
 //     relies on lockstep execution without a *_sync intrinsic sees one lane
-//     run ahead. Blocks run one after another.
+//     run ahead. Blocks run one after another, never two at once: a race
+//     between blocks is seen only as an order of whole blocks (and of
+//     threads between two barriers), which GORUN_CUDA_EMU_SCHED varies.
+//
+// # Schedules (GORUN_CUDA_EMU_SCHED)
+//
+// The variable, read by cuInit (gorunEmuSetSched changes it in a test), is
+// a comma-separated list (csrc/emu_sched.h):
+//
+//   - reverse: blocks in reverse grid order, the threads of a block started
+//     from the last, and released from every barrier and warp collective by
+//     descending index;
+//   - random: blocks (a keyed permutation of the grid), threads at the start
+//     and after every barrier and collective in a seeded random order
+//     (seed=N, default 1: the same seed and calls give the same order);
+//   - async: every stream operation (launch, copy, memset, GEMM, event
+//     record and wait) is queued on its stream and runs only when the host
+//     waits for it (cuStreamSynchronize, cuEventSynchronize, cuEventQuery one
+//     operation at a time, cuCtxSynchronize, the frees, the synchronous
+//     copies, a copy to pageable memory), in stream order and after the
+//     records its waits name, the streams interleaved in the order above:
+//     forward (the default) runs the stream created first whenever it can
+//     (the backend's compute stream ahead of its copy stream: work queued
+//     after a copy runs before it), reverse the last created first (a copy
+//     as soon as its waits allow), random at random. A queued launch that
+//     fails is reported at the next synchronisation and every stream call
+//     returns that error from then on, as a GPU's context is lost
+//     (csrc/emu_streams.h).
+//
+// kernels/cuda's TestEmulatorSchedules runs the backend's conformance
+// table, staging and training-step tests under async in the three orders
+// and the table under reverse; nmt-train's TestCUDAEmulatorParity runs two
+// ranks under async,random.
 //
 // # What a kernel file must keep to
 //
@@ -392,6 +440,12 @@ func Build(dir string, kernelFiles ...string) error {
 // cache entry when there is one, else dir). dir "" means: the cache entry
 // only (a temporary directory when there is no cache).
 func build(dir string, kernelFiles []string) (string, error) {
+	return buildWith(dir, kernelFiles, false)
+}
+
+// buildWith is build, with the kernel files compiled with AddressSanitizer
+// when asan (asan.go).
+func buildWith(dir string, kernelFiles []string, asan bool) (string, error) {
 	cc, err := cxx()
 	if err != nil {
 		return "", err
@@ -428,6 +482,9 @@ func build(dir string, kernelFiles []string) (string, error) {
 	// The cache key: everything that goes into the libraries.
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", cacheVersion, runtime.GOARCH, strings.Join(commonFlags, " "), strings.Join(kernelFlags, " "))
+	if asan {
+		fmt.Fprintf(h, "asan %s\n", strings.Join(asanFlags, " "))
+	}
 	if v, err := exec.Command(cc, "--version").Output(); err == nil {
 		h.Write(v)
 	}
@@ -481,16 +538,23 @@ func build(dir string, kernelFiles []string) (string, error) {
 		"-o", filepath.Join(out, "libcublas.so.11"), filepath.Join(src, "libcublas.cc"), "-ldl")
 	nvml := append(append(append([]string{}, commonFlags...), inc...), "-Wl,-soname,libnvidia-ml.so.1",
 		"-o", filepath.Join(out, "libnvidia-ml.so.1"), filepath.Join(src, "libnvml.cc"), "-ldl")
+	cudaSteps := [][]string{cuda}
+	if asan {
+		cudaSteps = asanSteps(src, filepath.Join(out, "libcuda.so.1"), inc, regs)
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
-	for i, args := range [][]string{cuda, blas, nvml} {
+	for i, steps := range [][][]string{cudaSteps, {blas}, {nvml}} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.Command(cc, args...)
-			cmd.Dir = src
-			if b, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("emu: compiling %s: %v\n%s %s\n%s", Libraries[i], err, cc, strings.Join(args, " "), b)
+			for _, args := range steps {
+				cmd := exec.Command(cc, args...)
+				cmd.Dir = src
+				if b, err := cmd.CombinedOutput(); err != nil {
+					errs[i] = fmt.Errorf("emu: compiling %s: %v\n%s %s\n%s", Libraries[i], err, cc, strings.Join(args, " "), b)
+					return
+				}
 			}
 		}()
 	}

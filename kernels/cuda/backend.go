@@ -58,9 +58,11 @@ type Backend struct {
 	l      launch
 	gemmSc *[2]float32
 
-	// small device buffers for reductions read back by the host
-	redBuf uintptr // 16 bytes
-	redOut *[2]uint64
+	// small device buffer for reductions read back by the host, and the
+	// index checks' record (bounds.go)
+	redBuf     uintptr // redBufBytes
+	redOut     *reductionOut
+	recPending bool // a kernel that checks indices ran since the last sync
 
 	attn    attnScratch
 	colPart kernels.Tensor    // column reductions' partial sums (colOut)
@@ -68,6 +70,8 @@ type Backend struct {
 	staging map[uintptr]*stage
 	pinned  []uintptr
 	prof    *profiler // GORUN_CUDA_PROFILE=1: every operation timed (profile.go)
+	// spinEvents: blocking-sync events were refused; Fences use default ones (events.go)
+	spinEvents bool
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -109,7 +113,11 @@ func Open(index int) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{drv: d, index: index, args: newArgBlock(), gemmSc: new([2]float32), redOut: new([2]uint64),
+	exact, err := exactAllocOn()
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{drv: d, index: index, args: newArgBlock(), gemmSc: new([2]float32), redOut: new(reductionOut),
 		staging: map[uintptr]*stage{}}
 	var dev int32
 	if err := d.check("cuDeviceGet", d.call(d.deviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
@@ -138,17 +146,19 @@ func Open(index int) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := b.blas.check("cublasCreate_v2", callRet(b.blas.create, uintptr(unsafe.Pointer(&b.blas.handle)))); err != nil {
+	b.blas.drv, b.blas.ctx = d, b.ctx // every cuBLAS call runs with the context current (cublas.call)
+	if err := b.blas.check("cublasCreate_v2", b.blas.call(b.blas.create, uintptr(unsafe.Pointer(&b.blas.handle)))); err != nil {
 		return nil, err
 	}
-	if err := b.blas.check("cublasSetStream_v2", callRet(b.blas.setStream, b.blas.handle, b.stream)); err != nil {
+	if err := b.blas.check("cublasSetStream_v2", b.blas.call(b.blas.setStream, b.blas.handle, b.stream)); err != nil {
 		return nil, err
 	}
-	if err := b.blas.check("cublasSetMathMode", callRet(b.blas.setMathMode, b.blas.handle, cublasDefaultMath)); err != nil {
+	if err := b.blas.check("cublasSetMathMode", b.blas.call(b.blas.setMathMode, b.blas.handle, cublasDefaultMath)); err != nil {
 		return nil, err
 	}
-	b.mem = newAllocator(b)
-	b.redBuf = b.mem.alloc(16)
+	b.mem = newAllocator(b, exact)
+	b.redBuf = b.mem.alloc(redBufBytes)
+	b.memset(b.redBuf, redBufBytes)
 	if prof {
 		b.prof = &profiler{d: d, stream: b.stream, sums: map[string]*OpTime{}}
 	}
@@ -158,10 +168,7 @@ func Open(index int) (*Backend, error) {
 // loadModule loads the embedded PTX that fits the device and resolves
 // every kernel.
 func (b *Backend) loadModule() error {
-	ptx := ptxSM70
-	if b.cc[0] >= 8 {
-		ptx = ptxSM80
-	}
+	_, ptx := ptxFor(b.cc)
 	img := append(append([]byte(nil), ptx...), 0) // cuModuleLoadData reads a C string
 	d := b.drv
 	if err := d.check("cuModuleLoadData", d.call(d.moduleLoadData, uintptr(unsafe.Pointer(&b.module)), uintptr(unsafe.Pointer(&img[0])))); err != nil {
@@ -199,9 +206,11 @@ func (b *Backend) MemInfo() (free, total uint64) {
 }
 
 // Sync implements kernels.Backend: it waits for the compute stream and
-// panics with the error of a failed kernel.
+// panics with the error of a failed kernel, or with an *IndexError when a
+// kernel found an index out of range (bounds.go).
 func (b *Backend) Sync() {
-	b.drv.must("cuStreamSynchronize", b.drv.call(b.drv.streamSynchronize, b.stream))
+	b.copyRecord()
+	b.wait()
 }
 
 // Alloc implements kernels.Backend.
@@ -350,12 +359,17 @@ func (b *Backend) Axpy(y kernels.Tensor, a float32, x kernels.Tensor) {
 	b.kern(kAxpy).ptr(b.dev32(y, "y")).f32(a).ptr(b.dev32(x, "x")).i64(y.Len()).flat(y.Len())
 }
 
-// readReduction copies the 16-byte reduction buffer to the host.
+// readReduction copies the reduction results to the host, and the index
+// record with them when a kernel that checks indices ran (one copy).
 func (b *Backend) readReduction() {
+	n := uintptr(recordOffset)
+	if b.recPending {
+		n = redBufBytes
+	}
 	b.begin()
-	b.drv.must("cuMemcpyDtoHAsync", b.drv.call(b.drv.memcpyDtoHAsync, uintptr(unsafe.Pointer(&b.redOut[0])), b.redBuf, 16, b.stream))
+	b.drv.must("cuMemcpyDtoHAsync", b.drv.call(b.drv.memcpyDtoHAsync, uintptr(unsafe.Pointer(b.redOut)), b.redBuf, n, b.stream))
 	b.end(opDeviceToHost)
-	b.Sync()
+	b.wait()
 }
 
 // HasInfNaN implements kernels.Backend.
@@ -363,7 +377,7 @@ func (b *Backend) HasInfNaN(x kernels.Tensor) bool {
 	b.memset(b.redBuf, 16)
 	b.kern(kInfNaN).ptr(b.redBuf).ptr(b.dev32(x, "x")).i64(x.Len()).flat(x.Len())
 	b.readReduction()
-	return uint32(b.redOut[0]) != 0
+	return uint32(b.redOut.sums[0]) != 0
 }
 
 // SumSquares implements kernels.Backend.
@@ -371,7 +385,7 @@ func (b *Backend) SumSquares(x kernels.Tensor) float64 {
 	b.memset(b.redBuf, 16)
 	b.kern(kSumSq).ptr(b.redBuf).ptr(b.dev32(x, "x")).i64(x.Len()).flat(x.Len())
 	b.readReduction()
-	return math.Float64frombits(b.redOut[0])
+	return math.Float64frombits(b.redOut.sums[0])
 }
 
 // Gemm implements kernels.Backend.
@@ -590,22 +604,23 @@ func (b *Backend) ResidualDropout(out, res, y kernels.Tensor, p float32, seed ui
 	b.dropout(dt, b.devA(out, dt, "out"), b.devA(res, dt, "res"), b.devA(y, dt, "y"), y.Len(), p, seed)
 }
 
-// Embedding implements kernels.Backend. Ids outside the vocabulary give
-// zero rows (the trainer validates batches before they reach the GPU).
+// Embedding implements kernels.Backend. An id outside the vocabulary
+// gives a zero row and is reported at the next sync (bounds.go).
 func (b *Backend) Embedding(out, table, ids kernels.Tensor, scale float32, padID int32) {
 	d := table.Cols()
 	n := ids.Len()
 	b.kern(kEmbedding.of(out.DType)).ptr(b.devA(out, out.DType, "out")).ptr(b.dev32(table, "table")).ptr(b.devI32(ids, "ids")).
-		i32(n).i32(d).i32(table.Rows()).f32(scale).i32(int(padID)).flat(n * d)
+		i32(n).i32(d).i32(table.Rows()).f32(scale).i32(int(padID)).ptr(b.indexRecord()).flat(n * d)
 }
 
 // EmbeddingBackward implements kernels.Backend. Rows of repeated ids are
-// summed with atomic adds, so their order (and last bits) may vary.
+// summed with atomic adds, so their order (and last bits) may vary. An id
+// outside the vocabulary is skipped and reported at the next sync.
 func (b *Backend) EmbeddingBackward(dtable, dout, ids kernels.Tensor, scale float32, padID int32) {
 	d := dtable.Cols()
 	n := ids.Len()
 	b.kern(kEmbeddingBwd.of(dout.DType)).ptr(b.dev32(dtable, "dtable")).ptr(b.devA(dout, dout.DType, "dout")).ptr(b.devI32(ids, "ids")).
-		i32(n).i32(d).f32(scale).i32(int(padID)).flat(n * d)
+		i32(n).i32(d).i32(dtable.Rows()).f32(scale).i32(int(padID)).ptr(b.indexRecord()).flat(n * d)
 }
 
 // AddPositional implements kernels.Backend.
@@ -627,7 +642,8 @@ func (b *Backend) LogSoftmax(out, x kernels.Tensor) {
 }
 
 // CrossEntropy implements kernels.Backend. It waits for the GPU to read
-// back the loss.
+// back the loss; a target outside the vocabulary does not count (its row
+// of dlogits is zeroed) and panics here with an *IndexError.
 func (b *Backend) CrossEntropy(dlogits, logits, targets kernels.Tensor, ls float32, padID int32, gradScale float32) (float64, int) {
 	V := logits.Cols()
 	N := logits.Rows()
@@ -641,9 +657,9 @@ func (b *Backend) CrossEntropy(dlogits, logits, targets kernels.Tensor, ls float
 	}
 	b.memset(b.redBuf, 16)
 	b.kern(kXent.of(logits.DType)).ptr(dl).ptr(b.devA(logits, logits.DType, "logits")).ptr(b.devI32(targets, "targets")).ptr(b.redBuf).
-		i32(N).i32(V).f32(ls).i32(int(padID)).f32(gradScale).rows(N, V)
+		i32(N).i32(V).f32(ls).i32(int(padID)).f32(gradScale).ptr(b.indexRecord()).rows(N, V)
 	b.readReduction()
-	return math.Float64frombits(b.redOut[0]), int(math.Float64frombits(b.redOut[1]))
+	return math.Float64frombits(b.redOut.sums[0]), int(math.Float64frombits(b.redOut.sums[1]))
 }
 
 // Adam implements kernels.Backend.
@@ -663,7 +679,8 @@ func (b *Backend) AdamRows(p, g, m, v, rows kernels.Tensor, a kernels.AdamArgs) 
 	d := p.Cols()
 	n := rows.Len()
 	b.kern(kAdamRows).ptr(b.dev32(p, "p")).ptr(b.dev32(g, "g")).ptr(b.dev32(m, "m")).ptr(b.dev32(v, "v")).
-		ptr(b.devI32(rows, "rows")).i32(n).i32(d).f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).flat(n * d)
+		ptr(b.devI32(rows, "rows")).i32(n).i32(d).i32(p.Rows()).f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).
+		ptr(b.indexRecord()).flat(n * d)
 }
 
 // GatherRows implements kernels.Backend.
@@ -675,7 +692,7 @@ func (b *Backend) GatherRows(dst, src, idx kernels.Tensor, cols int) {
 		panic(fmt.Sprintf("cuda: GatherRows %v <- %v cols %d", dst, src, cols))
 	}
 	b.kern(kGatherRows.of(src.DType)).ptr(b.devA(dst, src.DType, "dst")).ptr(b.devA(src, src.DType, "src")).ptr(b.devI32(idx, "idx")).
-		i32(n).i32(cols).i64(rl).i64(dl).flat(n * cols)
+		i32(n).i32(cols).i64(rl).i64(dl).i32(src.Dims[0]).ptr(b.indexRecord()).flat(n * cols)
 }
 
 // WriteStep implements kernels.Backend.

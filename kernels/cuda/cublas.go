@@ -1,9 +1,12 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -35,6 +38,9 @@ const (
 type cublas struct {
 	lib    *library
 	handle uintptr
+	// drv and ctx: the context call makes current on the calling thread
+	drv *driver
+	ctx uintptr
 
 	create, destroy, setStream, setMathMode, getVersion, gemmEx, gemmStridedBatchedEx uintptr
 }
@@ -50,24 +56,37 @@ var cublasSonames = []string{"libcublas.so.13", "libcublas.so.12", "libcublas.so
 
 // cublasCandidates lists where cuBLAS is looked for: the library
 // directories (GORUN_CUDA_LIB_DIR first), the loader's own search, and the
-// nvidia/cublas/lib directory of pip's wheels (where PyTorch keeps it).
+// lib directories of pip's wheels (nvidia/cublas/lib up to CUDA 12,
+// nvidia/cu13/lib from 13: where PyTorch's cuBLAS is) found without
+// running Python.
 func cublasCandidates() []string {
 	dirs := append(libDirs(), pythonCUDALibDirs("cublas")...)
 	return candidates(dirs, cublasSonames...)
 }
 
-// loadCublas opens cuBLAS, loading its companion cublasLt from the same
-// directory first (pip's wheels do not always find it on their own).
+// loadCublas opens cuBLAS (with its cublasLt, openWithLt) from the first
+// candidate that loads; when none is there, from the wheels under the
+// sys.path of the python3 on PATH (pythonSysPath: asked only then).
 func loadCublas() (*cublas, error) {
-	for _, c := range cublasCandidates() {
-		if filepath.IsAbs(c) {
-			lt := filepath.Join(filepath.Dir(c), "libcublasLt"+filepath.Base(c)[len("libcublas"):])
-			dlopen(lt) // kept loaded for the process's lifetime; cuBLAS reports what is missing
+	what := "cuBLAS (" + strings.Join(cublasSonames, ", ") + ")"
+	lib, err := openWithLt(what, cublasCandidates())
+	if errors.Is(err, errNotFound) {
+		if sp := pythonSysPath(); len(sp) > 0 {
+			var cands []string
+			for _, d := range wheelLibDirs(sp, "cublas") {
+				for _, n := range cublasSonames {
+					cands = append(cands, filepath.Join(d, n))
+				}
+			}
+			if l, err2 := openWithLt(what, cands); !errors.Is(err2, errNotFound) {
+				lib, err = l, err2
+			} else {
+				err = fmt.Errorf("%w, nor in the wheels under the sys.path of the python3 on PATH", err)
+			}
 		}
 	}
-	lib, err := openFirst("cuBLAS ("+fmt.Sprint(cublasSonames)+")", cublasCandidates())
 	if err != nil {
-		return nil, fmt.Errorf("%w; install it (pip install nvidia-cublas-cu12, or the CUDA toolkit) or set %s", err, EnvLibDir)
+		return nil, fmt.Errorf("%w; install it (pip install nvidia-cublas, or the CUDA toolkit) or set %s", err, EnvLibDir)
 	}
 	c := &cublas{lib: lib}
 	names, ptrs := c.symbols()
@@ -75,6 +94,29 @@ func loadCublas() (*cublas, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// call runs one cuBLAS function with the backend's context current on
+// the calling OS thread. cuBLAS works in the calling thread's current
+// context and, on a thread that has none, the CUDA runtime under it makes
+// device 0's primary context current: it never answers
+// CUDA_ERROR_INVALID_CONTEXT as the driver does, so the driver's
+// make-current-and-retry (driver.call) cannot catch it, and a backend on
+// another device would run its GEMMs in device 0's context (and leave
+// that context current on the thread for the driver calls that follow).
+// So the goroutine stays on its thread for the call and the context is
+// made current first (a thread-local store in the driver). Pointer
+// arguments as in driver.call.
+//
+//go:uintptrescapes
+func (c *cublas) call(fn uintptr, args ...uintptr) uintptr {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if c.ctx != 0 {
+		purego.SyscallN(c.drv.ctxSetCurrent, c.ctx)
+	}
+	r, _, _ := purego.SyscallN(fn, args...)
+	return r
 }
 
 func (c *cublas) check(call string, r uintptr) error {
@@ -108,7 +150,7 @@ func cublasStatus(s int32) string {
 
 func (c *cublas) version() int {
 	var v int32
-	purego.SyscallN(c.getVersion, c.handle, uintptr(unsafe.Pointer(&v)))
+	c.call(c.getVersion, c.handle, uintptr(unsafe.Pointer(&v)))
 	return int(v)
 }
 
@@ -183,12 +225,12 @@ func (c *cublas) run(g *gemmCall, tf32 bool, scalars *[2]float32) error {
 	alpha, beta := uintptr(unsafe.Pointer(&scalars[0])), uintptr(unsafe.Pointer(&scalars[1]))
 	algo := ^uintptr(0) // CUBLAS_GEMM_DEFAULT, -1
 	if g.batch <= 1 {
-		r, _, _ := purego.SyscallN(c.gemmEx, c.handle, opB, opA, uintptr(g.n), uintptr(g.m), uintptr(g.k),
+		r := c.call(c.gemmEx, c.handle, opB, opA, uintptr(g.n), uintptr(g.m), uintptr(g.k),
 			alpha, g.b.Ptr, cudaType(g.b.DType), uintptr(g.ldb), g.a.Ptr, cudaType(g.a.DType), uintptr(g.lda),
 			beta, g.c.Ptr, cudaType(g.c.DType), uintptr(g.ldc), compute, algo)
 		return c.check("cublasGemmEx", r)
 	}
-	r, _, _ := purego.SyscallN(c.gemmStridedBatchedEx, c.handle, opB, opA, uintptr(g.n), uintptr(g.m), uintptr(g.k),
+	r := c.call(c.gemmStridedBatchedEx, c.handle, opB, opA, uintptr(g.n), uintptr(g.m), uintptr(g.k),
 		alpha, g.b.Ptr, cudaType(g.b.DType), uintptr(g.ldb), uintptr(g.sb), g.a.Ptr, cudaType(g.a.DType), uintptr(g.lda), uintptr(g.sa),
 		beta, g.c.Ptr, cudaType(g.c.DType), uintptr(g.ldc), uintptr(g.sc), uintptr(g.batch), compute, algo)
 	return c.check("cublasGemmStridedBatchedEx", r)

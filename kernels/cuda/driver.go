@@ -146,13 +146,15 @@ func (e *Error) Error() string {
 
 // Failure turns the panic of a failed GPU call into an error: the
 // Backend interface has no error results, so a kernel fault or exhausted
-// device memory surfaces as a panic carrying an *Error. A caller that
-// recovers passes the value here to print one line and exit; any other
-// panic is a bug and goes on.
+// device memory surfaces as a panic carrying an *Error, and an index out
+// of range that a kernel read from data as one carrying an *IndexError. A
+// caller that recovers passes the value here to print one line and exit;
+// any other panic is a bug and goes on.
 func Failure(r any) error {
 	if e, ok := r.(error); ok {
 		var ce *Error
-		if errors.As(e, &ce) {
+		var ie *IndexError
+		if errors.As(e, &ce) || errors.As(e, &ie) {
 			return fmt.Errorf("GPU: %w", e)
 		}
 	}

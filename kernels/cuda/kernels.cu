@@ -18,7 +18,8 @@
 //     returns early only as a whole, e.g. for a padding row);
 //   - __shared__ arrays of static size at function scope (for up to 1024
 //     threads = 32 warps), no dynamic shared memory;
-//   - atomicAdd on float* and double*; expf, logf, sqrtf, sqrt; the half types
+//   - atomicAdd on float* and double*, atomicCAS on int* (the index
+//     checks' error record); expf, logf, sqrtf, sqrt; the half types
 //     only through __float2half_rn, __half2float, __float2bfloat16_rn and
 //     __bfloat162float; Inf/NaN tests as v - v != 0 and v != v.
 //
@@ -36,6 +37,17 @@
 
 // The most negative finite float: the start of a running maximum.
 #define GR_NEG_MAX (-3.402823466e+38f)
+
+// The largest block each kernel is launched with, by launch shape (the Go
+// side's flatThreads, rowMaxThreads, colThreads and matMaxThreads in
+// blocks.go; a test checks the PTX's .maxntid against them): every kernel
+// declares its shape's number as its __launch_bounds__, so ptxas keeps its
+// registers within 65536 / that many threads and the driver refuses a
+// larger block. make ptx-check reads the registers and spills (ptxas -v).
+#define GR_FLAT_THREADS 256
+#define GR_ROW_THREADS 512
+#define GR_COL_THREADS 1024
+#define GR_MAT_THREADS 1024
 
 // ---------------------------------------------------------------------------
 // Indexing helpers
@@ -84,6 +96,33 @@ static __device__ __forceinline__ void rc_next(RowCol& w) {
     unsigned carry = 0;
     mr_step(w.c, w.sc, w.d, carry);
     w.r += w.sr + carry;
+}
+
+// ---------------------------------------------------------------------------
+// Index checks. Every index a kernel reads from data (an id, a target, a
+// row number) is checked against its bound before it addresses memory. A
+// bad one is not used (the kernel writes what it writes for padding, or
+// nothing) and is recorded in err, the backend's error record of four ints:
+// the op (GR_OP_*, kernels/cuda/launch.go's indexOps), the index, the bound
+// and the row of the data it was read at. The first bad index wins (a
+// compare-and-swap on err[0]); the host reads the record at its next
+// synchronisation and reports it in one line. err may be 0 (no record).
+#define GR_OP_EMBEDDING 1
+#define GR_OP_EMBEDDING_BWD 2
+#define GR_OP_XENT 3
+#define GR_OP_ADAM_ROWS 4
+#define GR_OP_GATHER_ROWS 5
+
+static __device__ __forceinline__ bool index_ok(int* err, int op, int idx, int bound, long long row) {
+    if (idx >= 0 && idx < bound) {
+        return true;
+    }
+    if (err != 0 && atomicCAS(err, 0, op) == 0) {
+        err[1] = idx;
+        err[2] = bound;
+        err[3] = (int)row;
+    }
+    return false;
 }
 
 // ---------------------------------------------------------------------------
@@ -189,14 +228,14 @@ static __device__ __forceinline__ void block_softmax(float& m, float& s, float* 
 // ---------------------------------------------------------------------------
 // Element-wise kernels (flat)
 
-extern "C" __global__ void gr_scale_f32(float* x, float s, long long n) {
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_scale_f32(float* x, float s, long long n) {
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
         x[i] *= s;
     }
 }
 
-extern "C" __global__ void gr_axpy_f32(float* y, float a, const float* x, long long n) {
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_axpy_f32(float* y, float a, const float* x, long long n) {
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
         y[i] += a * x[i];
@@ -207,7 +246,7 @@ extern "C" __global__ void gr_axpy_f32(float* y, float a, const float* x, long l
 // Half to half goes through float32, which holds either exactly, so it
 // rounds once. (Written out per pair, with no overloads on the half types.)
 #define GR_CAST(name, D, S, conv)                                                  \
-    extern "C" __global__ void name(D* __restrict__ dst, const S* __restrict__ src, long long n) { \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) name(D* __restrict__ dst, const S* __restrict__ src, long long n) { \
         const long long stride = flat_stride();                                     \
         for (long long i = flat_start(); i < n; i += stride) {                      \
             dst[i] = conv(src[i]);                                                  \
@@ -225,7 +264,7 @@ GR_CAST(gr_cast_f16_bf16, __nv_bfloat16, __half, GR_F16_BF16)
 GR_CAST(gr_cast_bf16_f16, __half, __nv_bfloat16, GR_BF16_F16)
 
 // *flag = 1 if any element is Inf or NaN (v - v is NaN exactly then).
-extern "C" __global__ void gr_infnan_f32(int* flag, const float* __restrict__ x, long long n) {
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_infnan_f32(int* flag, const float* __restrict__ x, long long n) {
     const long long stride = flat_stride();
     int bad = 0;
     for (long long i = flat_start(); i < n; i += stride) {
@@ -239,7 +278,7 @@ extern "C" __global__ void gr_infnan_f32(int* flag, const float* __restrict__ x,
 
 // *out += sum of x*x in double: one atomic add per block. Every thread
 // reaches the reduction.
-extern "C" __global__ void gr_sumsq_f32(double* out, const float* __restrict__ x, long long n) {
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_sumsq_f32(double* out, const float* __restrict__ x, long long n) {
     __shared__ double sh[32];
     const long long stride = flat_stride();
     double s = 0.0;
@@ -424,7 +463,7 @@ __device__ __forceinline__ void layernorm_bwd_params(float* __restrict__ dgamma,
 
 // out[j] += part[0*d + j] + part[1*d + j] + ... + part[(S-1)*d + j], in
 // that order: the splits' partial sums of a column reduction (flat over d).
-extern "C" __global__ void gr_col_sum_f32(float* __restrict__ out, const float* __restrict__ part, int splits, int d) {
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_col_sum_f32(float* __restrict__ out, const float* __restrict__ part, int splits, int d) {
     const long long stride = flat_stride();
     for (long long j = flat_start(); j < d; j += stride) {
         float s = 0.0f;
@@ -535,12 +574,12 @@ __device__ __forceinline__ void dropout(A* y, const A* res, const A* x, long lon
 
 // Embeddings and positions (flat)
 
-// out[i,:] = table[ids[i],:]*scale; zero rows for pad and ids outside
-// [0, vocab).
+// out[i,:] = table[ids[i],:]*scale; zero rows for pad and for ids outside
+// [0, vocab), which are recorded in err.
 template <typename A>
 __device__ __forceinline__ void embedding(A* __restrict__ out, const float* __restrict__ table,
                                                  const int* __restrict__ ids, int n, int d, int vocab, float scale,
-                                                 int pad) {
+                                                 int pad, int* err) {
     const long long total = (long long)n * d;
     const long long stride = flat_stride();
     long long e = flat_start();
@@ -552,7 +591,7 @@ __device__ __forceinline__ void embedding(A* __restrict__ out, const float* __re
     for (; e < total; e += stride) {
         const int id = ids[w.r];
         float v = 0.0f;
-        if (id != pad && id >= 0 && id < vocab) {
+        if (id != pad && index_ok(err, GR_OP_EMBEDDING, id, vocab, w.r)) {
             v = table[(long long)id * d + w.c] * scale;
         }
         st(out, e, v);
@@ -561,10 +600,11 @@ __device__ __forceinline__ void embedding(A* __restrict__ out, const float* __re
 }
 
 // dtable[ids[i],:] += dout[i,:]*scale with atomic adds (repeated ids),
-// skipping pad (and negative ids, which index no row).
+// skipping pad and ids outside [0, vocab) (recorded in err).
 template <typename A>
 __device__ __forceinline__ void embedding_bwd(float* __restrict__ dtable, const A* __restrict__ dout,
-                                                     const int* __restrict__ ids, int n, int d, float scale, int pad) {
+                                                     const int* __restrict__ ids, int n, int d, int vocab, float scale,
+                                                     int pad, int* err) {
     const long long total = (long long)n * d;
     const long long stride = flat_stride();
     long long e = flat_start();
@@ -575,7 +615,7 @@ __device__ __forceinline__ void embedding_bwd(float* __restrict__ dtable, const 
     rc_init(w, e, stride, d);
     for (; e < total; e += stride) {
         const int id = ids[w.r];
-        if (id != pad && id >= 0) {
+        if (id != pad && index_ok(err, GR_OP_EMBEDDING_BWD, id, vocab, w.r)) {
             atomicAdd(dtable + (long long)id * d + w.c, ld(dout, e) * scale);
         }
         rc_next(w);
@@ -742,12 +782,13 @@ __device__ __forceinline__ void attn_softmax_bwd(A* dP, const A* P, int rows, in
 // Label-smoothed cross-entropy, as cpu.CrossEntropy: the target gets 1-ls,
 // every other id ls/(V-1). Row loss = lse - (conf*z_y + low*(sum z - z_y))
 // in double, added to acc[0], and acc[1] += 1. Rows whose target is pad or
-// outside [0, V) do not count and their dlogits rows are zeroed. dlogits =
+// outside [0, V) do not count and their dlogits rows are zeroed; a target
+// outside [0, V) is recorded in err. dlogits =
 // (softmax - low)*gradScale, minus (conf-low)*gradScale at the target;
 // dlogits may be 0 (none) or alias logits.
 template <typename A>
 __device__ __forceinline__ void xent(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V,
-                                            float ls, int pad, float gradScale) {
+                                            float ls, int pad, float gradScale, int* err) {
     __shared__ float shm[32];
     __shared__ float shs[32];
     __shared__ double shz[32];
@@ -761,7 +802,7 @@ __device__ __forceinline__ void xent(A* dlogits, const A* logits, const int* tar
     const int t = threadIdx.x;
     const int bs = blockDim.x;
     const int y = targets[row];
-    if (y == pad || y < 0 || y >= V) { // the whole block
+    if (y == pad || !index_ok(t == 0 ? err : 0, GR_OP_XENT, y, V, row)) { // the whole block
         if (d != 0) {
             for (int j = t; j < V; j += bs) {
                 st(d, j, 0.0f);
@@ -827,11 +868,13 @@ __device__ __forceinline__ void log_softmax(A* out, const A* x, int N, int V) {
 
 // Copies of decoding (flat)
 
-// dst[i*dstRow + c] = src[idx[i]*srcRow + c] for c < cols.
+// dst[i*dstRow + c] = src[idx[i]*srcRow + c] for c < cols; src has
+// srcRows rows, and a row of dst whose idx[i] is outside [0, srcRows) is
+// left alone (recorded in err).
 template <typename A>
 __device__ __forceinline__ void gather_rows(A* __restrict__ dst, const A* __restrict__ src,
                                                    const int* __restrict__ idx, int n, int cols, long long srcRow,
-                                                   long long dstRow) {
+                                                   long long dstRow, int srcRows, int* err) {
     const long long total = (long long)n * cols;
     const long long stride = flat_stride();
     long long e = flat_start();
@@ -841,7 +884,10 @@ __device__ __forceinline__ void gather_rows(A* __restrict__ dst, const A* __rest
     RowCol w;
     rc_init(w, e, stride, cols);
     for (; e < total; e += stride) {
-        dst[w.r * dstRow + w.c] = src[(long long)idx[w.r] * srcRow + w.c];
+        const int r = idx[w.r];
+        if (index_ok(err, GR_OP_GATHER_ROWS, r, srcRows, w.r)) {
+            dst[w.r * dstRow + w.c] = src[(long long)r * srcRow + w.c];
+        }
         rc_next(w);
     }
 }
@@ -880,7 +926,7 @@ static __device__ __forceinline__ void adam_one(float* __restrict__ p, const flo
 }
 
 // m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p -= lr*m/(sqrt(v)+eps).
-extern "C" __global__ void gr_adam_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_adam_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                                        float* __restrict__ v, long long n, float lr, float b1, float b2, float eps) {
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
     const long long stride = flat_stride();
@@ -889,10 +935,12 @@ extern "C" __global__ void gr_adam_f32(float* __restrict__ p, const float* __res
     }
 }
 
-// Adam on the rows rows[k] (k < nrows) of d elements only.
-extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+// Adam on the rows rows[k] (k < nrows) of d elements only, of the prows
+// rows of p (g, m, v); a row number outside [0, prows) is skipped and
+// recorded in err.
+extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_adam_rows_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                                             float* __restrict__ v, const int* __restrict__ rows, int nrows, int d,
-                                            float lr, float b1, float b2, float eps) {
+                                            int prows, float lr, float b1, float b2, float eps, int* err) {
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
     const long long n = (long long)nrows * d;
     const long long stride = flat_stride();
@@ -903,7 +951,10 @@ extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* 
     RowCol w;
     rc_init(w, e, stride, d);
     for (; e < n; e += stride) {
-        adam_one(p, g, m, v, (long long)rows[w.r] * d + w.c, lr, b1, b2, c1, c2, eps);
+        const int r = rows[w.r];
+        if (index_ok(err, GR_OP_ADAM_ROWS, r, prows, w.r)) {
+            adam_one(p, g, m, v, (long long)r * d + w.c, lr, b1, b2, c1, c2, eps);
+        }
         rc_next(w);
     }
 }
@@ -929,7 +980,7 @@ extern "C" __global__ void gr_adam_rows_f32(float* __restrict__ p, const float* 
 // warps' added in warp order by thread k, so the result depends on the
 // block size alone (the Go side picks it from the shape). cols <=
 // GR_ORTHO_MAX_COLS, blockDim.x a multiple of 32 up to 1024.
-extern "C" __global__ void __launch_bounds__(1024) gr_orthonormalize_f32(float* p, int rows, int cols, float eps) {
+extern "C" __global__ void __launch_bounds__(GR_MAT_THREADS) gr_orthonormalize_f32(float* p, int rows, int cols, float eps) {
     __shared__ double sh[32][GR_ORTHO_MAX_COLS]; // per-warp partial sums
     __shared__ double tot[GR_ORTHO_MAX_COLS];    // the block's sums
     __shared__ double innorm[GR_ORTHO_MAX_COLS]; // input column norms
@@ -1028,72 +1079,73 @@ extern "C" __global__ void __launch_bounds__(1024) gr_orthonormalize_f32(float* 
 // ---------------------------------------------------------------------------
 // The activation kernels, once per activation type A with suffix S.
 #define GR_ACTIVATION_KERNELS(A, S)                                                                                    \
-    extern "C" __global__ void gr_add_bias_##S(A* x, const float* __restrict__ bias, long long rows, int d) {         \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_add_bias_##S(A* x, const float* __restrict__ bias, long long rows, int d) { \
         add_bias(x, bias, rows, d);                                                                                    \
     }                                                                                                                  \
-    extern "C" __global__ void gr_bias_relu_##S(A* x, const float* __restrict__ bias, long long rows, int d) {        \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_bias_relu_##S(A* x, const float* __restrict__ bias, long long rows, int d) { \
         bias_relu(x, bias, rows, d);                                                                                   \
     }                                                                                                                  \
-    extern "C" __global__ void gr_relu_bwd_##S(A* dx, const A* y, long long n) { relu_bwd(dx, y, n); }                \
-    extern "C" __global__ void __launch_bounds__(1024)                                                                 \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_relu_bwd_##S(A* dx, const A* y, long long n) { relu_bwd(dx, y, n); } \
+    extern "C" __global__ void __launch_bounds__(GR_COL_THREADS)                                                       \
         gr_bias_grad_##S(float* __restrict__ db, const A* __restrict__ dy, int rows, int d, int per) {                 \
         bias_grad(db, dy, rows, d, per);                                                                               \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(1024) gr_layernorm_bwd_params_##S(                                    \
+    extern "C" __global__ void __launch_bounds__(GR_COL_THREADS) gr_layernorm_bwd_params_##S(                          \
         float* __restrict__ dgamma, float* __restrict__ dbeta, const A* __restrict__ dy, const A* __restrict__ x,      \
         const float* __restrict__ mean, const float* __restrict__ rstd, int rows, int d, int per) {                    \
         layernorm_bwd_params(dgamma, dbeta, dy, x, mean, rstd, rows, d, per);                                          \
     }                                                                                                                  \
-    extern "C" __global__ void gr_layernorm_##S(A* y, float* mean, float* rstd, const A* x, const float* gamma,        \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_layernorm_##S(A* y, float* mean, float* rstd, const A* x, const float* gamma, \
                                                 const float* beta, int rows, int d, float eps) {                       \
         layernorm(y, mean, rstd, x, gamma, beta, rows, d, eps);                                                        \
     }                                                                                                                  \
-    extern "C" __global__ void gr_layernorm_bwd_##S(A* dx, const A* dy, const A* x, const float* mean,                 \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_layernorm_bwd_##S(A* dx, const A* dy, const A* x, const float* mean, \
                                                     const float* rstd, const float* gamma, int rows, int d) {          \
         layernorm_bwd(dx, dy, x, mean, rstd, gamma, rows, d);                                                          \
     }                                                                                                                  \
-    extern "C" __global__ void gr_dropout_##S(A* y, const A* res, const A* x, long long n, unsigned long long seed,    \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_dropout_##S(A* y, const A* res, const A* x, long long n, unsigned long long seed, \
                                               unsigned thresh, float scale) {                                          \
         dropout(y, res, x, n, seed, thresh, scale);                                                                    \
     }                                                                                                                  \
-    extern "C" __global__ void gr_embedding_##S(A* __restrict__ out, const float* __restrict__ table,                  \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_embedding_##S(A* __restrict__ out, const float* __restrict__ table, \
                                                 const int* __restrict__ ids, int n, int d, int vocab, float scale,     \
-                                                int pad) {                                                             \
-        embedding(out, table, ids, n, d, vocab, scale, pad);                                                           \
+                                                int pad, int* err) {                                                   \
+        embedding(out, table, ids, n, d, vocab, scale, pad, err);                                                      \
     }                                                                                                                  \
-    extern "C" __global__ void gr_embedding_bwd_##S(float* __restrict__ dtable, const A* __restrict__ dout,            \
-                                                    const int* __restrict__ ids, int n, int d, float scale, int pad) { \
-        embedding_bwd(dtable, dout, ids, n, d, scale, pad);                                                            \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_embedding_bwd_##S(float* __restrict__ dtable, const A* __restrict__ dout, \
+                                                    const int* __restrict__ ids, int n, int d, int vocab, float scale, \
+                                                    int pad, int* err) {                                               \
+        embedding_bwd(dtable, dout, ids, n, d, vocab, scale, pad, err);                                                \
     }                                                                                                                  \
-    extern "C" __global__ void gr_add_pos_##S(A* __restrict__ x, const float* __restrict__ pe, long long rows, int T,  \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_add_pos_##S(A* __restrict__ x, const float* __restrict__ pe, long long rows, int T, \
                                               int d, int t0) {                                                         \
         add_pos(x, pe, rows, T, d, t0);                                                                                \
     }                                                                                                                  \
-    extern "C" __global__ void gr_split_heads_##S(A* __restrict__ dst, const A* __restrict__ src, int B, int S_, int H, \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_split_heads_##S(A* __restrict__ dst, const A* __restrict__ src, int B, int S_, int H, \
                                                   int Dh, int srcS) {                                                  \
         split_heads(dst, src, B, S_, H, Dh, srcS);                                                                     \
     }                                                                                                                  \
-    extern "C" __global__ void gr_merge_heads_##S(A* __restrict__ dst, const A* __restrict__ src, int B, int S_, int H, \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_merge_heads_##S(A* __restrict__ dst, const A* __restrict__ src, int B, int S_, int H, \
                                                   int Dh, int dstS) {                                                  \
         merge_heads(dst, src, B, S_, H, Dh, dstS);                                                                     \
     }                                                                                                                  \
-    extern "C" __global__ void gr_attn_softmax_##S(A* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) { \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_attn_softmax_##S(A* P, const int* keyLen, int B, int H, int Sq, int Sk, int causal) { \
         attn_softmax(P, keyLen, B, H, Sq, Sk, causal);                                                                 \
     }                                                                                                                  \
-    extern "C" __global__ void gr_attn_softmax_bwd_##S(A* dP, const A* P, int rows, int Sk) {                          \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_attn_softmax_bwd_##S(A* dP, const A* P, int rows, int Sk) { \
         attn_softmax_bwd(dP, P, rows, Sk);                                                                             \
     }                                                                                                                  \
-    extern "C" __global__ void gr_xent_##S(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V, \
-                                           float ls, int pad, float gradScale) {                                       \
-        xent(dlogits, logits, targets, acc, N, V, ls, pad, gradScale);                                                 \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_xent_##S(A* dlogits, const A* logits, const int* targets, double* acc, int N, int V, \
+                                           float ls, int pad, float gradScale, int* err) {                             \
+        xent(dlogits, logits, targets, acc, N, V, ls, pad, gradScale, err);                                            \
     }                                                                                                                  \
-    extern "C" __global__ void gr_log_softmax_##S(A* out, const A* x, int N, int V) { log_softmax(out, x, N, V); }     \
-    extern "C" __global__ void gr_gather_rows_##S(A* __restrict__ dst, const A* __restrict__ src,                      \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_log_softmax_##S(A* out, const A* x, int N, int V) { log_softmax(out, x, N, V); } \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_gather_rows_##S(A* __restrict__ dst, const A* __restrict__ src, \
                                                   const int* __restrict__ idx, int n, int cols, long long srcRow,      \
-                                                  long long dstRow) {                                                  \
-        gather_rows(dst, src, idx, n, cols, srcRow, dstRow);                                                           \
+                                                  long long dstRow, int srcRows, int* err) {                           \
+        gather_rows(dst, src, idx, n, cols, srcRow, dstRow, srcRows, err);                                             \
     }                                                                                                                  \
-    extern "C" __global__ void gr_write_step_##S(A* __restrict__ cache, const A* __restrict__ x, int R, int Tc, int D, \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_write_step_##S(A* __restrict__ cache, const A* __restrict__ x, int R, int Tc, int D, \
                                                  int t) {                                                              \
         write_step(cache, x, R, Tc, D, t);                                                                             \
     }

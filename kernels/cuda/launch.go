@@ -42,7 +42,7 @@ var (
 	kInfNaN   = k("gr_infnan_f32", pPtr, pPtr, pI64)
 	kSumSq    = k("gr_sumsq_f32", pPtr, pPtr, pI64)
 	kAdam     = k("gr_adam_f32", pPtr, pPtr, pPtr, pPtr, pI64, pF32, pF32, pF32, pF32)
-	kAdamRows = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pF32, pF32, pF32)
+	kAdamRows = k("gr_adam_rows_f32", pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pF32, pF32, pF32, pPtr)
 	kColSum   = k("gr_col_sum_f32", pPtr, pPtr, pI32, pI32)
 	kOrtho    = k("gr_orthonormalize_f32", pPtr, pI32, pI32, pF32)
 	kCast     = map[[2]string]*kernel{}
@@ -55,16 +55,16 @@ var (
 	kLayerNormBwd    = ak("gr_layernorm_bwd", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32)
 	kLayerNormParams = ak("gr_layernorm_bwd_params", pPtr, pPtr, pPtr, pPtr, pPtr, pPtr, pI32, pI32, pI32)
 	kDropout         = ak("gr_dropout", pPtr, pPtr, pPtr, pI64, pU64, pU32, pF32)
-	kEmbedding       = ak("gr_embedding", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32)
-	kEmbeddingBwd    = ak("gr_embedding_bwd", pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32)
+	kEmbedding       = ak("gr_embedding", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32, pPtr)
+	kEmbeddingBwd    = ak("gr_embedding_bwd", pPtr, pPtr, pPtr, pI32, pI32, pI32, pF32, pI32, pPtr)
 	kAddPos          = ak("gr_add_pos", pPtr, pPtr, pI64, pI32, pI32, pI32)
 	kSplitHeads      = ak("gr_split_heads", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
 	kMergeHeads      = ak("gr_merge_heads", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
 	kAttnSoftmax     = ak("gr_attn_softmax", pPtr, pPtr, pI32, pI32, pI32, pI32, pI32)
 	kAttnSoftmaxBwd  = ak("gr_attn_softmax_bwd", pPtr, pPtr, pI32, pI32)
-	kXent            = ak("gr_xent", pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32, pF32)
+	kXent            = ak("gr_xent", pPtr, pPtr, pPtr, pPtr, pI32, pI32, pF32, pI32, pF32, pPtr)
 	kLogSoftmax      = ak("gr_log_softmax", pPtr, pPtr, pI32, pI32)
-	kGatherRows      = ak("gr_gather_rows", pPtr, pPtr, pPtr, pI32, pI32, pI64, pI64)
+	kGatherRows      = ak("gr_gather_rows", pPtr, pPtr, pPtr, pI32, pI32, pI64, pI64, pI32, pPtr)
 	kWriteStep       = ak("gr_write_step", pPtr, pPtr, pI32, pI32, pI32, pI32)
 )
 
@@ -190,6 +190,7 @@ func (l *launch) grid(gx, gy, bx, by int) {
 	if gx <= 0 || gy <= 0 {
 		return // nothing to do
 	}
+	checkBlock(l.k, bx*by)
 	b := l.be
 	b.begin()
 	b.drv.must("cuLaunchKernel "+l.k.name, b.drv.call(b.drv.launchKernel, l.k.fn, uintptr(gx), uintptr(gy), 1,
@@ -197,10 +198,10 @@ func (l *launch) grid(gx, gy, bx, by int) {
 	b.end(l.k.name)
 }
 
-// flat launches over n elements with a grid-stride loop: 256 threads per
-// block and at most 32 blocks per multiprocessor.
+// flat launches over n elements with a grid-stride loop: flatThreads
+// (256) threads per block and at most 32 blocks per multiprocessor.
 func (l *launch) flat(n int) {
-	const block = 256
+	const block = flatThreads
 	g := (n + block - 1) / block
 	if mx := 32 * l.be.sms; g > mx {
 		g = mx
@@ -209,19 +210,9 @@ func (l *launch) flat(n int) {
 }
 
 // rows launches one block per row of cols elements, the block sized to
-// the row: a warp for short rows, up to 512 threads for long ones.
-func (l *launch) rows(rows, cols int) {
-	block := 32
-	switch {
-	case cols > 8192:
-		block = 512
-	case cols > 1024:
-		block = 256
-	case cols > 128:
-		block = 128
-	}
-	l.grid(rows, 1, block, 1)
-}
+// the row (rowThreads): a warp for short rows, up to rowMaxThreads (512)
+// for long ones.
+func (l *launch) rows(rows, cols int) { l.grid(rows, 1, rowThreads(cols), 1) }
 
 // cols launches a column reduction over d columns in splits of the rows
 // (colSplits): blocks of 32x32.

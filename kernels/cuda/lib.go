@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -26,9 +28,20 @@ type library struct {
 	handle uintptr
 }
 
+// errNotFound marks openFirst's error when no candidate exists at all.
+var errNotFound = errors.New("not found")
+
 // openFirst dlopens the first candidate that loads and returns it, or an
-// error listing every place tried with the reason it failed.
+// error listing every place tried with the reason it failed (wrapping
+// errNotFound when none was there).
 func openFirst(what string, candidates []string) (*library, error) {
+	return openEach(what, candidates, nil)
+}
+
+// openEach is openFirst; preload, when not nil, runs before each candidate
+// path that exists is opened, and the function it returns, if any, runs
+// when that candidate then fails to load (cuBLAS: its cublasLt).
+func openEach(what string, candidates []string, preload func(path string) (undo func())) (*library, error) {
 	var tried []string
 	absent := true // every failure was "no such file"
 	seen := map[string]bool{}
@@ -37,21 +50,28 @@ func openFirst(what string, candidates []string) (*library, error) {
 			continue
 		}
 		seen[c] = true
+		var undo func()
 		if strings.Contains(c, "/") {
 			if _, err := os.Stat(c); err != nil {
 				continue // not there: not worth listing every absent path
+			}
+			if preload != nil {
+				undo = preload(c)
 			}
 		}
 		h, err := dlopen(c)
 		if err == nil {
 			return &library{path: c, handle: h}, nil
 		}
+		if undo != nil {
+			undo()
+		}
 		tried = append(tried, fmt.Sprintf("%s (%v)", c, err))
 		absent = absent && strings.Contains(err.Error(), "cannot open shared object file")
 	}
 	if absent {
-		return nil, fmt.Errorf("%s not found (looked in $%s, $CUDA_HOME, the dynamic loader's path and %s)",
-			what, EnvLibDir, strings.Join(libDirs()[len(libDirs())-5:], ", "))
+		return nil, fmt.Errorf("%s %w (looked in $%s, $CUDA_HOME, the dynamic loader's path and %s)",
+			what, errNotFound, EnvLibDir, strings.Join(systemLibDirs, ", "))
 	}
 	return nil, fmt.Errorf("%s could not be loaded: %s", what, strings.Join(tried, "; "))
 }
@@ -88,11 +108,20 @@ func (l *library) resolve(names []string, dst []*uintptr) error {
 	return errors.Join(errs...)
 }
 
+// systemLibDirs are where container runtimes put the driver and where
+// toolkits and distributions put the libraries. (Tests of the search
+// empty it, and loaderSearch, so that only what they lay out is found.)
+var systemLibDirs = []string{"/usr/local/nvidia/lib64", "/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu",
+	"/usr/lib64", "/usr/lib/wsl/lib"}
+
+// loaderSearch: also dlopen the plain soname (the dynamic loader's own
+// search: LD_LIBRARY_PATH, ld.so.cache).
+var loaderSearch = true
+
 // libDirs lists the directories searched for NVIDIA libraries, most
 // specific first: $GORUN_CUDA_LIB_DIR, $CUDA_HOME (and CUDA_PATH) lib64,
-// where container runtimes put the driver, the usual toolkit prefix. The
-// plain soname (the dynamic loader's own search: LD_LIBRARY_PATH,
-// ld.so.cache) is tried after the first of these.
+// then systemLibDirs. The plain soname (the dynamic loader's own search) is
+// tried after the first of these.
 func libDirs() []string {
 	var dirs []string
 	if d := os.Getenv(EnvLibDir); d != "" {
@@ -103,8 +132,7 @@ func libDirs() []string {
 			dirs = append(dirs, filepath.Join(d, "lib64"), filepath.Join(d, "lib"))
 		}
 	}
-	return append(dirs, "/usr/local/nvidia/lib64", "/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu",
-		"/usr/lib64", "/usr/lib/wsl/lib")
+	return append(dirs, systemLibDirs...)
 }
 
 // candidates returns dir/name for every directory, with the bare name
@@ -115,21 +143,29 @@ func candidates(dirs []string, names ...string) []string {
 		for _, n := range names {
 			out = append(out, filepath.Join(d, n))
 		}
-		if i == 0 && os.Getenv(EnvLibDir) != "" {
+		if i == 0 && os.Getenv(EnvLibDir) != "" && loaderSearch {
 			out = append(out, names...)
 		}
 	}
-	if os.Getenv(EnvLibDir) == "" {
+	if os.Getenv(EnvLibDir) == "" && loaderSearch {
 		out = append(names, out...)
 	}
 	return out
 }
 
+// systemSiteRoots are the system Python installations' package
+// directories (globs).
+var systemSiteRoots = []string{"/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+	"/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages", "/opt/conda/lib/python3*/site-packages",
+	"/opt/*/.venv/lib/python3*/site-packages"}
+
 // pythonCUDALibDirs finds the lib directories of pip's NVIDIA wheels
-// (nvidia/<pkg>/lib inside a site-packages or dist-packages directory) in
-// the active virtual or conda environment, PYTHONPATH, the user's and the
-// system's Python installations: where a machine with PyTorch keeps
-// cuBLAS.
+// (nvidia/<pkg>/lib inside a site-packages or dist-packages directory, up
+// to CUDA 12's wheels; nvidia/cu<N>/lib from CUDA 13's) in the active
+// virtual or conda environment, PYTHONPATH, the environment of the python3
+// on PATH, the user's and the system's Python installations: where a
+// machine with PyTorch keeps cuBLAS. It runs no Python (pythonSysPath
+// does, when these find nothing).
 func pythonCUDALibDirs(pkg string) []string {
 	var roots []string
 	for _, v := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
@@ -150,19 +186,66 @@ func pythonCUDALibDirs(pkg string) []string {
 	if h, err := os.UserHomeDir(); err == nil {
 		roots = append(roots, filepath.Join(h, ".local", "lib", "python3*", "site-packages"))
 	}
-	roots = append(roots, "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
-		"/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages", "/opt/conda/lib/python3*/site-packages",
-		"/opt/*/.venv/lib/python3*/site-packages")
+	roots = append(roots, systemSiteRoots...)
+	return wheelLibDirs(roots, pkg)
+}
+
+// wheelLibDirs is the nvidia/<pkg>/lib and nvidia/cu<N>/lib directories
+// under each root (a glob), the newest Python (and CUDA) first within one.
+func wheelLibDirs(roots []string, pkg string) []string {
 	var dirs []string
 	for _, r := range roots {
-		// nvidia/<pkg>/lib up to CUDA 12's wheels, nvidia/cu<N>/lib from 13 on
 		m, _ := filepath.Glob(filepath.Join(r, "nvidia", pkg, "lib"))
 		m13, _ := filepath.Glob(filepath.Join(r, "nvidia", "cu[0-9]*", "lib"))
 		m = append(m, m13...)
-		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newest Python first
+		sort.Sort(sort.Reverse(sort.StringSlice(m)))
 		dirs = append(dirs, m...)
 	}
 	return dirs
+}
+
+// pythonSysPath asks the python3 on PATH for its sys.path (its
+// site-packages, user site, .pth additions and PYTHONPATH, wherever its
+// installation keeps them: a pyenv shim or a symlinked venv python does
+// not tell by its own path). Empty when there is no python3 or it fails
+// within 10 s.
+func pythonSysPath() []string {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, py, "-c", "import sys; print('\\n'.join(p for p in sys.path if p))").Output()
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l = strings.TrimSpace(l); filepath.IsAbs(l) {
+			dirs = append(dirs, l)
+		}
+	}
+	return dirs
+}
+
+// openWithLt opens cuBLAS from candidates (as openFirst), loading first
+// the cublasLt of the same version that sits beside each candidate path
+// (pip's wheels do not always find it on their own; cuBLAS needs it): only
+// the cublasLt beside the cuBLAS that loads stays loaded, so no other
+// version's can satisfy its dependency.
+func openWithLt(what string, cands []string) (*library, error) {
+	return openEach(what, cands, func(path string) func() {
+		lt := filepath.Join(filepath.Dir(path), "libcublasLt"+strings.TrimPrefix(filepath.Base(path), "libcublas"))
+		if _, err := os.Stat(lt); err != nil {
+			return nil
+		}
+		h, err := dlopen(lt)
+		if err != nil {
+			return nil // cuBLAS then reports what is missing
+		}
+		return func() { purego.Dlclose(h) }
+	})
 }
 
 // cstring copies a NUL-terminated C string.

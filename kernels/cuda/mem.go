@@ -2,8 +2,35 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"unsafe"
 )
+
+// EnvExactAlloc, set to 1 when the backend opens, makes every device
+// allocation exactly the bytes asked for (one byte for an empty tensor)
+// and gives every Free back to the driver at once, after the queued work:
+// no size classes, no cache. A kernel that writes past its tensor then
+// leaves the allocation instead of landing in a size class's slack, where
+// the emulator's guard regions or its AddressSanitizer build
+// (internal/cudaemu) see it (on a GPU, so would compute-sanitizer's
+// memcheck: not tried); a tensor used
+// after its Free is no longer live memory. Every Alloc and Free is a
+// driver call and every Free waits for the GPU: for tests and debugging,
+// not for training. An environment variable, read once by Open like
+// GORUN_CUDA_PROFILE, so that the binaries (nmt-train, the GPU test
+// binaries of bench/gpu) run in the mode unchanged.
+const EnvExactAlloc = "GORUN_CUDA_EXACT_ALLOC"
+
+func exactAllocOn() (bool, error) {
+	switch v := os.Getenv(EnvExactAlloc); v {
+	case "", "0":
+		return false, nil
+	case "1":
+		return true, nil
+	default:
+		return false, fmt.Errorf("cuda: %s=%q: want 1 (every allocation its exact size, every Free to the driver) or 0", EnvExactAlloc, v)
+	}
+}
 
 // allocator caches device memory like PyTorch's caching allocator: Free
 // returns a block to a free list of its size class, and Alloc takes from
@@ -13,6 +40,7 @@ import (
 // ordered after every earlier use.
 type allocator struct {
 	b     *Backend
+	exact bool            // EnvExactAlloc: exact sizes, no cache
 	size  map[uintptr]int // live and cached blocks: their class size
 	cache map[int][]uintptr
 	inUse int64 // bytes handed out
@@ -20,8 +48,8 @@ type allocator struct {
 	peak  int64 // most bytes in use at once
 }
 
-func newAllocator(b *Backend) *allocator {
-	return &allocator{b: b, size: map[uintptr]int{}, cache: map[int][]uintptr{}}
+func newAllocator(b *Backend, exact bool) *allocator {
+	return &allocator{b: b, exact: exact, size: map[uintptr]int{}, cache: map[int][]uintptr{}}
 }
 
 // class rounds a request up: 512 bytes below 1 MiB, 2 MiB above.
@@ -37,6 +65,9 @@ func class(n int) int {
 
 func (a *allocator) alloc(n int) uintptr {
 	c := class(n)
+	if a.exact {
+		c = max(n, 1)
+	}
 	if l := a.cache[c]; len(l) > 0 {
 		p := l[len(l)-1]
 		a.cache[c] = l[:len(l)-1]
@@ -71,8 +102,18 @@ func (a *allocator) free(p uintptr) {
 	if !ok {
 		panic(fmt.Sprintf("cuda: Free of %#x, which Alloc did not return (a view?)", p))
 	}
-	a.cache[c] = append(a.cache[c], p)
 	a.inUse -= int64(c)
+	if a.exact {
+		// Every stream's work that may still use the block first (the
+		// copy stream's too: a stage's buffer).
+		d := a.b.drv
+		d.must("cuCtxSynchronize", d.call(d.ctxSynchronize))
+		d.must("cuMemFree", d.call(d.memFree, p))
+		delete(a.size, p)
+		a.held -= int64(c)
+		return
+	}
+	a.cache[c] = append(a.cache[c], p)
 }
 
 // release returns every cached block to the driver, after the queued work

@@ -8,14 +8,16 @@ import (
 )
 
 // stage is the device side of one pinned host buffer that CopyOutAsync
-// fills: the bucket cast to the wire format on the device (nothing when
-// the wire is float32), and the events that order the copy.
+// fills: the bucket in the wire format on the device, as it was when the
+// copy was queued (the cast's output, or for F32 a device-to-device copy:
+// the copy stream never reads the live gradients, which the compute stream
+// may change before the copy runs), and the events that order the copy.
 type stage struct {
-	dev   uintptr // wire-format copy on the device (0 for F32)
-	bytes int
-	cast  uintptr // event: the cast (or the gradient) is ready on the compute stream
-	done  uintptr // event: the copy to the host has finished
-	used  bool
+	dev     uintptr // the wire-format snapshot on the device (0 until needed)
+	bytes   int     // dev's size
+	cast    uintptr // event: the snapshot is ready on the compute stream
+	done    uintptr // event: the copy to the host has finished
+	copying bool    // done was recorded after the compute stream last waited for it
 }
 
 // fence is a recorded event.
@@ -30,11 +32,7 @@ func (f fence) Wait() error {
 	return f.d.check("cuEventSynchronize", f.d.call(f.d.eventSynchronize, f.ev))
 }
 
-func (b *Backend) event() uintptr {
-	var ev uintptr
-	b.drv.must("cuEventCreate", b.drv.call(b.drv.eventCreate, uintptr(unsafe.Pointer(&ev)), eventBlockingSync|eventDisableTiming))
-	return ev
-}
+func (b *Backend) event() uintptr { return b.fenceEvent() }
 
 // PinnedHost implements kernels.HostStaging.
 func (b *Backend) PinnedHost(n int) []byte {
@@ -58,54 +56,72 @@ func wireCheck(src kernels.Tensor, dst []byte, wire kernels.DType, op string) in
 	return n
 }
 
-// stageFor returns the stage of a pinned buffer, made on first use.
-func (b *Backend) stageFor(host []byte, n int, wire kernels.DType) *stage {
+// stageFor returns the stage of a pinned buffer (made on first use), its
+// device buffer at least n bytes, and orders the compute stream after the
+// stage's last copy out: the compute stream may then overwrite the device
+// buffer, or free it to the allocator, whose next user is on the compute
+// stream too (the copy stream may still be reading it otherwise).
+func (b *Backend) stageFor(host []byte, n int) *stage {
 	key := uintptr(unsafe.Pointer(&host[0]))
 	s := b.staging[key]
-	if s == nil || s.bytes < n {
-		if s != nil && s.dev != 0 {
-			b.mem.free(s.dev)
-		}
-		s = &stage{bytes: n, cast: b.event(), done: b.event()}
-		if wire != kernels.F32 {
-			s.dev = b.mem.alloc(n)
-		}
+	if s == nil {
+		s = &stage{cast: b.event(), done: b.event()}
 		b.staging[key] = s
 	}
-	if wire != kernels.F32 && s.dev == 0 {
-		s.dev = b.mem.alloc(s.bytes)
+	if s.copying {
+		d := b.drv
+		d.must("cuStreamWaitEvent", d.call(d.streamWaitEvent, b.stream, s.done, 0))
+		s.copying = false
+	}
+	if s.bytes < n {
+		if s.dev != 0 {
+			b.mem.free(s.dev)
+		}
+		s.dev, s.bytes = b.mem.alloc(n), n
 	}
 	return s
 }
 
-// CopyOutAsync implements kernels.HostStaging: the cast runs on the
-// compute stream after the gradient's kernels, the copy on the copy
-// stream, so backward goes on while the bucket crosses the bus.
+// CopyOutAsync implements kernels.HostStaging: a snapshot of src in the
+// wire format (the cast, or a copy for F32) is made on the compute stream
+// after the gradient's kernels, and copied to the host on the copy stream,
+// so backward goes on while the bucket crosses the bus; the ops queued
+// after it may change src at once. The snapshot costs device memory of the
+// bucket's wire size (for F32 as much as the gradients), allocated once
+// per host buffer.
 func (b *Backend) CopyOutAsync(dst []byte, src kernels.Tensor, wire kernels.DType) kernels.Fence {
 	n := wireCheck(src, dst, wire, "CopyOutAsync")
 	d := b.drv
-	s := b.stageFor(dst, n, wire)
-	from := src.Ptr
-	if s.used {
-		// the previous copy out of this stage must be over before the
-		// cast overwrites its device buffer
-		d.must("cuStreamWaitEvent", d.call(d.streamWaitEvent, b.stream, s.done, 0))
+	if n == 0 {
+		// nothing to copy: a fence that opens when the work queued so far
+		// is done (one event for every empty copy, under the key 0)
+		s := b.staging[0]
+		if s == nil {
+			s = &stage{cast: b.event(), done: b.event()}
+			b.staging[0] = s
+		}
+		d.must("cuEventRecord", d.call(d.eventRecord, s.done, b.stream))
+		return fence{d: d, ev: s.done}
 	}
-	if wire != kernels.F32 {
+	s := b.stageFor(dst, n)
+	if wire == kernels.F32 {
+		b.begin()
+		d.must("cuMemcpyDtoDAsync", d.call(d.memcpyDtoDAsync, s.dev, src.Ptr, uintptr(n), b.stream))
+		b.end("copy device to device")
+	} else {
 		b.kern(kCast[[2]string{"f32", typeName(wire)}]).ptr(s.dev).ptr(src.Ptr).i64(src.Len()).flat(src.Len())
-		from = s.dev
 	}
 	d.must("cuEventRecord", d.call(d.eventRecord, s.cast, b.stream))
 	d.must("cuStreamWaitEvent", d.call(d.streamWaitEvent, b.copy, s.cast, 0))
-	if n > 0 {
-		d.must("cuMemcpyDtoHAsync", d.call(d.memcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), from, uintptr(n), b.copy))
-	}
+	d.must("cuMemcpyDtoHAsync", d.call(d.memcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), s.dev, uintptr(n), b.copy))
 	d.must("cuEventRecord", d.call(d.eventRecord, s.done, b.copy))
-	s.used = true
+	s.copying = true
 	return fence{d: d, ev: s.done}
 }
 
-// CopyIn implements kernels.HostStaging.
+// CopyIn implements kernels.HostStaging: the copy and the cast to F32 run
+// on the compute stream (for a 16-bit wire through the stage's device
+// buffer).
 func (b *Backend) CopyIn(dst kernels.Tensor, src []byte, wire kernels.DType) {
 	n := wireCheck(dst, src, wire, "CopyIn")
 	if n == 0 {
@@ -118,10 +134,7 @@ func (b *Backend) CopyIn(dst kernels.Tensor, src []byte, wire kernels.DType) {
 		b.end(opHostToDevice)
 		return
 	}
-	s := b.stageFor(src, n, wire)
-	if s.used {
-		d.must("cuStreamWaitEvent", d.call(d.streamWaitEvent, b.stream, s.done, 0))
-	}
+	s := b.stageFor(src, n) // after the last copy out of the stage
 	b.begin()
 	d.must("cuMemcpyHtoDAsync", d.call(d.memcpyHtoDAsync, s.dev, uintptr(unsafe.Pointer(&src[0])), uintptr(n), b.stream))
 	b.end(opHostToDevice)

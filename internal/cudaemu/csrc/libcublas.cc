@@ -46,6 +46,7 @@ struct Handle {
   int math;
   void* workspace;
   size_t workspace_size;
+  void* ctx;  // the context current when it was created (cuBLAS binds a handle to it)
 };
 
 std::mutex g_mu;  // the handle set
@@ -58,6 +59,12 @@ struct Driver {
   int (*device_range)(unsigned long long, unsigned long long);
   int (*stream_valid)(void*);
   void (*report)(const char*, const char*, const char*);
+  // runs or queues a GEMM on its stream (GORUN_CUDA_EMU_SCHED=async)
+  int (*submit)(void*, void (*)(void*), void*, void (*)(void*));
+  // the calling thread's current context as the CUDA runtime sees it (a
+  // thread without one gets device 0's primary context), and its device
+  void* (*runtime_ctx)(void);
+  int (*ctx_device)(void*);
 } g_drv;
 bool g_drv_ok;
 
@@ -70,6 +77,9 @@ bool driver() {
     g_drv.device_range = (int (*)(unsigned long long, unsigned long long))gorun_emu_cuda_sym("gorunEmuDeviceRange");
     g_drv.stream_valid = (int (*)(void*))gorun_emu_cuda_sym("gorunEmuStreamValid");
     g_drv.report = (void (*)(const char*, const char*, const char*))gorun_emu_cuda_sym("gorunEmuReport");
+    g_drv.submit = (int (*)(void*, void (*)(void*), void*, void (*)(void*)))gorun_emu_cuda_sym("gorunEmuSubmit");
+    g_drv.runtime_ctx = (void* (*)(void))gorun_emu_cuda_sym("gorunEmuRuntimeContext");
+    g_drv.ctx_device = (int (*)(void*))gorun_emu_cuda_sym("gorunEmuContextDevice");
     g_drv_ok = g_drv.init && g_drv.lock && g_drv.unlock && g_drv.device_range && g_drv.stream_valid && g_drv.report;
   });
   return g_drv_ok;
@@ -231,6 +241,15 @@ cublasStatus_t gemm(const char* call, Handle* h, int transa, int transb, int m, 
                     const void* A, int at, int lda, long long sa, const void* B, int bt, int ldb, long long sb,
                     const float* beta, void* C, int ct, int ldc, long long sc, int batch, int compute, int algo) {
   if (!valid_handle(h)) return fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: unknown handle %p", call, (void*)h);
+  if (g_drv.runtime_ctx && g_drv.ctx_device) {
+    void* cur = g_drv.runtime_ctx();
+    if (cur != h->ctx)
+      return fail(CUBLAS_STATUS_EXECUTION_FAILED,
+                  "%s: the handle was created in device %d's context, but device %d's is current on this thread "
+                  "(cuBLAS runs in the calling thread's current context, and on a thread without one the CUDA runtime "
+                  "makes device 0's primary context current): make the handle's context current before each call",
+                  call, g_drv.ctx_device(h->ctx), g_drv.ctx_device(cur));
+  }
   if (transa < 0 || transa > 2 || transb < 0 || transb > 2)
     return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: transa %d, transb %d", call, transa, transb);
   if (m < 0 || n < 0 || k < 0 || batch < 0)
@@ -271,7 +290,19 @@ cublasStatus_t gemm(const char* call, Handle* h, int transa, int transb, int m, 
   if (ok && k > 0 && g.alpha != 0)
     ok = operand_ok("A", A, at, rowsA, ta ? m : k, lda, sa, batch) &&
          operand_ok("B", B, bt, rowsB, tb ? k : n, ldb, sb, batch);
-  if (ok) run(g);
+  if (ok && g_drv.submit) {
+    // on the handle's stream: now, or queued (GORUN_CUDA_EMU_SCHED=async;
+    // alpha and beta were read from the host now, as cuBLAS does)
+    int r = g_drv.submit(
+        h->stream, [](void* p) { run(*(const Gemm*)p); }, new Gemm(g), [](void* p) { delete (Gemm*)p; });
+    if (r) {
+      fail(CUBLAS_STATUS_EXECUTION_FAILED, "%s on stream %p: CUresult %d (see the driver's error before)", call,
+           h->stream, r);
+      ok = false;
+    }
+  } else if (ok) {
+    run(g);
+  }
   g_drv.unlock();
   return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
@@ -284,7 +315,7 @@ API cublasStatus_t cublasCreate_v2(Handle** handle) {
     return fail(CUBLAS_STATUS_NOT_INITIALIZED, "cublasCreate: the emulated libcuda.so.1 is not next to libcublas");
   if (int r = g_drv.init(0))
     return fail(CUBLAS_STATUS_NOT_INITIALIZED, "cublasCreate: cuInit failed with CUresult %d", r);
-  Handle* h = new Handle{nullptr, 0, nullptr, 0};
+  Handle* h = new Handle{nullptr, 0, nullptr, 0, g_drv.runtime_ctx ? g_drv.runtime_ctx() : nullptr};
   std::lock_guard<std::mutex> l(g_mu);
   g_handles.insert(h);
   *handle = h;

@@ -5,7 +5,7 @@
 // backend and kernels.cu can be tested end to end where no GPU is. See
 // kernels/cuda/internal/emu/emu.go for what is and is not emulated.
 //
-// Device memory is host memory (aligned_alloc); every API call runs its work
+// Device memory is host memory (with guard regions: emu_guard.h); every API call runs its work
 // to completion before it returns, under one process-wide lock, so stream
 // order, events and synchronisation hold trivially. Kernels are the
 // host-compiled kernel files (see emu_registry.h); a launch runs its blocks
@@ -20,13 +20,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "emu_registry.h"
+#include "emu_sched.h"
 
 #define API extern "C" __attribute__((visibility("default")))
 
@@ -42,6 +46,7 @@ enum {
   CUDA_ERROR_NOT_INITIALIZED = 3,
   CUDA_ERROR_NO_DEVICE = 100,
   CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
   CUDA_ERROR_INVALID_IMAGE = 200,
   CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_INVALID_HANDLE = 400,
@@ -70,6 +75,7 @@ const ErrInfo kErrors[] = {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
@@ -124,14 +130,31 @@ CUresult no_context(const char* call) {
 std::mutex g_mu;  // every API call; kernels run holding it
 bool g_init;
 int g_devices = 1;                      // 0 when CUDA_VISIBLE_DEVICES hides the one device
+// The device's properties (every emulated device alike): compute capability
+// GORUN_CUDA_EMU_CC ("7.0", or "9.0" for an H100/H200) and
+// GORUN_CUDA_EMU_SMS multiprocessors (2; an H100/H200 has 132).
+int g_cc_major = 7, g_cc_minor = 0, g_sms = 2;
 unsigned long long g_total = 8ull << 30;  // GORUN_CUDA_EMU_MEMORY
 unsigned long long g_used;              // device bytes allocated
 
 struct Ctx {
   int refs;
 };
-Ctx g_ctx;                 // the primary context of device 0; active while refs > 0
+// The primary context of each device, active while refs > 0. The devices
+// share one memory, but streams and modules belong to the context they were
+// made in (g_owner): a launch on another context's stream or of another
+// context's function fails, as on a GPU.
+Ctx g_ctxs[64];
 __thread Ctx* t_cur;       // this thread's current context
+std::map<const void*, Ctx*> g_owner;  // stream or module -> its context
+
+int ctx_device(const Ctx* c) { return c ? (int)(c - g_ctxs) : -1; }
+bool is_ctx(const void* c) { return c >= (const void*)g_ctxs && c < (const void*)(g_ctxs + 64); }
+int total_refs() {
+  int n = 0;
+  for (const Ctx& c : g_ctxs) n += c.refs;
+  return n;
+}
 
 struct Alloc {
   size_t size;  // as requested
@@ -139,8 +162,25 @@ struct Alloc {
 };
 std::map<uintptr_t, Alloc> g_allocs;
 
+// Streams and events. With GORUN_CUDA_EMU_SCHED=async (emu_sched.h,
+// emu_streams.h) a stream holds the operations queued on it that have not
+// run yet, and an event the records of it that are queued.
+struct Event;
+struct QOp {
+  enum Kind : unsigned char { FN, RECORD, WAIT } kind;
+  unsigned long long seq;  // queued as the seq-th operation
+  Event* ev;               // RECORD, WAIT: the event
+  unsigned long long gen;  // RECORD: this record's number; WAIT: the record waited for
+  std::function<CUresult()> fn;  // FN: the work (it reports its failure itself)
+};
+
 struct Stream {
   unsigned flags;
+  int index = 0;       // creation order (the NULL stream: -1)
+  bool dead = false;   // destroyed while work was queued: freed when it has run
+  std::deque<QOp> q;   // queued, not run yet
+  unsigned long long done = 0;  // seq of the last operation run
+  explicit Stream(unsigned f = 0, int i = 0) : flags(f), index(i) {}
 };
 std::set<Stream*> g_streams;
 
@@ -148,6 +188,12 @@ struct Event {
   unsigned flags;
   bool recorded;
   double ms;
+  unsigned long long gen = 0;      // records made (cuEventRecord calls)
+  unsigned long long ms_gen = 0;   // the record whose completion set ms
+  std::set<unsigned long long> pending;  // records queued and not run yet
+  int refs = 0;        // queued operations that name it
+  bool dead = false;   // destroyed while named by queued work: freed when that has run
+  Event(unsigned f, bool r, double m) : flags(f), recorded(r), ms(m) {}
 };
 std::set<Event*> g_events;
 
@@ -155,6 +201,8 @@ struct Function;
 struct Module {
   bool has_entries;                                 // the PTX declares .entry functions
   std::map<std::string, std::vector<unsigned>> entries;  // .entry name -> parameter sizes
+  std::map<std::string, int> maxntid;               // .entry name -> its .maxntid (threads; 0: none)
+  int target;                                       // .target sm_XY as XY (0: none)
   std::map<std::string, Function*> fns;
 };
 std::set<Module*> g_modules;
@@ -242,9 +290,12 @@ bool valid_stream(void* s) {
   } while (0)
 #define LOCK std::lock_guard<std::mutex> lock_(g_mu)
 
+// Device memory with guard regions (and the AddressSanitizer build).
+#include "emu_guard.h"
+
 // Frees everything the context owned (the primary context's last release).
 void destroy_context_resources() {
-  for (auto& a : g_allocs) free((void*)a.first);
+  for (auto& a : g_allocs) a.second.host ? free((void*)a.first) : dev_free((void*)a.first);
   g_allocs.clear();
   g_used = 0;
   for (Stream* s : g_streams) delete s;
@@ -255,6 +306,7 @@ void destroy_context_resources() {
   g_functions.clear();
   for (Module* m : g_modules) delete m;
   g_modules.clear();
+  g_owner.clear();
 }
 
 }  // namespace
@@ -322,6 +374,14 @@ struct Block {
   char why[1024];
   unsigned char st[1024];
   Warp warps[32];
+  // GORUN_CUDA_EMU_SCHED reverse or random (emu_sched.h): the threads start
+  // in order[] and are released from barriers and collectives in that
+  // order (rel: the released fibers)
+  bool permuted;
+  gorun_emu_sched::Order order_kind;
+  gorun_emu_sched::Rng rng;
+  unsigned short order[1024];
+  Fiber* rel[1024];
 };
 
 Block g_blk;
@@ -487,6 +547,22 @@ inline void park(Fiber* f, int state) {
   switch_back(f);
 }
 
+// GORUN_CUDA_EMU_SCHED reverse or random: queues the k fibers in b->rel
+// that a barrier or warp collective released and self (the last to
+// arrive, running) by descending thread index or at random; returns true
+// when another goes first and self must park.
+bool release_permuted(Block* b, int k, Fiber* self) {
+  b->rel[k++] = self;
+  if (b->order_kind == gorun_emu_sched::REVERSE)
+    std::sort(b->rel, b->rel + k, [](const Fiber* x, const Fiber* y) { return x->tid > y->tid; });
+  else
+    for (int i = k - 1; i > 0; i--) std::swap(b->rel[i], b->rel[b->rng.below((uint64_t)i + 1)]);
+  bool later = b->rel[0] != self;
+  for (int i = 0; i < k; i++)
+    if (b->rel[i] != self || later) push(&b->runq_h, &b->runq_t, b->rel[i]);
+  return later;
+}
+
 void coord(const Block* b, int tid, char* buf, size_t n) {
   snprintf(buf, n, "(%u,%u,%u)", tid % b->bx, tid / b->bx % b->by, tid / (b->bx * b->by));
 }
@@ -519,7 +595,7 @@ extern "C" void gorun_emu_fiber_main(void) {
     Fiber* f = g_cur;
     Block* b = &g_blk;
     while (b->next < b->n && !b->failed) {
-      int tid = b->next++;
+      int tid = b->permuted ? b->order[b->next++] : b->next++;
       f->tid = tid;
       b->st[tid] = T_RUN;
       set_thread(b, tid);
@@ -545,7 +621,12 @@ extern "C" int __gorun_emu_barrier(int op, int pred) {
     b->bar_acc = 0;
     b->at_bar = 0;
     for (Fiber* w = b->bar_h; w; w = w->next) b->st[w->tid] = T_RUN;
-    if (b->bar_h) {
+    bool later = false;
+    if (b->permuted) {  // reverse or random: the released threads, this one too, go on in that order
+      int k = 0;
+      for (Fiber* w = b->bar_h; w; w = w->next) b->rel[k++] = w;
+      later = release_permuted(b, k, f);
+    } else if (b->bar_h) {
       if (b->runq_t)
         b->runq_t->next = b->bar_h;
       else
@@ -553,6 +634,7 @@ extern "C" int __gorun_emu_barrier(int op, int pred) {
       b->runq_t = b->bar_t;
     }
     b->bar_h = b->bar_t = nullptr;
+    if (later) park(f, F_WAIT);
   } else {
     b->st[f->tid] = T_BAR;
     push(&b->bar_h, &b->bar_t, f);
@@ -639,12 +721,17 @@ extern "C" unsigned long long __gorun_emu_warp(unsigned mask, unsigned long long
   if (w.arrived == lanes) {
     complete(w, lanes);
     w.arrived = 0;
+    int k = 0;
     for (int l = 0; l < 32; l++) {
       if (l == lane || !(lanes >> l & 1)) continue;
       Fiber* o = w.fib[l];
       b->st[o->tid] = T_RUN;
-      push(&b->runq_h, &b->runq_t, o);
+      if (b->permuted)
+        b->rel[k++] = o;
+      else
+        push(&b->runq_h, &b->runq_t, o);
     }
+    if (b->permuted && release_permuted(b, k, f)) park(f, F_WAIT);
   } else {
     w.fib[lane] = f;
     b->st[tid] = T_WARP;
@@ -685,6 +772,7 @@ void run_block(Block* b) {
   b->next = b->exited = b->at_bar = b->bar_acc = 0;
   b->runq_h = b->runq_t = b->bar_h = b->bar_t = nullptr;
   memset(b->st, T_NEW, b->n);
+  if (b->permuted) gorun_emu_sched::thread_order(b->order, b->n, b->order_kind, &b->rng);
   g_stats.blocks++;
   for (;;) {
     Fiber* f = b->runq_h;
@@ -762,12 +850,38 @@ void parse_ptx(const char* s, Module* m) {
       }
       p = e;
     }
+    // performance directives between the parameters and the body:
+    // .maxntid x, y, z (__launch_bounds__)
+    int maxntid = 0;
+    if (const char* body = strchr(p, '{')) {
+      std::string dirs(p, body - p);
+      size_t q = dirs.find(".maxntid");
+      if (q != std::string::npos) {
+        unsigned x = 1, y = 1, z = 1;
+        int got = sscanf(dirs.c_str() + q + 8, " %u , %u , %u", &x, &y, &z);
+        if (got >= 1) maxntid = (int)(x * (got >= 2 ? y : 1) * (got >= 3 ? z : 1));
+      }
+    }
     m->entries[name] = sizes;
+    m->maxntid[name] = maxntid;
     m->has_entries = true;
   }
 }
 
+// The XY of a PTX module's ".target sm_XY" (0 when it has none).
+int ptx_target(const char* s) {
+  const char* p = strstr(s, ".target");
+  if (!p) return 0;
+  p += 7;
+  while (*p == ' ' || *p == '\t') p++;
+  int v = 0;
+  return sscanf(p, "sm_%d", &v) == 1 ? v : 0;
+}
+
 }  // namespace
+
+// Launches and stream operations run now or queued (GORUN_CUDA_EMU_SCHED).
+#include "emu_streams.h"
 
 // ==== the driver API ===========================================================
 
@@ -816,6 +930,22 @@ API CUresult cuInit(unsigned int flags) {
                 "(GORUN_CUDA_EMU_DEVICES sets how many there are)",
                 getenv("CUDA_VISIBLE_DEVICES"), physical);
   g_total = parse_bytes(getenv("GORUN_CUDA_EMU_MEMORY"), 8ull << 30);
+  if (const char* v = getenv("GORUN_CUDA_EMU_CC"); v && *v) {
+    int ma = 0, mi = 0;
+    char extra = 0;
+    if (sscanf(v, "%d.%d%c", &ma, &mi, &extra) != 2 || ma < 5 || ma > 12 || mi < 0 || mi > 9)
+      return fail(CUDA_ERROR_INVALID_VALUE, "cuInit: GORUN_CUDA_EMU_CC=%s: want a compute capability such as 7.0 or 9.0", v);
+    g_cc_major = ma;
+    g_cc_minor = mi;
+  }
+  if (const char* v = getenv("GORUN_CUDA_EMU_SMS"); v && *v) {
+    char* end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 1 || n > 1024)
+      return fail(CUDA_ERROR_INVALID_VALUE, "cuInit: GORUN_CUDA_EMU_SMS=%s: want a number of multiprocessors, 1 to 1024", v);
+    g_sms = (int)n;
+  }
+  if (CUresult r = set_sched(getenv("GORUN_CUDA_EMU_SCHED"), "cuInit")) return r;  // emu_sched.h
   g_init = true;
   return CUDA_SUCCESS;
 }
@@ -879,13 +1009,13 @@ API CUresult cuDeviceGetAttribute(int* pi, int attrib, CUdevice dev) {
     case 12: v = 65536; break;      // MAX_REGISTERS_PER_BLOCK
     case 13: v = 1000000; break;    // CLOCK_RATE (kHz)
     case 14: v = 512; break;        // TEXTURE_ALIGNMENT
-    case 16: v = 2; break;          // MULTIPROCESSOR_COUNT
+    case 16: v = g_sms; break;      // MULTIPROCESSOR_COUNT (GORUN_CUDA_EMU_SMS)
     case 19: v = 1; break;          // CAN_MAP_HOST_MEMORY
     case 30: v = 512; break;        // SURFACE_ALIGNMENT
     case 39: v = 2048; break;       // MAX_THREADS_PER_MULTIPROCESSOR
     case 41: v = 1; break;          // UNIFIED_ADDRESSING
-    case 75: v = 7; break;          // COMPUTE_CAPABILITY_MAJOR
-    case 76: v = 0; break;          // COMPUTE_CAPABILITY_MINOR
+    case 75: v = g_cc_major; break; // COMPUTE_CAPABILITY_MAJOR (GORUN_CUDA_EMU_CC)
+    case 76: v = g_cc_minor; break; // COMPUTE_CAPABILITY_MINOR
     case 81: v = 98304; break;      // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
     case 82: v = 65536; break;      // MAX_REGISTERS_PER_MULTIPROCESSOR
     case 97: v = 49152; break;      // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
@@ -909,8 +1039,8 @@ API CUresult cuDevicePrimaryCtxRetain(void** pctx, CUdevice dev) {
   NEED_INIT;
   if (!pctx) return fail(CUDA_ERROR_INVALID_VALUE, "cuDevicePrimaryCtxRetain: null pointer");
   NEED_DEV(dev);
-  g_ctx.refs++;
-  *pctx = &g_ctx;
+  g_ctxs[dev].refs++;
+  *pctx = &g_ctxs[dev];
   return CUDA_SUCCESS;
 }
 
@@ -918,15 +1048,22 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   LOCK;
   NEED_INIT;
   NEED_DEV(dev);
-  if (g_ctx.refs <= 0) return fail(CUDA_ERROR_INVALID_CONTEXT, "cuDevicePrimaryCtxRelease: not retained");
-  if (--g_ctx.refs == 0) destroy_context_resources();  // as the driver: the context's memory goes with it
+  Ctx& c = g_ctxs[dev];
+  if (c.refs <= 0) return fail(CUDA_ERROR_INVALID_CONTEXT, "cuDevicePrimaryCtxRelease: not retained");
+  if (total_refs() == 1) {  // the last release: queued work runs first, as the driver's
+    drain();
+    reset_streams();
+  }
+  // as the driver: the context's memory goes with it (here: with the last
+  // context of all devices, which share one memory)
+  if (--c.refs == 0 && total_refs() == 0) destroy_context_resources();
   return CUDA_SUCCESS;
 }
 
 API CUresult cuCtxSetCurrent(void* ctx) {
   LOCK;
   NEED_INIT;
-  if (ctx && ctx != &g_ctx) return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent: unknown context %p", ctx);
+  if (ctx && !is_ctx(ctx)) return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent: unknown context %p", ctx);
   t_cur = (Ctx*)ctx;
   return CUDA_SUCCESS;
 }
@@ -942,7 +1079,8 @@ API CUresult cuCtxGetCurrent(void** pctx) {
 API CUresult cuCtxSynchronize(void) {
   LOCK;
   NEED_CTX;
-  return CUDA_SUCCESS;  // all work is done when its call returns
+  NEED_HEALTHY;
+  return drain();  // synchronous streams: all work is done when its call returns
 }
 
 // ---- streams and events --------------------------------------------------------
@@ -952,8 +1090,10 @@ API CUresult cuStreamCreate(void** ps, unsigned int flags) {
   NEED_CTX;
   if (!ps) return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate: null pointer");
   if (flags & ~1u) return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate: flags %#x", flags);
-  Stream* s = new Stream{flags};
+  Stream* s = new Stream(flags, ++g_created);
   g_streams.insert(s);
+  g_owner[s] = t_cur;
+  g_live.push_back(s);
   *ps = s;
   return CUDA_SUCCESS;
 }
@@ -962,7 +1102,9 @@ API CUresult cuStreamDestroy_v2(void* s) {
   LOCK;
   NEED_INIT;
   if (!g_streams.erase((Stream*)s)) return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy: unknown stream %p", s);
-  delete (Stream*)s;
+  g_owner.erase(s);
+  ((Stream*)s)->dead = true;  // as the driver: its queued work still runs
+  reap();
   return CUDA_SUCCESS;
 }
 
@@ -970,7 +1112,10 @@ API CUresult cuStreamSynchronize(void* s) {
   LOCK;
   NEED_INIT;
   NEED_STREAM(s);
-  return CUDA_SUCCESS;
+  NEED_HEALTHY;
+  if (!g_sched.async) return CUDA_SUCCESS;
+  Stream* st = stream_of(s);
+  return run_until([st] { return st->q.empty(); });
 }
 
 #define NEED_EVENT(e)                                                                  \
@@ -984,7 +1129,15 @@ API CUresult cuStreamWaitEvent(void* s, void* ev, unsigned int flags) {
   NEED_STREAM(s);
   NEED_EVENT(ev);
   if (flags & ~1u) return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamWaitEvent: flags %#x", flags);
-  return CUDA_SUCCESS;
+  NEED_HEALTHY;
+  Event* e = (Event*)ev;
+  if (!g_sched.async || event_done(e)) return CUDA_SUCCESS;  // never recorded, or its record has run
+  QOp o{};
+  o.kind = QOp::WAIT;
+  o.ev = e;
+  o.gen = e->gen;  // the record made before this call, as in CUDA
+  e->refs++;
+  return submit(stream_of(s), std::move(o));
 }
 
 API CUresult cuEventCreate(void** pe, unsigned int flags) {
@@ -993,7 +1146,14 @@ API CUresult cuEventCreate(void** pe, unsigned int flags) {
   if (!pe) return fail(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: null pointer");
   if ((flags & ~7u) || ((flags & 4) && !(flags & 2)))
     return fail(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: flags %#x", flags);
-  Event* e = new Event{flags, false, 0};
+  // GORUN_CUDA_EMU_NO_BLOCKING_SYNC=1: blocking-sync events refused, as some
+  // sandboxes' drivers do
+  static const bool no_blocking = getenv("GORUN_CUDA_EMU_NO_BLOCKING_SYNC") &&
+                                  strcmp(getenv("GORUN_CUDA_EMU_NO_BLOCKING_SYNC"), "0") != 0;
+  if (no_blocking && (flags & 1))
+    return fail(CUDA_ERROR_NOT_SUPPORTED, "cuEventCreate: blocking-sync events are refused here "
+                "(GORUN_CUDA_EMU_NO_BLOCKING_SYNC)");
+  Event* e = new Event(flags, false, 0);
   g_events.insert(e);
   *pe = e;
   return CUDA_SUCCESS;
@@ -1004,24 +1164,44 @@ API CUresult cuEventRecord(void* ev, void* s) {
   NEED_INIT;
   NEED_EVENT(ev);
   NEED_STREAM(s);
+  NEED_HEALTHY;
   Event* e = (Event*)ev;
   e->recorded = true;
-  e->ms = now_ms();
-  return CUDA_SUCCESS;
+  if (!g_sched.async) {
+    e->ms = now_ms();
+    return CUDA_SUCCESS;
+  }
+  QOp o{};  // async: the event completes when the work queued on s before it has run
+  o.kind = QOp::RECORD;
+  o.ev = e;
+  o.gen = ++e->gen;
+  e->pending.insert(o.gen);
+  e->refs++;
+  return submit(stream_of(s), std::move(o));
 }
 
 API CUresult cuEventSynchronize(void* ev) {
   LOCK;
   NEED_INIT;
   NEED_EVENT(ev);
-  return CUDA_SUCCESS;
+  NEED_HEALTHY;
+  Event* e = (Event*)ev;
+  return run_until([e] { return event_done(e); });
 }
 
 API CUresult cuEventQuery(void* ev) {
   LOCK;
   NEED_INIT;
   NEED_EVENT(ev);
-  return CUDA_SUCCESS;  // never CUDA_ERROR_NOT_READY: the work is done
+  NEED_HEALTHY;
+  Event* e = (Event*)ev;
+  if (event_done(e)) return CUDA_SUCCESS;  // synchronous streams: always
+  // async: not yet. A GPU goes on by itself: one queued operation runs
+  // here, so that a caller polling the event sees it complete in the end.
+  if (Stream* s = pick()) run_op(s);
+  reap();
+  if (g_sticky) return g_sticky;
+  return CUDA_ERROR_NOT_READY;
 }
 
 API CUresult cuEventDestroy_v2(void* ev) {
@@ -1029,7 +1209,10 @@ API CUresult cuEventDestroy_v2(void* ev) {
   NEED_INIT;
   NEED_EVENT(ev);
   g_events.erase((Event*)ev);
-  delete (Event*)ev;
+  if (((Event*)ev)->refs > 0)
+    ((Event*)ev)->dead = true;  // named by queued work: freed when that has run, as by the driver
+  else
+    delete (Event*)ev;
   return CUDA_SUCCESS;
 }
 
@@ -1044,6 +1227,8 @@ API CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
     return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventElapsedTime: an event was created with CU_EVENT_DISABLE_TIMING");
   if (!a->recorded || !b->recorded)
     return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventElapsedTime: an event has not been recorded");
+  if (!event_done(a) || !event_done(b))
+    return fail(CUDA_ERROR_NOT_READY, "cuEventElapsedTime: an event's latest record has not run yet");
   *ms = (float)(b->ms - a->ms);
   return CUDA_SUCCESS;
 }
@@ -1059,11 +1244,11 @@ API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   if (rounded < bytes || rounded > g_total - g_used)
     return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc: %zu bytes requested, %llu of %llu in use", bytes, g_used,
                 g_total);
-  void* p = aligned_alloc(256, rounded);
-  if (!p) return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc: host allocation of %zu bytes failed", rounded);
   // Fresh device memory is not zero: all ones (a NaN as float, -1 as int)
-  // makes a read of memory nobody wrote show.
-  memset(p, 0xff, rounded);
+  // makes a read of memory nobody wrote show. Guard regions around it
+  // (emu_guard.h).
+  void* p = dev_alloc(bytes);
+  if (!p) return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc: host allocation of %zu bytes failed", rounded);
   g_allocs[(uintptr_t)p] = Alloc{bytes, false};
   g_used += rounded;
   *dptr = (CUdeviceptr)(uintptr_t)p;
@@ -1073,6 +1258,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
 API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   LOCK;
   NEED_CTX;
+  if (CUresult r = drain()) return r;  // async: queued work first (the driver synchronises here)
   if (dptr == 0) return CUDA_SUCCESS;
   auto it = g_allocs.find((uintptr_t)dptr);
   if (it == g_allocs.end() || it->second.host) {
@@ -1086,7 +1272,7 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   }
   g_used -= (it->second.size + 255) & ~(size_t)255;
   g_allocs.erase(it);
-  free((void*)(uintptr_t)dptr);
+  dev_free((void*)(uintptr_t)dptr);
   return CUDA_SUCCESS;
 }
 
@@ -1107,6 +1293,7 @@ API CUresult cuMemAllocHost_v2(void** pp, size_t bytes) {
 API CUresult cuMemFreeHost(void* p) {
   LOCK;
   NEED_CTX;
+  if (CUresult r = drain()) return r;  // async: queued work first
   auto it = g_allocs.find((uintptr_t)p);
   if (!p || it == g_allocs.end() || !it->second.host)
     return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost(%p): not a live cuMemAllocHost allocation", p);
@@ -1159,6 +1346,8 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, vo
   LOCK;
   NEED_CTX;
   NEED_STREAM(s);
+  NEED_HEALTHY;
+  if (g_sched.async) return q_htod("cuMemcpyHtoDAsync", dst, src, n, s);  // emu_streams.h
   return htod("cuMemcpyHtoDAsync", dst, src, n);
 }
 
@@ -1166,18 +1355,22 @@ API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* s)
   LOCK;
   NEED_CTX;
   NEED_STREAM(s);
+  NEED_HEALTHY;
+  if (g_sched.async) return q_dtoh("cuMemcpyDtoHAsync", dst, src, n, s);
   return dtoh("cuMemcpyDtoHAsync", dst, src, n);
 }
 
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   LOCK;
   NEED_CTX;
+  if (CUresult r = drain()) return r;  // async: synchronous copies come after the queued work
   return htod("cuMemcpyHtoD", dst, src, n);
 }
 
 API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
   LOCK;
   NEED_CTX;
+  if (CUresult r = drain()) return r;
   return dtoh("cuMemcpyDtoH", dst, src, n);
 }
 
@@ -1188,6 +1381,8 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, vo
   if (n == 0) return CUDA_SUCCESS;
   if (CUresult r = check_dev("cuMemcpyDtoDAsync", "destination", dst, n)) return r;
   if (CUresult r = check_dev("cuMemcpyDtoDAsync", "source", src, n)) return r;
+  NEED_HEALTHY;
+  if (g_sched.async) return q_dtod(dst, src, n, s);
   memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
@@ -1198,6 +1393,8 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, void* 
   NEED_STREAM(s);
   if (n == 0) return CUDA_SUCCESS;
   if (CUresult r = check_dev("cuMemsetD8Async", "destination", dst, n)) return r;
+  NEED_HEALTHY;
+  if (g_sched.async) return q_memset8(dst, uc, n, s);
   memset((void*)(uintptr_t)dst, uc, n);
   return CUDA_SUCCESS;
 }
@@ -1210,6 +1407,8 @@ API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, void* 
   if (n == 0) return CUDA_SUCCESS;
   if (n > ((size_t)-1) / 4) return fail(CUDA_ERROR_INVALID_VALUE, "cuMemsetD32Async: %zu elements", n);
   if (CUresult r = check_dev("cuMemsetD32Async", "destination", dst, 4 * n)) return r;
+  NEED_HEALTHY;
+  if (g_sched.async) return q_memset32(dst, ui, n, s);
   unsigned* p = (unsigned*)(uintptr_t)dst;
   for (size_t i = 0; i < n; i++) p[i] = ui;
   return CUDA_SUCCESS;
@@ -1227,7 +1426,17 @@ API CUresult cuModuleLoadData(void** pmod, const void* image) {
     return fail(CUDA_ERROR_INVALID_IMAGE,
                 "cuModuleLoadData: the image is not PTX text (it must start with a // comment or .version); the "
                 "emulator loads PTX only");
+  // As the driver: PTX for a newer architecture than the device's does not
+  // load (the backend must pick the PTX its device can run).
+  int target = ptx_target(s);
+  if (target > g_cc_major * 10 + g_cc_minor)
+    return fail(CUDA_ERROR_NO_BINARY_FOR_GPU,
+                "cuModuleLoadData: the PTX targets sm_%d; the device has compute capability %d.%d "
+                "(GORUN_CUDA_EMU_CC)",
+                target, g_cc_major, g_cc_minor);
   Module* m = new Module();
+  g_owner[m] = t_cur;
+  m->target = target;
   parse_ptx(s, m);
   g_modules.insert(m);
   *pmod = m;
@@ -1239,6 +1448,7 @@ API CUresult cuModuleUnload(void* mod) {
   NEED_CTX;
   Module* m = (Module*)mod;
   if (!g_modules.erase(m)) return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload: unknown module %p", mod);
+  g_owner.erase(m);
   for (auto& f : m->fns) {
     g_functions.erase(f.second);
     delete f.second;
@@ -1280,6 +1490,14 @@ API CUresult cuModuleGetFunction(void** pfn, void* mod, const char* name) {
                   "stale (regenerate it)",
                   name, a.c_str(), b.c_str(), d->file);
     }
+    // and the same __launch_bounds__ (the PTX's .maxntid), which the driver
+    // enforces at each launch as the emulator does with the host kernel's
+    int ptxmax = m->maxntid[name];
+    if (ptxmax != d->max_threads)
+      return fail(CUDA_ERROR_INVALID_IMAGE,
+                  "cuModuleGetFunction: %s has .maxntid %d in the PTX but __launch_bounds__(%d) in %s (0: none): "
+                  "the PTX is stale (regenerate it)",
+                  name, ptxmax, d->max_threads, d->file);
   }
   Function* f = new Function{d, m};
   m->fns[name] = f;
@@ -1296,6 +1514,18 @@ API CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, uns
   if (!f || !g_functions.count(f)) return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel: unknown function %p", fn);
   const gorun_emu::KernelDef* d = f->def;
   NEED_STREAM(s);
+  // the function and the stream must be of the current context (a thread
+  // that another context was made current on, e.g. device 0's by the CUDA
+  // runtime inside cuBLAS, would launch elsewhere on a GPU)
+  if (g_owner.count(f->mod) && g_owner[f->mod] != t_cur)
+    return fail(CUDA_ERROR_INVALID_HANDLE,
+                "cuLaunchKernel %s: its module was loaded in device %d's context, but device %d's is current on this "
+                "thread",
+                d->name, ctx_device(g_owner[f->mod]), ctx_device(t_cur));
+  if (g_owner.count(s) && g_owner[s] != t_cur)
+    return fail(CUDA_ERROR_INVALID_HANDLE,
+                "cuLaunchKernel %s: stream %p belongs to device %d's context, but device %d's is current on this thread",
+                d->name, s, ctx_device(g_owner[s]), ctx_device(t_cur));
   if (gx < 1 || gy < 1 || gz < 1 || gx > 2147483647u || gy > 65535 || gz > 65535)
     return fail(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernel %s: grid (%u,%u,%u)", d->name, gx, gy, gz);
   if (bx < 1 || by < 1 || bz < 1 || bx > 1024 || by > 1024 || bz > 64 || (unsigned long long)bx * by * bz > 1024)
@@ -1311,8 +1541,6 @@ API CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, uns
   if (d->nparams > 0 && !params) return fail(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernel %s: no kernelParams", d->name);
   for (int i = 0; i < d->nparams; i++)
     if (!params[i]) return fail(CUDA_ERROR_INVALID_VALUE, "cuLaunchKernel %s: kernelParams[%d] is null", d->name, i);
-  alignas(64) unsigned char args[gorun_emu::kMaxArgBytes];
-  d->pack(args, params);
   // A pointer parameter must be null or point into live device (or pinned
   // host) memory: a GPU would fault on a freed or host pointer.
   for (int i = 0; i < d->nparams; i++) {
@@ -1325,26 +1553,10 @@ API CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, uns
                   "pointer?)",
                   d->name, i, (unsigned long)p);
   }
-  gridDim = uint3{gx, gy, gz};
-  blockDim = uint3{bx, by, bz};
-  Block* b = &g_blk;
-  b->def = d;
-  b->args = args;
-  b->n = n;
-  b->bx = bx;
-  b->by = by;
-  b->flat = by == 1 && bz == 1;
-  b->failed = false;
-  g_stats.launches++;
-  g_stats.threads += (unsigned long long)n * gx * gy * gz;
-  for (unsigned z = 0; z < gz && !b->failed; z++)
-    for (unsigned y = 0; y < gy && !b->failed; y++)
-      for (unsigned x = 0; x < gx && !b->failed; x++) {
-        blockIdx = uint3{x, y, z};
-        run_block(b);
-      }
-  if (b->failed) return fail(b->code, "cuLaunchKernel %s: %s", d->name, b->why);
-  return CUDA_SUCCESS;
+  NEED_HEALTHY;
+  // The blocks in GORUN_CUDA_EMU_SCHED's order, now or queued, then the
+  // guard regions checked (emu_guard.h): emu_streams.h.
+  return launch_grid(d, params, gx, gy, gz, bx, by, bz, s);
 }
 
 // ==== emulator-only entry points (tests, and the emulated cuBLAS and NVML) ====
@@ -1365,6 +1577,35 @@ API void gorunEmuReport(const char* lib, const char* code, const char* msg) {
 }
 
 API void gorunEmuSetQuiet(int q) { g_quiet = q != 0; }
+
+// Sets GORUN_CUDA_EMU_SCHED's schedule (emu_sched.h) for the calls from now
+// on, after running what is queued; 0, or CUDA_ERROR_INVALID_VALUE for a
+// value it does not take.
+API int gorunEmuSetSched(const char* v) {
+  LOCK;
+  return set_sched(v, "gorunEmuSetSched");
+}
+
+// The stream operations queued and not run yet (async).
+API unsigned long long gorunEmuQueued(void) {
+  LOCK;
+  unsigned long long n = 0;
+  for (Stream* s : g_live) n += s->q.size();
+  return n;
+}
+
+// With the lock held (the emulated cuBLAS): runs fn(arg) now, or queues it
+// on stream s (async); drop(arg) when it has run or will not. 0, or the
+// CUresult of an unknown stream or of queued work that failed before.
+API int gorunEmuSubmit(void* s, void (*fn)(void*), void* arg, void (*drop)(void*)) {
+  std::shared_ptr<void> keep(arg, drop);
+  if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  if (g_sticky) return g_sticky;
+  return submit_fn(stream_of(s), [keep, fn] {
+    fn(keep.get());
+    return CUDA_SUCCESS;
+  });
+}
 
 // The process-wide lock every emulated call holds (cuBLAS takes it too).
 API void gorunEmuLock(void) { g_mu.lock(); }
@@ -1396,6 +1637,29 @@ API void gorunEmuStats(unsigned long long out[5]) {
 }
 
 API int gorunEmuKernelCount(void) { return (int)registry().size(); }
+
+// The calling thread's current context as the CUDA runtime (and so cuBLAS)
+// sees it: a thread without one gets device 0's primary context made
+// current (retained if it was not), as cudart does for its default device.
+API void* gorunEmuRuntimeContext(void) {
+  LOCK;
+  if (!g_init || g_devices < 1) return nullptr;
+  if (!t_cur) {
+    if (g_ctxs[0].refs == 0) g_ctxs[0].refs++;
+    t_cur = &g_ctxs[0];
+  }
+  return t_cur;
+}
+
+// The device of a context (-1: none).
+API int gorunEmuContextDevice(void* ctx) { return is_ctx(ctx) ? ctx_device((Ctx*)ctx) : -1; }
+
+// The XY of the .target sm_XY of a loaded module's PTX (0: none; -1: not a
+// module): which PTX the backend chose for the device.
+API int gorunEmuModuleTarget(void* mod) {
+  LOCK;
+  return g_modules.count((Module*)mod) ? ((Module*)mod)->target : -1;
+}
 API const char* gorunEmuKernelName(int i) {
   return i >= 0 && i < (int)registry().size() ? registry()[i]->name : nullptr;
 }

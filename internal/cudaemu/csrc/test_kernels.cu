@@ -180,3 +180,15 @@ extern "C" __global__ void __launch_bounds__(256) emu_test_barriers(float* out, 
     if (threadIdx.x == 0) out[blockIdx.x] = v;
   }
 }
+
+// The order things run in (sched_test.go): every thread takes a ticket
+// (the counter's old value) before and after a barrier, stored at its
+// global index.
+extern "C" __global__ void emu_test_ticket(int* counter, int* before, int* after) {
+  int tpb = blockDim.x * blockDim.y * blockDim.z;
+  long long b = blockIdx.x + gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+  long long g = b * tpb + threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  before[g] = atomicAdd(counter, 1);
+  __syncthreads();
+  after[g] = atomicAdd(counter, 1);
+}
