@@ -42,6 +42,12 @@ func (a AttnArgs) Check(o, probs, q, k, v Tensor) (int, error) {
 // p -= lr_t * m / (sqrt(v) + Eps).
 type AdamArgs struct {
 	LR, Beta1, Beta2, Eps float32
+	// SkipOnOverflow: on a backend with DeferredScalars, the update leaves
+	// p, m and v as they are when the backend's FlagOverflow is raised by
+	// the time it runs (a step whose gradients were found not finite
+	// without a synchronisation; DeferredScalars). Other backends have no
+	// flags and update.
+	SkipOnOverflow bool
 }
 
 // MixedPrecision is implemented by backends that train in mixed
@@ -57,6 +63,42 @@ type AdamArgs struct {
 type MixedPrecision interface {
 	SetMatmulPrecision(dt DType)
 }
+
+// CastCache is implemented by backends that round float32 operands of
+// matrix products to 16 bits (MixedPrecision's tensor-core products): the
+// rounded copy of any part of the float32 tensor w given to CacheCasts is
+// kept until the backend's next write to that part (an optimizer update,
+// an Upload, ...), so that a weight is cast once per step, not once per
+// product that reads it. w must change only through the backend's ops.
+// A later call replaces the region; Free of w ends it.
+type CastCache interface {
+	CacheCasts(w Tensor)
+}
+
+// DeferredScalars is implemented by a backend whose scalar results cost a
+// synchronisation with the host (a GPU: the host waits for everything
+// queued before). A training step queues them instead (the loss, the
+// gradients' and the weights' Inf/NaN checks, an update that an overflow
+// cancels) and reads them all with one synchronisation, at its end.
+type DeferredScalars interface {
+	// CrossEntropySum is CrossEntropy whose loss sum and row count are
+	// added to the backend's loss accumulator instead of being returned.
+	CrossEntropySum(dlogits, logits, targets Tensor, ls float32, padID int32, gradScale float32)
+	// FlagInfNaN raises flag f (FlagOverflow or FlagWeights) when x holds
+	// an Inf or a NaN (HasInfNaN without the read-back).
+	FlagInfNaN(x Tensor, f int)
+	// TakeScalars waits for the queued work (one synchronisation) and
+	// returns the loss accumulator (sum and count) and the two flags, and
+	// clears them.
+	TakeScalars() (sum float64, count int, flags [2]bool)
+}
+
+// The flags of DeferredScalars: FlagOverflow (the gradients; Adam's
+// SkipOnOverflow reads it) and FlagWeights (the weights after an update).
+const (
+	FlagOverflow = 0
+	FlagWeights  = 1
+)
 
 // Backend is the set of ops the Transformer needs. Every op takes Tensors
 // that live on the backend's device; outputs are preallocated by the caller,
@@ -94,7 +136,11 @@ type Backend interface {
 	// Gemm: C = alpha*op(A)*op(B) + beta*C, on the last two dimensions, for
 	// 2-D tensors or a batch of them (leading dimensions equal). A 2-D A
 	// may be given a (rows, cols) view of any tensor: A is read as
-	// A.Rows() x A.Cols().
+	// A.Rows() x A.Cols(). In a batch (C of rank 3 or 4), A or B may be a
+	// single matrix (its length that of one), used for every member of
+	// the batch: one product of one input with several weight matrices
+	// laid out one after another (the Transformer's Q, K and V
+	// projections), or the weight gradients of several such products.
 	Gemm(transA, transB bool, alpha float32, a, b Tensor, beta float32, c Tensor)
 
 	// AddBias: x[r,:] += bias. BiasGrad: dbias += sum over rows of dy.
@@ -104,6 +150,11 @@ type Backend interface {
 	// where y is the ReLU output.
 	BiasReLU(x, bias Tensor)
 	ReLUBackward(dx, y Tensor)
+	// BiasReLUDropout is BiasReLU(x, bias) then Dropout(y, x, p, seed) as
+	// one op (one kernel on a GPU): x = max(0, x + bias) in place, y its
+	// dropout (the feed-forward layer's hidden units). y may alias x (x
+	// then ends as y).
+	BiasReLUDropout(y, x, bias Tensor, p float32, seed uint64)
 
 	// LayerNorm over the last dimension: y = (x-mean)*rstd*gamma + beta,
 	// saving mean and rstd ([rows]). LayerNormBackward adds into dx, dgamma
@@ -118,6 +169,13 @@ type Backend interface {
 	DropoutBackward(dx, dy Tensor, p float32, seed uint64)
 	// ResidualDropout: out = res + dropout(y). out may alias res.
 	ResidualDropout(out, res, y Tensor, p float32, seed uint64)
+	// ResidualDropoutLayerNorm is ResidualDropout(out, res, x, p, seed)
+	// (with res empty: Dropout(out, x, p, seed)) then LayerNorm(y, mean,
+	// rstd, out, gamma, beta, eps) as one op (one kernel on a GPU): a
+	// residual connection and the layer norm that reads it next. The
+	// layer norm reads out as stored (in its type). out may alias res or
+	// x; y must alias neither.
+	ResidualDropoutLayerNorm(out, y, mean, rstd, res, x, gamma, beta Tensor, p float32, seed uint64, eps float32)
 
 	// Embedding: out[i,:] = table[ids[i],:] * scale, and zero where
 	// ids[i] == padID (OpenSeq2Seq zeroes padding embeddings).

@@ -55,16 +55,17 @@ func (m *Model) Backward(hook func(param int)) error {
 		m.lnBwd(dy, a.mid2.T, a.m3.T, a.r3.T, L.ln3, Nt, ready)
 		// encoder-decoder attention
 		dctx := m.outBwd(dy, a.ctx2.T, L.cross.o, Nt, decSite(l, 3), ready)
-		dq, dk, dv := m.scratch(2, Nt, d), m.scratch(3, Ns, d), m.scratch(4, Ns, d)
+		dq, dkv := m.scratch(2, Nt, d), m.scratch(3, 2, Ns, d)
+		dk, dv := part(dkv, 0, Ns, d), part(dkv, 1, Ns, d)
+		k2, v2 := part(a.kv2.T, 0, Ns, d), part(a.kv2.T, 1, Ns, d)
 		args := m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
 		be.AttentionBackward(dq.Reshape(B, T, d), dk.Reshape(B, S, d), dv.Reshape(B, S, d), m.dprobs.shape(be, m.Activations, B, c.Heads, T, S),
-			dctx.Reshape(B, T, d), a.q2.T.Reshape(B, T, d), a.k2.T.Reshape(B, S, d), a.v2.T.Reshape(B, S, d), a.p2.T, args)
-		m.gemm(true, false, encOut, dv, 1, g[L.cross.v])
+			dctx.Reshape(B, T, d), a.q2.T.Reshape(B, T, d), k2.Reshape(B, S, d), v2.Reshape(B, S, d), a.p2.T, args)
+		// dW_k and dW_v in one product
+		m.gemm(true, false, encOut, dkv, 1, m.attnStack(m.Grads, L.cross.k, 2))
+		ready(L.cross.v, L.cross.k)
 		m.gemm(false, true, dv, w[L.cross.v], 1, dEnc)
-		ready(L.cross.v)
-		m.gemm(true, false, encOut, dk, 1, g[L.cross.k])
 		m.gemm(false, true, dk, w[L.cross.k], 1, dEnc)
-		ready(L.cross.k)
 		m.gemm(true, false, a.ln2.T, dq, 1, g[L.cross.q])
 		ready(L.cross.q)
 		dln := m.scratch(1, Nt, d)
@@ -72,7 +73,7 @@ func (m *Model) Backward(hook func(param int)) error {
 		be.LayerNormBackward(dy, g[L.ln2.g], g[L.ln2.b], dln, a.mid1.T, a.m2.T, a.r2.T, w[L.ln2.g])
 		ready(L.ln2.b, L.ln2.g)
 		// masked self-attention
-		m.selfAttnBwd(dy, a.ln1.T, a.ctx.T, a.q.T, a.k.T, a.v.T, a.p1.T, L.self, B, T, kernels.Tensor{}, true, decSite(l, 0), decSite(l, 1), ready)
+		m.selfAttnBwd(dy, a.ln1.T, a.ctx.T, a.qkv.T, a.p1.T, L.self, B, T, kernels.Tensor{}, true, decSite(l, 0), decSite(l, 1), ready)
 		m.lnBwd(dy, a.x.T, a.m1.T, a.r1.T, L.ln1, Nt, ready)
 		m.traced(m.decNames[l], "backward", t0)
 	}
@@ -91,7 +92,7 @@ func (m *Model) Backward(hook func(param int)) error {
 		a, L := &m.ea[l], &m.enc[l]
 		m.ffnBwd(dx, a.ln2.T, a.h.T, a.hd.T, Ns, L.ffn, encSite(l, 2), encSite(l, 3), ready)
 		m.lnBwd(dx, a.mid.T, a.m2.T, a.r2.T, L.ln2, Ns, ready)
-		m.selfAttnBwd(dx, a.ln1.T, a.ctx.T, a.q.T, a.k.T, a.v.T, a.p.T, L.att, B, S, keyLen, false, encSite(l, 0), encSite(l, 1), ready)
+		m.selfAttnBwd(dx, a.ln1.T, a.ctx.T, a.qkv.T, a.p.T, L.att, B, S, keyLen, false, encSite(l, 0), encSite(l, 1), ready)
 		m.lnBwd(dx, a.x.T, a.m1.T, a.r1.T, L.ln1, Ns, ready)
 		m.traced(m.encNames[l], "backward", t0)
 	}
@@ -156,23 +157,23 @@ func (m *Model) outBwd(dr, ctx kernels.Tensor, o int, N, site int, ready func(..
 }
 
 // selfAttnBwd back-propagates a self-attention block whose input is the
-// layer-norm output x; it leaves d(x) in scratch 1.
-func (m *Model) selfAttnBwd(dr, x, ctx, q, k, v, probs kernels.Tensor, L attnP, B, S int, keyLen kernels.Tensor, causal bool, wSite, oSite int, ready func(...int)) {
+// layer-norm output x and whose Q, K, V are qkv [3, N, d]; it leaves d(x)
+// in scratch 1.
+func (m *Model) selfAttnBwd(dr, x, ctx, qkv, probs kernels.Tensor, L attnP, B, S int, keyLen kernels.Tensor, causal bool, wSite, oSite int, ready func(...int)) {
 	be, c := m.be, m.Cfg
 	d := c.DModel
 	N := B * S
-	w, g := m.w, m.g
+	w := m.w
 	dctx := m.outBwd(dr, ctx, L.o, N, oSite, ready)
-	dq, dk, dv := m.scratch(2, N, d), m.scratch(3, N, d), m.scratch(4, N, d)
+	dqkv := m.scratch(2, 3, N, d)
+	dq, dk, dv := part(dqkv, 0, N, d), part(dqkv, 1, N, d), part(dqkv, 2, N, d)
+	q, k, v := part(qkv, 0, N, d), part(qkv, 1, N, d), part(qkv, 2, N, d)
 	args := m.attnArgs(B, S, S, keyLen, causal, wSite)
 	be.AttentionBackward(dq.Reshape(B, S, d), dk.Reshape(B, S, d), dv.Reshape(B, S, d), m.dprobs.shape(be, m.Activations, B, c.Heads, S, S),
 		dctx.Reshape(B, S, d), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), probs, args)
-	m.gemm(true, false, x, dv, 1, g[L.v])
-	ready(L.v)
-	m.gemm(true, false, x, dk, 1, g[L.k])
-	ready(L.k)
-	m.gemm(true, false, x, dq, 1, g[L.q])
-	ready(L.q)
+	// dW_q, dW_k and dW_v in one product
+	m.gemm(true, false, x, dqkv, 1, m.attnStack(m.Grads, L.q, 3))
+	ready(L.v, L.k, L.q)
 	dx := m.scratch(1, N, d)
 	m.gemm(false, true, dq, w[L.q], 0, dx)
 	m.gemm(false, true, dk, w[L.k], 1, dx)

@@ -75,6 +75,12 @@ func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
 	if m.LossScale > 0 {
 		gs *= m.LossScale
 	}
+	if ds, ok := be.(kernels.DeferredScalars); ok && m.DeferLoss && train {
+		ds.CrossEntropySum(dl, logits, tgt, c.LabelSmoothing, PAD, gs)
+		m.haveGrad = true
+		m.traced("softmax", "forward", t0)
+		return Loss{Raw: math.NaN(), Lab: math.NaN(), Tokens: tokens}, nil
+	}
 	sum, n := be.CrossEntropy(dl, logits, tgt, c.LabelSmoothing, PAD, gs)
 	m.haveGrad = train
 	m.traced("softmax", "forward", t0)
@@ -121,7 +127,47 @@ func (m *Model) seedOf(p float32, site int) uint64 {
 	return 0
 }
 
+// norm is a layer norm's parameters and where it writes: its output, and
+// the mean and rstd its backward reads.
+type norm struct {
+	y, mean, rstd *slot
+	p             lnP
+}
+
+// encNorm is encoder layer l's input norm, or for l past the last layer
+// the encoder's final norm; decNorm likewise in the decoder.
+func (m *Model) encNorm(l int) norm {
+	if l < len(m.enc) {
+		a := &m.ea[l]
+		return norm{&a.ln1, &a.m1, &a.r1, m.enc[l].ln1}
+	}
+	return norm{&m.encOut, &m.encM, &m.encR, m.encLN}
+}
+
+func (m *Model) decNorm(l int) norm {
+	if l < len(m.dec) {
+		a := &m.da[l]
+		return norm{&a.ln1, &a.m1, &a.r1, m.dec[l].ln1}
+	}
+	return norm{&m.decOut, &m.decM, &m.decR, m.decLN}
+}
+
+// residualNorm is the step between two sublayers, as one op
+// (ResidualDropoutLayerNorm, one kernel on a GPU): the residual connection
+// out = res + dropout(y) (without res, the embeddings' out = dropout(y)),
+// and n's layer norm of out, the next sublayer's input, which it returns.
+func (m *Model) residualNorm(out, res, y kernels.Tensor, p float32, site int, n norm, N int) kernels.Tensor {
+	be, d := m.be, m.Cfg.DModel
+	ln := n.y.shape(be, m.Activations, N, d)
+	be.ResidualDropoutLayerNorm(out, ln, n.mean.shape(be, f32, N), n.rstd.shape(be, f32, N), res, y,
+		m.w[n.p.g], m.w[n.p.b], p, m.seedOf(p, site), m.Cfg.LNEps)
+	return ln
+}
+
 // encode runs the encoder on src [B][S]; the result is m.encOut.T [B*S, d].
+// A layer's input norm is computed with its input, by the step before it
+// (residualNorm): the embeddings' dropout for the first layer, the last
+// residual of the layer before for the others.
 func (m *Model) encode(src []int32, B, S int) {
 	be, c := m.be, m.Cfg
 	d, F := c.DModel, c.FFN
@@ -132,44 +178,37 @@ func (m *Model) encode(src []int32, B, S int) {
 	x := m.ea[0].x.shape(be, m.Activations, N, d)
 	be.Embedding(x, m.w[m.emb], ids, m.embMul, PAD)
 	be.AddPositional(x.Reshape(B, S, d), m.pe, 0)
-	if p := m.drop(c.PostDropout); p > 0 {
-		be.Dropout(x, x, p, m.site(0))
-	}
+	p := m.drop(c.PostDropout)
+	m.residualNorm(x, kernels.Tensor{}, x, p, 0, m.encNorm(0), N)
 	w := m.w
 	for l := range m.enc {
 		t0 := m.now()
 		a, L := &m.ea[l], &m.enc[l]
-		x := a.x.T
-		var out kernels.Tensor
-		if l+1 < len(m.enc) {
-			out = m.ea[l+1].x.shape(be, m.Activations, N, d)
-		} else {
-			out = m.encX.shape(be, m.Activations, N, d)
-		}
-		ln1 := a.ln1.shape(be, m.Activations, N, d)
-		be.LayerNorm(ln1, a.m1.shape(be, f32, N), a.r1.shape(be, f32, N), x, w[L.ln1.g], w[L.ln1.b], c.LNEps)
-		q, k, v := a.q.shape(be, m.Activations, N, d), a.k.shape(be, m.Activations, N, d), a.v.shape(be, m.Activations, N, d)
-		m.gemm(false, false, ln1, w[L.att.q], 0, q)
-		m.gemm(false, false, ln1, w[L.att.k], 0, k)
-		m.gemm(false, false, ln1, w[L.att.v], 0, v)
+		x, ln1 := a.x.T, a.ln1.T
+		// self-attention: Q, K and V in one product
+		qkv := a.qkv.shape(be, m.Activations, 3, N, d)
+		m.gemm(false, false, ln1, m.attnStack(m.Weights, L.att.q, 3), 0, qkv)
+		q, k, v := part(qkv, 0, N, d), part(qkv, 1, N, d), part(qkv, 2, N, d)
 		ctx := a.ctx.shape(be, m.Activations, N, d)
 		args := m.attnArgs(B, S, S, keyLen, false, encSite(l, 0))
 		be.Attention(ctx.Reshape(B, S, d), a.p.shape(be, m.Activations, B, c.Heads, S, S), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), args)
 		y := m.scratch(0, N, d)
 		m.gemm(false, false, ctx, w[L.att.o], 0, y)
+		// residual, and the feed-forward block's input norm
 		mid := a.mid.shape(be, m.Activations, N, d)
-		p := m.drop(c.PostDropout)
-		be.ResidualDropout(mid, x, y, p, m.seedOf(p, encSite(l, 1)))
-		ln2 := a.ln2.shape(be, m.Activations, N, d)
-		be.LayerNorm(ln2, a.m2.shape(be, f32, N), a.r2.shape(be, f32, N), mid, w[L.ln2.g], w[L.ln2.b], c.LNEps)
+		ln2 := m.residualNorm(mid, x, y, p, encSite(l, 1), norm{&a.ln2, &a.m2, &a.r2, L.ln2}, N)
 		hd := m.ffnFwd(&a.h, &a.hd, ln2, N, F, L.ffn, encSite(l, 2))
 		y2 := m.scratch(0, N, d)
 		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
 		be.AddBias(y2, w[L.ffn.b2])
-		be.ResidualDropout(out, mid, y2, p, m.seedOf(p, encSite(l, 3)))
+		// residual: the next layer's input (or the final norm's), and its norm
+		out := &m.encX
+		if l+1 < len(m.enc) {
+			out = &m.ea[l+1].x
+		}
+		m.residualNorm(out.shape(be, m.Activations, N, d), mid, y2, p, encSite(l, 3), m.encNorm(l+1), N)
 		m.traced(m.encNames[l], "forward", t0)
 	}
-	be.LayerNorm(m.encOut.shape(be, m.Activations, N, d), m.encM.shape(be, f32, N), m.encR.shape(be, f32, N), m.encX.T, w[m.encLN.g], w[m.encLN.b], c.LNEps)
 }
 
 // ffnFwd computes relu(x W1 + b1) into h and its dropout into hd (hd is h
@@ -178,14 +217,14 @@ func (m *Model) ffnFwd(h, hd *slot, x kernels.Tensor, N, F int, L ffnP, site int
 	be := m.be
 	ht := h.shape(be, m.Activations, N, F)
 	m.gemm(false, false, x, m.w[L.w1], 0, ht)
-	be.BiasReLU(ht, m.w[L.b1])
 	p := m.drop(m.Cfg.ReLUDropout)
 	if p == 0 {
+		be.BiasReLU(ht, m.w[L.b1])
 		hd.T = ht
 		return ht
 	}
 	t := hd.shape(be, m.Activations, N, F)
-	be.Dropout(t, ht, p, m.site(site))
+	be.BiasReLUDropout(t, ht, m.w[L.b1], p, m.site(site))
 	return t
 }
 
@@ -194,7 +233,8 @@ func (m *Model) scratch(i int, dims ...int) kernels.Tensor {
 	return m.scr[i].shape(m.be, m.Activations, dims...)
 }
 
-// decodeTrain runs the decoder over the whole (teacher-forced) target.
+// decodeTrain runs the decoder over the whole (teacher-forced) target;
+// input norms as in encode.
 func (m *Model) decodeTrain(B, S, T int) {
 	be, c := m.be, m.Cfg
 	d, F := c.DModel, c.FFN
@@ -204,58 +244,48 @@ func (m *Model) decodeTrain(B, S, T int) {
 	x := m.da[0].x.shape(be, m.Activations, Nt, d)
 	be.Embedding(x, w[m.emb], m.dinIDs.T, m.embMul, PAD)
 	be.AddPositional(x.Reshape(B, T, d), m.pe, 0)
-	if p := m.drop(c.PostDropout); p > 0 {
-		be.Dropout(x, x, p, m.site(decEmbSite))
-	}
+	p := m.drop(c.PostDropout)
+	m.residualNorm(x, kernels.Tensor{}, x, p, decEmbSite, m.decNorm(0), Nt)
 	encOut := m.encOut.T
 	for l := range m.dec {
 		t0 := m.now()
 		a, L := &m.da[l], &m.dec[l]
-		x := a.x.T
-		var out kernels.Tensor
-		if l+1 < len(m.dec) {
-			out = m.da[l+1].x.shape(be, m.Activations, Nt, d)
-		} else {
-			out = m.decX.shape(be, m.Activations, Nt, d)
-		}
-		p := m.drop(c.PostDropout)
-		// masked self-attention
-		ln1 := a.ln1.shape(be, m.Activations, Nt, d)
-		be.LayerNorm(ln1, a.m1.shape(be, f32, Nt), a.r1.shape(be, f32, Nt), x, w[L.ln1.g], w[L.ln1.b], c.LNEps)
-		q, k, v := a.q.shape(be, m.Activations, Nt, d), a.k.shape(be, m.Activations, Nt, d), a.v.shape(be, m.Activations, Nt, d)
-		m.gemm(false, false, ln1, w[L.self.q], 0, q)
-		m.gemm(false, false, ln1, w[L.self.k], 0, k)
-		m.gemm(false, false, ln1, w[L.self.v], 0, v)
+		x, ln1 := a.x.T, a.ln1.T
+		// masked self-attention: Q, K and V in one product
+		qkv := a.qkv.shape(be, m.Activations, 3, Nt, d)
+		m.gemm(false, false, ln1, m.attnStack(m.Weights, L.self.q, 3), 0, qkv)
+		q, k, v := part(qkv, 0, Nt, d), part(qkv, 1, Nt, d), part(qkv, 2, Nt, d)
 		ctx := a.ctx.shape(be, m.Activations, Nt, d)
 		args := m.attnArgs(B, T, T, kernels.Tensor{}, true, decSite(l, 0))
 		be.Attention(ctx.Reshape(B, T, d), a.p1.shape(be, m.Activations, B, c.Heads, T, T), q.Reshape(B, T, d), k.Reshape(B, T, d), v.Reshape(B, T, d), args)
 		y := m.scratch(0, Nt, d)
 		m.gemm(false, false, ctx, w[L.self.o], 0, y)
 		mid1 := a.mid1.shape(be, m.Activations, Nt, d)
-		be.ResidualDropout(mid1, x, y, p, m.seedOf(p, decSite(l, 1)))
-		// encoder-decoder attention
-		ln2 := a.ln2.shape(be, m.Activations, Nt, d)
-		be.LayerNorm(ln2, a.m2.shape(be, f32, Nt), a.r2.shape(be, f32, Nt), mid1, w[L.ln2.g], w[L.ln2.b], c.LNEps)
-		q2, k2, v2 := a.q2.shape(be, m.Activations, Nt, d), a.k2.shape(be, m.Activations, Ns, d), a.v2.shape(be, m.Activations, Ns, d)
+		ln2 := m.residualNorm(mid1, x, y, p, decSite(l, 1), norm{&a.ln2, &a.m2, &a.r2, L.ln2}, Nt)
+		// encoder-decoder attention: K and V of the encoder output in one
+		// product
+		q2 := a.q2.shape(be, m.Activations, Nt, d)
 		m.gemm(false, false, ln2, w[L.cross.q], 0, q2)
-		m.gemm(false, false, encOut, w[L.cross.k], 0, k2)
-		m.gemm(false, false, encOut, w[L.cross.v], 0, v2)
+		kv2 := a.kv2.shape(be, m.Activations, 2, Ns, d)
+		m.gemm(false, false, encOut, m.attnStack(m.Weights, L.cross.k, 2), 0, kv2)
+		k2, v2 := part(kv2, 0, Ns, d), part(kv2, 1, Ns, d)
 		ctx2 := a.ctx2.shape(be, m.Activations, Nt, d)
 		args = m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
 		be.Attention(ctx2.Reshape(B, T, d), a.p2.shape(be, m.Activations, B, c.Heads, T, S), q2.Reshape(B, T, d), k2.Reshape(B, S, d), v2.Reshape(B, S, d), args)
 		y = m.scratch(0, Nt, d)
 		m.gemm(false, false, ctx2, w[L.cross.o], 0, y)
 		mid2 := a.mid2.shape(be, m.Activations, Nt, d)
-		be.ResidualDropout(mid2, mid1, y, p, m.seedOf(p, decSite(l, 3)))
+		ln3 := m.residualNorm(mid2, mid1, y, p, decSite(l, 3), norm{&a.ln3, &a.m3, &a.r3, L.ln3}, Nt)
 		// feed-forward
-		ln3 := a.ln3.shape(be, m.Activations, Nt, d)
-		be.LayerNorm(ln3, a.m3.shape(be, f32, Nt), a.r3.shape(be, f32, Nt), mid2, w[L.ln3.g], w[L.ln3.b], c.LNEps)
 		hd := m.ffnFwd(&a.h, &a.hd, ln3, Nt, F, L.ffn, decSite(l, 4))
 		y2 := m.scratch(0, Nt, d)
 		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
 		be.AddBias(y2, w[L.ffn.b2])
-		be.ResidualDropout(out, mid2, y2, p, m.seedOf(p, decSite(l, 5)))
+		out := &m.decX
+		if l+1 < len(m.dec) {
+			out = &m.da[l+1].x
+		}
+		m.residualNorm(out.shape(be, m.Activations, Nt, d), mid2, y2, p, decSite(l, 5), m.decNorm(l+1), Nt)
 		m.traced(m.decNames[l], "forward", t0)
 	}
-	be.LayerNorm(m.decOut.shape(be, m.Activations, Nt, d), m.decM.shape(be, f32, Nt), m.decR.shape(be, f32, Nt), m.decX.T, w[m.decLN.g], w[m.decLN.b], c.LNEps)
 }

@@ -65,15 +65,22 @@ func (s *slot) shape(be kernels.Backend, dt kernels.DType, dims ...int) kernels.
 	return s.T
 }
 
+// The activations a layer keeps for its backward pass. qkv is [3, N, d]:
+// Q, K and V of self-attention, made by one product (attnStack); kv2 is
+// [2, Ns, d]: K and V of encoder-decoder attention.
 type encActs struct {
-	x, ln1, q, k, v, ctx, mid, ln2, h, hd slot
-	m1, r1, m2, r2, p                     slot
+	x, ln1, qkv, ctx, mid, ln2, h, hd slot
+	m1, r1, m2, r2, p                 slot
 }
 
 type decActs struct {
-	x, ln1, q, k, v, ctx, mid1, ln2, q2, k2, v2, ctx2, mid2, ln3, h, hd slot
-	m1, r1, m2, r2, m3, r3, p1, p2                                      slot
+	x, ln1, qkv, ctx, mid1, ln2, q2, kv2, ctx2, mid2, ln3, h, hd slot
+	m1, r1, m2, r2, m3, r3, p1, p2                               slot
 }
+
+// part is matrix i of a stack of [rows, d] matrices (qkv, kv2 and their
+// gradients).
+func part(t kernels.Tensor, i, rows, d int) kernels.Tensor { return t.Slice(i*rows*d, rows, d) }
 
 // Batch is one padded training batch: Src is [B][S] and Tgt is [B][T]
 // row-major, padded on the right with PAD (0); every target sentence ends
@@ -135,6 +142,13 @@ type Model struct {
 	// decoding (Translate) computes in float32 after the encoder. Set it
 	// before a Forward; the activation buffers follow it.
 	Activations kernels.DType
+	// DeferLoss, on a backend with kernels.DeferredScalars (a GPU), makes
+	// a training Forward queue its loss (CrossEntropySum) instead of
+	// waiting for it: the Loss it returns has Tokens (counted on the host)
+	// and Raw and Lab NaN, and the caller reads the loss sum of the
+	// Forwards since with the backend's TakeScalars, once a step. Other
+	// backends, and evaluation, ignore it.
+	DeferLoss bool
 	// Seed and DropoutStep determine the dropout masks: the masks of a
 	// training forward pass depend on (Seed, DropoutStep) only, and
 	// DropoutStep is incremented by each training forward pass.
@@ -201,6 +215,11 @@ func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
 	off := m.register()
 	m.Weights = be.Alloc(kernels.F32, off)
 	m.Grads = be.Alloc(kernels.F32, off)
+	if cc, ok := be.(kernels.CastCache); ok {
+		// the weights' 16-bit casts for tensor-core products are kept
+		// until the optimizer (or anything else) writes them: one a step
+		cc.CacheCasts(m.Weights)
+	}
 	for _, p := range m.Params {
 		m.w = append(m.w, m.Weights.Slice(p.Offset, p.Shape...))
 		m.g = append(m.g, m.Grads.Slice(p.Offset, p.Shape...))
@@ -212,6 +231,7 @@ func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
 		m.decNames = append(m.decNames, fmt.Sprintf("decoder/layer_%d", l))
 	}
 	m.embMul = float32(math.Sqrt(float64(cfg.DModel)))
+	m.checkStacks()
 	m.ea = make([]encActs, cfg.EncLayers)
 	m.da = make([]decActs, cfg.DecLayers)
 	m.initWeights(seed)
@@ -277,6 +297,38 @@ func (m *Model) register() int {
 	}
 	m.decLN = addLN("decoder/layer_norm")
 	return off
+}
+
+// attnStack is n projection matrices of an attention block, from parameter
+// first on, as one [n, d, d] tensor of buf (Weights or Grads): W_q, W_k,
+// W_v (n = 3, first = q) or W_k, W_v (n = 2, first = k). register adds them
+// one after the other, so they are contiguous in the flat buffers, and one
+// product covers them: Q, K and V of one input (self-attention), K and V of
+// the encoder output (encoder-decoder attention), and their weight
+// gradients. Checkpoints keep them as separate tensors, by name; the layout
+// is the one the checkpoints of before had.
+func (m *Model) attnStack(buf kernels.Tensor, first, n int) kernels.Tensor {
+	d := m.Cfg.DModel
+	return buf.Slice(m.Params[first].Offset, n, d, d)
+}
+
+// checkStacks makes sure every attention block's q, k, v are contiguous
+// (attnStack).
+func (m *Model) checkStacks() {
+	dd := m.Cfg.DModel * m.Cfg.DModel
+	var blocks []attnP
+	for _, l := range m.enc {
+		blocks = append(blocks, l.att)
+	}
+	for _, l := range m.dec {
+		blocks = append(blocks, l.self, l.cross)
+	}
+	for _, a := range blocks {
+		q, k, v := m.Params[a.q], m.Params[a.k], m.Params[a.v]
+		if q.Len != dd || k.Offset != q.Offset+dd || v.Offset != k.Offset+dd {
+			panic(fmt.Sprintf("transformer: %s, %s, %s are not contiguous", q.Name, k.Name, v.Name))
+		}
+	}
 }
 
 // Backend is the backend the model runs on.

@@ -27,6 +27,12 @@ type Adam struct {
 	T int
 	// M and V are the first and second moments, indexed like Weights.
 	M, V kernels.Tensor
+	// SkipOnOverflow cancels the updates of a Step on the device when the
+	// backend's overflow flag is raised (kernels.DeferredScalars: the
+	// gradients were found not finite without a synchronisation). T counts
+	// the Step all the same; a caller that learns of the overflow (with
+	// TakeScalars) takes it back.
+	SkipOnOverflow bool
 	// SparseRows, for a lazy optimizer, maps a parameter index to the rows
 	// (of its [rows, cols] shape) that received a gradient this step, each
 	// row once.
@@ -70,7 +76,8 @@ func (o *Adam) Step(m *Model, lr float64, wait func(param int)) error {
 	o.T++
 	t := float64(o.T)
 	lrT := lr * math.Sqrt(1-math.Pow(o.Beta2, t)) / (1 - math.Pow(o.Beta1, t))
-	a := kernels.AdamArgs{LR: float32(lrT), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps)}
+	a := kernels.AdamArgs{LR: float32(lrT), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+		SkipOnOverflow: o.SkipOnOverflow}
 	for i := len(m.Params) - 1; i >= 0; i-- {
 		if wait != nil {
 			wait(i)

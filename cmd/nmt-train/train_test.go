@@ -892,7 +892,7 @@ func TestCUDAEmulatorParity(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GORUN_CUDA_PROFILE=1: %v", err)
 	}
-	for _, want := range []string{fmt.Sprintf("over %d steps", steps), "gr_layernorm_f16", "gemm F16,F16->F16 ", "gr_adam_f32", "all, on the GPU"} {
+	for _, want := range []string{fmt.Sprintf("over %d steps", steps), "gr_residual_dropout_layernorm_f16", "gemm F16,F16->F16 ", "gr_adam_f32", "all, on the GPU"} {
 		if !strings.Contains(string(prof), want) {
 			t.Errorf("the GPU profile lacks %q:\n%s", want, prof)
 		}

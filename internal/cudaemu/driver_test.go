@@ -435,6 +435,15 @@ func TestLaunchErrors(t *testing.T) {
 			t.Errorf("%s explained as %q, want it to say %q", c.kernel, msg, c.want)
 		}
 	}
+	// A misaligned 32-bit access (kernels.cu's pairs of 16-bit values
+	// check theirs with GR_CHECK_ALIGNED): what a GPU faults on.
+	l.mustLaunch(t, "emu_test_misaligned", d1(1), d1(32), x, int32(4))
+	if r := l.launch(t, "emu_test_misaligned", d1(1), d1(32), x, int32(2)); r != cuMisaligned {
+		t.Errorf("a 4-byte access at byte 2: %d, want %d", r, cuMisaligned)
+	}
+	if msg := l.lastError(t); !strings.Contains(msg, "not 4-byte aligned") {
+		t.Errorf("the misaligned access explained as %q", msg)
+	}
 	// The emulator is fine after failed launches (parked fibers recycled).
 	testBlockSum(t, l, "emu_test_block_sum", 256)
 }

@@ -283,8 +283,8 @@ func TestScan(t *testing.T) {
 			t.Errorf("%s: found %v, launch bounds %q; want %q", name, ok, b, bounds)
 		}
 	}
-	if len(ks) != 20 {
-		t.Errorf("%d kernels found, want 20: %v", len(ks), ks)
+	if len(ks) != 21 {
+		t.Errorf("%d kernels found, want 21: %v", len(ks), ks)
 	}
 	l := setup(t)
 	p := l.alloc(t, 4*100)

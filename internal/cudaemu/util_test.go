@@ -31,6 +31,7 @@ const (
 	cuNotFound         = 500
 	cuIllegalAddress   = 700
 	cuOutOfResources   = 701
+	cuMisaligned       = 716
 	cuLaunchFailed     = 719
 	testKernelsCU      = "csrc/test_kernels.cu"
 	envHelper          = "GORUN_EMU_TEST_HELPER"

@@ -230,11 +230,19 @@ func (be *Backend) Gemm(transA, transB bool, alpha float32, a, b kernels.Tensor,
 		if transA {
 			k = ar
 		}
+		// a single A or B: the same matrix for every member (stride 0)
+		sa, sb := ar*ac, br*bc
+		if a.Len() == sa {
+			sa = 0
+		}
+		if b.Len() == sb {
+			sb = 0
+		}
 		if (transA && ac != m) || (!transA && ar != m) || (transB && (br != n || bc != k)) || (!transB && (bc != n || br != k)) ||
-			a.Len() != batch*ar*ac || b.Len() != batch*br*bc {
+			(sa != 0 && a.Len() != batch*sa) || (sb != 0 && b.Len() != batch*sb) {
 			panic(fmt.Sprintf("cpu: Gemm shapes %v x %v -> %v (transA %v transB %v)", a, b, c, transA, transB))
 		}
-		SgemmStrided(batch, transA, transB, m, n, k, alpha, A, ac, ar*ac, B, bc, br*bc, beta, C, n, m*n)
+		SgemmStrided(batch, transA, transB, m, n, k, alpha, A, ac, sa, B, bc, sb, beta, C, n, m*n)
 		return
 	}
 	ar, ac := a.Rows(), a.Cols()
@@ -289,6 +297,12 @@ func (be *Backend) BiasReLU(xt, bt kernels.Tensor) {
 			}
 		}
 	})
+}
+
+// BiasReLUDropout implements kernels.Backend: BiasReLU, then Dropout.
+func (be *Backend) BiasReLUDropout(yt, xt, bt kernels.Tensor, p float32, seed uint64) {
+	be.BiasReLU(xt, bt)
+	be.Dropout(yt, xt, p, seed)
 }
 
 // ReLUBackward implements kernels.Backend.
@@ -490,6 +504,17 @@ func (be *Backend) ResidualDropout(outt, rest, yt kernels.Tensor, p float32, see
 	}
 	th, sc := dropThresh(p), 1/(1-p)
 	be.par(len(y), 1<<14, func(_, lo, hi int) { dropApply(out, res, y, lo, hi, seed, th, sc) })
+}
+
+// ResidualDropoutLayerNorm implements kernels.Backend: ResidualDropout (or
+// Dropout without res), then LayerNorm.
+func (be *Backend) ResidualDropoutLayerNorm(outt, yt, meant, rstdt, rest, xt, gt, bt kernels.Tensor, p float32, seed uint64, eps float32) {
+	if rest.Len() == 0 {
+		be.Dropout(outt, xt, p, seed)
+	} else {
+		be.ResidualDropout(outt, rest, xt, p, seed)
+	}
+	be.LayerNorm(yt, meant, rstdt, outt, gt, bt, eps)
 }
 
 // Embedding implements kernels.Backend.

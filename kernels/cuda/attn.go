@@ -80,6 +80,7 @@ func (b *Backend) keyLen(a kernels.AttnArgs) uintptr {
 // Attention implements kernels.Backend.
 func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) {
 	skCap := checkAttn(o, probs, q, k, v, a)
+	b.wrote(o, probs)
 	B, H, Sq, Sk, Dh := a.B, a.H, a.Sq, a.Sk, a.Dh
 	BH := B * H
 	if BH == 0 || Sq == 0 {
@@ -106,6 +107,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kerne
 	sameLen(dq, q, "AttentionBackward dq")
 	sameLen(dk, k, "AttentionBackward dk")
 	sameLen(dv, v, "AttentionBackward dv")
+	b.wrote(dq, dk, dv, dprobs)
 	B, H, Sq, Sk, Dh := a.B, a.H, a.Sq, a.Sk, a.Dh
 	BH := B * H
 	if BH == 0 || Sq == 0 {

@@ -60,16 +60,22 @@ type Backend struct {
 
 	// small device buffer for reductions read back by the host, and the
 	// index checks' record (bounds.go)
-	redBuf     uintptr // redBufBytes
-	redOut     *reductionOut
+	redBuf uintptr // redBufBytes
+	redOut *reductionOut
+	// DeferredScalars' buffer: the loss accumulator and the flags
+	// (scalars.go); scalarsOut its host copy
+	scalars    uintptr
+	scalarsOut *deferredOut
 	recPending bool // a kernel that checks indices ran since the last sync
 
+	casts   castCache // 16-bit casts of the weights, kept until a write (castcache.go)
 	attn    attnScratch
 	colPart kernels.Tensor    // column reductions' partial sums (colOut)
 	half    [2]kernels.Tensor // GEMM inputs rounded to Precision
 	staging map[uintptr]*stage
 	pinned  []uintptr
 	prof    *profiler // GORUN_CUDA_PROFILE=1: every operation timed (profile.go)
+	counts  Counts    // every operation and host wait counted (profile.go)
 	// spinEvents: blocking-sync events were refused; Fences use default ones (events.go)
 	spinEvents bool
 }
@@ -118,7 +124,7 @@ func Open(index int) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{drv: d, index: index, args: newArgBlock(), gemmSc: new([2]float32), redOut: new(reductionOut),
-		staging: map[uintptr]*stage{}}
+		scalarsOut: new(deferredOut), staging: map[uintptr]*stage{}}
 	var dev int32
 	if err := d.check("cuDeviceGet", d.call(d.deviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
 		return nil, err
@@ -159,6 +165,8 @@ func Open(index int) (*Backend, error) {
 	b.mem = newAllocator(b, exact)
 	b.redBuf = b.mem.alloc(redBufBytes)
 	b.memset(b.redBuf, redBufBytes)
+	b.scalars = b.mem.alloc(scalarBytes)
+	b.memset(b.scalars, scalarBytes)
 	if prof {
 		b.prof = &profiler{d: d, stream: b.stream, sums: map[string]*OpTime{}}
 	}
@@ -226,6 +234,9 @@ func (b *Backend) Alloc(dt kernels.DType, dims ...int) kernels.Tensor {
 // Free implements kernels.Backend.
 func (b *Backend) Free(t kernels.Tensor) {
 	if t.Ptr != 0 {
+		if n, ok := b.mem.size[t.Ptr]; ok && t.Ptr < b.casts.end && t.Ptr+uintptr(n) > b.casts.base {
+			b.casts.drop(b)
+		}
 		b.mem.free(t.Ptr)
 	}
 }
@@ -278,6 +289,7 @@ func sameLen(a, c kernels.Tensor, op string) {
 // pageable memory before returning).
 func (b *Backend) Upload(dst kernels.Tensor, src []float32) {
 	p := b.dev32(dst, "Upload dst")
+	b.wrote(dst)
 	n := min(len(src), dst.Len())
 	if n > 0 {
 		b.begin()
@@ -316,6 +328,7 @@ func (b *Backend) Copy(dst, src kernels.Tensor) {
 		panic(fmt.Sprintf("cuda: Copy %v <- %v: types differ (use Cast)", dst, src))
 	}
 	n := dst.Len() * dst.DType.Size()
+	b.wrote(dst)
 	if n > 0 && dst.Ptr != src.Ptr {
 		b.begin()
 		b.drv.must("cuMemcpyDtoDAsync", b.drv.call(b.drv.memcpyDtoDAsync, dst.Ptr, src.Ptr, uintptr(n), b.stream))
@@ -324,7 +337,10 @@ func (b *Backend) Copy(dst, src kernels.Tensor) {
 }
 
 // Zero implements kernels.Backend.
-func (b *Backend) Zero(t kernels.Tensor) { b.memset(t.Ptr, t.Len()*t.DType.Size()) }
+func (b *Backend) Zero(t kernels.Tensor) {
+	b.wrote(t)
+	b.memset(t.Ptr, t.Len()*t.DType.Size())
+}
 
 func typeName(dt kernels.DType) string {
 	switch dt {
@@ -345,17 +361,20 @@ func (b *Backend) Cast(dst, src kernels.Tensor) {
 		b.Copy(dst, src)
 		return
 	}
+	b.wrote(dst)
 	b.kern(kCast[[2]string{typeName(src.DType), typeName(dst.DType)}]).ptr(dst.Ptr).ptr(src.Ptr).i64(dst.Len()).flat(dst.Len())
 }
 
 // Scale implements kernels.Backend.
 func (b *Backend) Scale(x kernels.Tensor, s float32) {
+	b.wrote(x)
 	b.kern(kScale).ptr(b.dev32(x, "x")).f32(s).i64(x.Len()).flat(x.Len())
 }
 
 // Axpy implements kernels.Backend.
 func (b *Backend) Axpy(y kernels.Tensor, a float32, x kernels.Tensor) {
 	sameLen(y, x, "Axpy")
+	b.wrote(y)
 	b.kern(kAxpy).ptr(b.dev32(y, "y")).f32(a).ptr(b.dev32(x, "x")).i64(y.Len()).flat(y.Len())
 }
 
@@ -396,10 +415,17 @@ func (b *Backend) Gemm(transA, transB bool, alpha float32, a, bt kernels.Tensor,
 		ar, ac, br, bc = a.Dim(-2), a.Dim(-1), bt.Dim(-2), bt.Dim(-1)
 		g.m, g.n = c.Dim(-2), c.Dim(-1)
 		g.batch = c.Len() / max(g.m*g.n, 1)
-		if a.Len() != g.batch*ar*ac || bt.Len() != g.batch*br*bc {
+		// a single A or B: the same matrix for every member (stride 0)
+		g.sa, g.sb, g.sc = ar*ac, br*bc, g.m*g.n
+		if a.Len() == g.sa {
+			g.sa = 0
+		}
+		if bt.Len() == g.sb {
+			g.sb = 0
+		}
+		if (g.sa != 0 && a.Len() != g.batch*g.sa) || (g.sb != 0 && bt.Len() != g.batch*g.sb) {
 			panic(fmt.Sprintf("cuda: Gemm shapes %v x %v -> %v (transA %v transB %v)", a, bt, c, transA, transB))
 		}
-		g.sa, g.sb, g.sc = ar*ac, br*bc, g.m*g.n
 	} else {
 		ar, ac, br, bc = a.Rows(), a.Cols(), bt.Rows(), bt.Cols()
 		g.m, g.n = c.Rows(), c.Cols()
@@ -423,6 +449,7 @@ func (b *Backend) Gemm(transA, transB bool, alpha float32, a, bt kernels.Tensor,
 		return
 	}
 	g.lda, g.ldb, g.ldc = ac, bc, g.n
+	b.wrote(c)
 	b.gemm(&g)
 }
 
@@ -435,8 +462,9 @@ func (b *Backend) gemm(g *gemmCall) {
 	if err := b.blas.run(g, b.TF32, b.gemmSc); err != nil {
 		panic(err)
 	}
+	b.counts.GEMMs++
 	if b.prof != nil {
-		b.end(g.op())
+		b.prof.end(g.op())
 	}
 }
 
@@ -468,10 +496,14 @@ func (b *Backend) SetMatmulPrecision(dt kernels.DType) { b.Precision = dt }
 
 var _ kernels.MixedPrecision = (*Backend)(nil)
 
-// rounded casts a float32 GEMM operand into half-precision scratch slot i.
+// rounded casts a float32 GEMM operand into half-precision scratch slot i,
+// or takes it from the cast cache (castcache.go) when it is a weight.
 func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tensor {
 	if t.DType != kernels.F32 {
 		return t
+	}
+	if h, ok := b.cached(t, p); ok {
+		return h
 	}
 	n := t.Len()
 	s := &b.half[i]
@@ -489,6 +521,7 @@ func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tens
 
 // AddBias implements kernels.Backend.
 func (b *Backend) AddBias(x, bias kernels.Tensor) {
+	b.wrote(x)
 	d := bias.Len()
 	b.kern(kAddBias.of(x.DType)).ptr(b.devA(x, x.DType, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
 }
@@ -499,6 +532,7 @@ func (b *Backend) BiasGrad(dbias, dy kernels.Tensor) {
 	rows := dy.Len() / d
 	splits, per := colSplits(rows, d)
 	db := b.dev32(dbias, "dbias")
+	b.wrote(dbias)
 	out := b.colOut(splits, d, db)
 	b.kern(kBiasGrad.of(dy.DType)).ptr(out[0]).ptr(b.devA(dy, dy.DType, "dy")).i32(rows).i32(d).i32(per).cols(d, splits)
 	b.colSum(db, out[0], splits, d)
@@ -528,20 +562,33 @@ func (b *Backend) colSum(dst, part uintptr, splits, d int) {
 	}
 }
 
-// BiasReLU implements kernels.Backend.
-func (b *Backend) BiasReLU(x, bias kernels.Tensor) {
+// BiasReLU implements kernels.Backend: gr_bias_relu_dropout with y = x
+// and no dropout (one kernel for both, so that an evaluation runs the
+// training step's kernels).
+func (b *Backend) BiasReLU(x, bias kernels.Tensor) { b.BiasReLUDropout(x, x, bias, 0, 0) }
+
+// BiasReLUDropout implements kernels.Backend: gr_bias_relu_dropout, one
+// pass over x.
+func (b *Backend) BiasReLUDropout(y, x, bias kernels.Tensor, p float32, seed uint64) {
+	sameLen(y, x, "BiasReLUDropout")
+	b.wrote(y, x)
 	d := bias.Len()
-	b.kern(kBiasReLU.of(x.DType)).ptr(b.devA(x, x.DType, "x")).ptr(b.dev32(bias, "bias")).i64(x.Len() / d).i32(d).flat(x.Len())
+	dt := x.DType
+	th, sc := dropArgs(p)
+	b.kern(kBiasReLUDropout.of(dt)).ptr(b.devA(y, dt, "y")).ptr(b.devA(x, dt, "x")).ptr(b.dev32(bias, "bias")).
+		i64(x.Len() / d).i32(d).u64(seed).u32(th).f32(sc).flat(x.Len())
 }
 
 // ReLUBackward implements kernels.Backend.
 func (b *Backend) ReLUBackward(dx, y kernels.Tensor) {
 	sameLen(dx, y, "ReLUBackward")
+	b.wrote(dx)
 	b.kern(kReLUBwd.of(dx.DType)).ptr(b.devA(dx, dx.DType, "dx")).ptr(b.devA(y, dx.DType, "y")).i64(dx.Len()).flat(dx.Len())
 }
 
 // LayerNorm implements kernels.Backend.
 func (b *Backend) LayerNorm(y, mean, rstd, x, gamma, beta kernels.Tensor, eps float32) {
+	b.wrote(y, mean, rstd)
 	d := gamma.Len()
 	rows := x.Len() / d
 	dt := x.DType
@@ -551,6 +598,7 @@ func (b *Backend) LayerNorm(y, mean, rstd, x, gamma, beta kernels.Tensor, eps fl
 
 // LayerNormBackward implements kernels.Backend.
 func (b *Backend) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma kernels.Tensor) {
+	b.wrote(dx, dgamma, dbeta)
 	d := gamma.Len()
 	rows := x.Len() / d
 	dt := x.DType
@@ -571,19 +619,26 @@ func (b *Backend) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma 
 func dropThresh(p float32) uint32 { return uint32(uint16(math.Round(float64(p) * 65536))) }
 func dropScale(p float32) float32 { return 1 / (1 - p) }
 
+// dropArgs are the kernels' threshold and scale for dropout p (p <= 0:
+// every element kept, times 1).
+func dropArgs(p float32) (uint32, float32) {
+	if p > 0 {
+		return dropThresh(p), dropScale(p)
+	}
+	return 0, 1
+}
+
 // dropout queues y = res + dropout(x) on activations of type dt; res 0
 // means none.
 func (b *Backend) dropout(dt kernels.DType, y, res, x uintptr, n int, p float32, seed uint64) {
-	th, sc := uint32(0), float32(1)
-	if p > 0 {
-		th, sc = dropThresh(p), dropScale(p)
-	}
+	th, sc := dropArgs(p)
 	b.kern(kDropout.of(dt)).ptr(y).ptr(res).ptr(x).i64(n).u64(seed).u32(th).f32(sc).flat(n)
 }
 
 // Dropout implements kernels.Backend.
 func (b *Backend) Dropout(y, x kernels.Tensor, p float32, seed uint64) {
 	sameLen(y, x, "Dropout")
+	b.wrote(y)
 	if p <= 0 {
 		b.Copy(y, x)
 		return
@@ -600,13 +655,35 @@ func (b *Backend) DropoutBackward(dx, dy kernels.Tensor, p float32, seed uint64)
 func (b *Backend) ResidualDropout(out, res, y kernels.Tensor, p float32, seed uint64) {
 	sameLen(out, y, "ResidualDropout")
 	sameLen(res, y, "ResidualDropout")
+	b.wrote(out)
 	dt := y.DType
 	b.dropout(dt, b.devA(out, dt, "out"), b.devA(res, dt, "res"), b.devA(y, dt, "y"), y.Len(), p, seed)
+}
+
+// ResidualDropoutLayerNorm implements kernels.Backend:
+// gr_residual_dropout_layernorm, one block a row.
+func (b *Backend) ResidualDropoutLayerNorm(out, y, mean, rstd, res, x, gamma, beta kernels.Tensor, p float32, seed uint64, eps float32) {
+	sameLen(out, x, "ResidualDropoutLayerNorm")
+	sameLen(y, x, "ResidualDropoutLayerNorm")
+	b.wrote(out, y, mean, rstd)
+	dt := x.DType
+	var r uintptr
+	if res.Len() > 0 {
+		sameLen(res, x, "ResidualDropoutLayerNorm")
+		r = b.devA(res, dt, "res")
+	}
+	d := gamma.Len()
+	rows := x.Len() / d
+	th, sc := dropArgs(p)
+	b.kern(kResidualDropoutLN.of(dt)).ptr(b.devA(out, dt, "out")).ptr(b.devA(y, dt, "y")).ptr(b.dev32(mean, "mean")).
+		ptr(b.dev32(rstd, "rstd")).ptr(r).ptr(b.devA(x, dt, "x")).ptr(b.dev32(gamma, "gamma")).ptr(b.dev32(beta, "beta")).
+		i32(rows).i32(d).u64(seed).u32(th).f32(sc).f32(eps).rows(rows, d)
 }
 
 // Embedding implements kernels.Backend. An id outside the vocabulary
 // gives a zero row and is reported at the next sync (bounds.go).
 func (b *Backend) Embedding(out, table, ids kernels.Tensor, scale float32, padID int32) {
+	b.wrote(out)
 	d := table.Cols()
 	n := ids.Len()
 	b.kern(kEmbedding.of(out.DType)).ptr(b.devA(out, out.DType, "out")).ptr(b.dev32(table, "table")).ptr(b.devI32(ids, "ids")).
@@ -617,6 +694,7 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor, scale float32, padID
 // summed with atomic adds, so their order (and last bits) may vary. An id
 // outside the vocabulary is skipped and reported at the next sync.
 func (b *Backend) EmbeddingBackward(dtable, dout, ids kernels.Tensor, scale float32, padID int32) {
+	b.wrote(dtable)
 	d := dtable.Cols()
 	n := ids.Len()
 	b.kern(kEmbeddingBwd.of(dout.DType)).ptr(b.dev32(dtable, "dtable")).ptr(b.devA(dout, dout.DType, "dout")).ptr(b.devI32(ids, "ids")).
@@ -625,6 +703,7 @@ func (b *Backend) EmbeddingBackward(dtable, dout, ids kernels.Tensor, scale floa
 
 // AddPositional implements kernels.Backend.
 func (b *Backend) AddPositional(x, pe kernels.Tensor, t0 int) {
+	b.wrote(x)
 	T, d := x.Dim(-2), x.Dim(-1)
 	rows := x.Len() / d
 	if t0+T > pe.Dims[0] {
@@ -636,6 +715,7 @@ func (b *Backend) AddPositional(x, pe kernels.Tensor, t0 int) {
 // LogSoftmax implements kernels.Backend.
 func (b *Backend) LogSoftmax(out, x kernels.Tensor) {
 	sameLen(out, x, "LogSoftmax")
+	b.wrote(out)
 	V := x.Cols()
 	N := x.Len() / V
 	b.kern(kLogSoftmax.of(x.DType)).ptr(b.devA(out, x.DType, "out")).ptr(b.devA(x, x.DType, "x")).i32(N).i32(V).rows(N, V)
@@ -644,22 +724,29 @@ func (b *Backend) LogSoftmax(out, x kernels.Tensor) {
 // CrossEntropy implements kernels.Backend. It waits for the GPU to read
 // back the loss; a target outside the vocabulary does not count (its row
 // of dlogits is zeroed) and panics here with an *IndexError.
+// CrossEntropySum (scalars.go) is the form without the wait.
 func (b *Backend) CrossEntropy(dlogits, logits, targets kernels.Tensor, ls float32, padID int32, gradScale float32) (float64, int) {
+	b.memset(b.redBuf, 16)
+	b.xent(dlogits, logits, targets, ls, padID, gradScale, b.redBuf)
+	b.readReduction()
+	return math.Float64frombits(b.redOut.sums[0]), int(math.Float64frombits(b.redOut.sums[1]))
+}
+
+// xent queues gr_xent adding the loss sum and the count to acc (double[2]).
+func (b *Backend) xent(dlogits, logits, targets kernels.Tensor, ls float32, padID int32, gradScale float32, acc uintptr) {
 	V := logits.Cols()
 	N := logits.Rows()
 	if targets.Len() != N {
 		panic(fmt.Sprintf("cuda: CrossEntropy: %d targets for logits %v", targets.Len(), logits))
 	}
 	var dl uintptr
+	b.wrote(dlogits)
 	if dlogits.Len() > 0 {
 		sameLen(dlogits, logits, "CrossEntropy")
 		dl = b.devA(dlogits, logits.DType, "dlogits")
 	}
-	b.memset(b.redBuf, 16)
-	b.kern(kXent.of(logits.DType)).ptr(dl).ptr(b.devA(logits, logits.DType, "logits")).ptr(b.devI32(targets, "targets")).ptr(b.redBuf).
+	b.kern(kXent.of(logits.DType)).ptr(dl).ptr(b.devA(logits, logits.DType, "logits")).ptr(b.devI32(targets, "targets")).ptr(acc).
 		i32(N).i32(V).f32(ls).i32(int(padID)).f32(gradScale).ptr(b.indexRecord()).rows(N, V)
-	b.readReduction()
-	return math.Float64frombits(b.redOut.sums[0]), int(math.Float64frombits(b.redOut.sums[1]))
 }
 
 // Adam implements kernels.Backend.
@@ -667,8 +754,9 @@ func (b *Backend) Adam(p, g, m, v kernels.Tensor, a kernels.AdamArgs) {
 	sameLen(p, g, "Adam")
 	sameLen(p, m, "Adam")
 	sameLen(p, v, "Adam")
+	b.wrote(p, m, v)
 	b.kern(kAdam).ptr(b.dev32(p, "p")).ptr(b.dev32(g, "g")).ptr(b.dev32(m, "m")).ptr(b.dev32(v, "v")).i64(p.Len()).
-		f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).flat(p.Len())
+		f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).ptr(b.skipFlag(a)).flat(p.Len())
 }
 
 // AdamRows implements kernels.Backend.
@@ -676,11 +764,12 @@ func (b *Backend) AdamRows(p, g, m, v, rows kernels.Tensor, a kernels.AdamArgs) 
 	sameLen(p, g, "AdamRows")
 	sameLen(p, m, "AdamRows")
 	sameLen(p, v, "AdamRows")
+	b.wrote(p, m, v)
 	d := p.Cols()
 	n := rows.Len()
 	b.kern(kAdamRows).ptr(b.dev32(p, "p")).ptr(b.dev32(g, "g")).ptr(b.dev32(m, "m")).ptr(b.dev32(v, "v")).
 		ptr(b.devI32(rows, "rows")).i32(n).i32(d).i32(p.Rows()).f32(a.LR).f32(a.Beta1).f32(a.Beta2).f32(a.Eps).
-		ptr(b.indexRecord()).flat(n * d)
+		ptr(b.indexRecord()).ptr(b.skipFlag(a)).flat(n * d)
 }
 
 // GatherRows implements kernels.Backend.
@@ -688,6 +777,7 @@ func (b *Backend) GatherRows(dst, src, idx kernels.Tensor, cols int) {
 	rl := src.Len() / src.Dims[0]
 	dl := dst.Len() / dst.Dims[0]
 	n := idx.Len()
+	b.wrote(dst)
 	if cols > rl || cols > dl || n > dst.Dims[0] {
 		panic(fmt.Sprintf("cuda: GatherRows %v <- %v cols %d", dst, src, cols))
 	}
@@ -698,6 +788,7 @@ func (b *Backend) GatherRows(dst, src, idx kernels.Tensor, cols int) {
 // WriteStep implements kernels.Backend.
 func (b *Backend) WriteStep(cache, x kernels.Tensor, t int) {
 	R, Tc, D := cache.Dims[0], cache.Dims[1], cache.Dims[2]
+	b.wrote(cache)
 	if t < 0 || t >= Tc || x.Len() != R*D {
 		panic(fmt.Sprintf("cuda: WriteStep %v <- %v at %d", cache, x, t))
 	}
@@ -746,6 +837,7 @@ func (b *Backend) Orthonormalize(p kernels.Tensor, eps float32) {
 	if rows*cols == 0 {
 		return
 	}
+	b.wrote(p)
 	b.kern(kOrtho).ptr(b.dev32(p, "p")).i32(rows).i32(cols).f32(eps).grid(p.Len()/(rows*cols), 1, orthoThreads(rows), 1)
 }
 

@@ -62,13 +62,13 @@ func (s launchShape) maxThreads() int {
 // "gr_" and its type suffix (_f32, _f16, _bf16; the casts are "cast").
 var opShapes = map[string]launchShape{
 	"scale": shapeFlat, "axpy": shapeFlat, "cast": shapeFlat, "infnan": shapeFlat, "sumsq": shapeFlat,
-	"col_sum": shapeFlat, "adam": shapeFlat, "adam_rows": shapeFlat, "add_bias": shapeFlat, "bias_relu": shapeFlat,
-	"relu_bwd": shapeFlat, "dropout": shapeFlat, "embedding": shapeFlat, "embedding_bwd": shapeFlat,
+	"col_sum": shapeFlat, "adam": shapeFlat, "adam_rows": shapeFlat, "add_bias": shapeFlat,
+	"relu_bwd": shapeFlat, "bias_relu_dropout": shapeFlat, "dropout": shapeFlat, "embedding": shapeFlat, "embedding_bwd": shapeFlat,
 	"add_pos": shapeFlat, "split_heads": shapeFlat, "merge_heads": shapeFlat, "gather_rows": shapeFlat,
 	"write_step": shapeFlat,
 
 	"layernorm": shapeRow, "layernorm_bwd": shapeRow, "attn_softmax": shapeRow, "attn_softmax_bwd": shapeRow,
-	"xent": shapeRow, "log_softmax": shapeRow,
+	"xent": shapeRow, "log_softmax": shapeRow, "residual_dropout_layernorm": shapeRow,
 
 	"bias_grad": shapeCol, "layernorm_bwd_params": shapeCol,
 

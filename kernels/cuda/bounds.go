@@ -82,6 +82,7 @@ func (b *Backend) copyRecord() {
 // was copied: a bad index panics with an *IndexError, the record cleared
 // (the backend stays usable after a recover).
 func (b *Backend) wait() {
+	b.counts.Syncs++
 	b.drv.must("cuStreamSynchronize", b.drv.call(b.drv.streamSynchronize, b.stream))
 	if !b.recPending {
 		return

@@ -181,7 +181,8 @@ type gemmCall struct {
 // 1024 as the power of two it does not exceed (the token counts of a
 // step's batches differ a little; their products share a row); batched
 // ones (attention's, over the heads, of lengths that vary by batch) are
-// one row per kind.
+// one row per kind; a batch with one operand for all (the stacked
+// attention projections) is named by its size and shape, as "x3".
 func (g *gemmCall) op() string {
 	t := func(b bool) string {
 		if b {
@@ -191,7 +192,10 @@ func (g *gemmCall) op() string {
 	}
 	s := fmt.Sprintf("gemm %v,%v->%v %s%s", g.a.DType, g.b.DType, g.c.DType, t(g.transA), t(g.transB))
 	if g.batch > 1 {
-		return s + " batched"
+		if g.sa != 0 && g.sb != 0 {
+			return s + " batched"
+		}
+		s += " x" + strconv.Itoa(g.batch)
 	}
 	dim := func(d int) string {
 		if d <= 1024 {

@@ -21,7 +21,8 @@
 //   - atomicAdd on float* and double*, atomicCAS on int* (the index
 //     checks' error record); expf, logf, sqrtf, sqrt; the half types
 //     only through __float2half_rn, __half2float, __float2bfloat16_rn and
-//     __bfloat162float; Inf/NaN tests as v - v != 0 and v != v.
+//     __bfloat162float, and copied (two at a time as a 4-byte struct or a
+//     32-bit word: "Pairs" below); Inf/NaN tests as v - v != 0 and v != v.
 //
 // Launch shapes (docs/cuda.md): "flat" kernels loop with a grid stride over
 // their n elements and are correct for any 1-D grid and block; "row"
@@ -242,27 +243,6 @@ extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_axpy_f32(float*
     }
 }
 
-// Casts between float32, float16 and bfloat16, rounding to nearest even.
-// Half to half goes through float32, which holds either exactly, so it
-// rounds once. (Written out per pair, with no overloads on the half types.)
-#define GR_CAST(name, D, S, conv)                                                  \
-    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) name(D* __restrict__ dst, const S* __restrict__ src, long long n) { \
-        const long long stride = flat_stride();                                     \
-        for (long long i = flat_start(); i < n; i += stride) {                      \
-            dst[i] = conv(src[i]);                                                  \
-        }                                                                           \
-    }
-
-#define GR_F16_BF16(v) __float2bfloat16_rn(__half2float(v))
-#define GR_BF16_F16(v) __float2half_rn(__bfloat162float(v))
-
-GR_CAST(gr_cast_f32_f16, __half, float, __float2half_rn)
-GR_CAST(gr_cast_f32_bf16, __nv_bfloat16, float, __float2bfloat16_rn)
-GR_CAST(gr_cast_f16_f32, float, __half, __half2float)
-GR_CAST(gr_cast_bf16_f32, float, __nv_bfloat16, __bfloat162float)
-GR_CAST(gr_cast_f16_bf16, __nv_bfloat16, __half, GR_F16_BF16)
-GR_CAST(gr_cast_bf16_f16, __half, __nv_bfloat16, GR_BF16_F16)
-
 // *flag = 1 if any element is Inf or NaN (v - v is NaN exactly then).
 extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_infnan_f32(int* flag, const float* __restrict__ x, long long n) {
     const long long stride = flat_stride();
@@ -307,6 +287,162 @@ static __device__ __forceinline__ float ld(const __nv_bfloat16* p, long long i) 
 static __device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
 static __device__ __forceinline__ void st(__half* p, long long i, float v) { p[i] = __float2half_rn(v); }
 static __device__ __forceinline__ void st(__nv_bfloat16* p, long long i, float v) { p[i] = __float2bfloat16_rn(v); }
+// rnd: v rounded to the type of p's elements, as st stores it and ld reads
+// it back (a fused kernel goes on with what it stored).
+static __device__ __forceinline__ float rnd(const float*, float v) { return v; }
+static __device__ __forceinline__ float rnd(const __half*, float v) { return __half2float(__float2half_rn(v)); }
+static __device__ __forceinline__ float rnd(const __nv_bfloat16*, float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Pairs. The flat kernels over activations move two adjacent elements at a
+// time where they can: two 16-bit values are one 32-bit load or store, half
+// the memory instructions of one at a time (two floats are two loads). A
+// pair starts at an even index i, so its 32-bit word needs the tensor's
+// address 4-byte aligned (pair_ok: every tensor the kernel takes from
+// Alloc is; a view at an odd offset is not). A kernel runs its pair loop
+// when every activation tensor it touches is pair_ok and, for kernels over
+// rows of d, d is even (no pair straddles two rows); else its element
+// loop. With an odd count the last element is the tail, done by the grid's
+// first thread. Element i is the low half of the word (little-endian).
+#ifndef GR_CHECK_ALIGNED // the emulator checks (cuda_emu.h); a GPU faults
+#define GR_CHECK_ALIGNED(p, n) ((void)0)
+#endif
+
+// word: the 32-bit word at p, which holds two 16-bit values.
+static __device__ __forceinline__ unsigned* word(void* p) {
+    GR_CHECK_ALIGNED(p, 4);
+    return (unsigned*)p;
+}
+static __device__ __forceinline__ const unsigned* word(const void* p) {
+    GR_CHECK_ALIGNED(p, 4);
+    return (const unsigned*)p;
+}
+
+static __device__ __forceinline__ bool pair_ok(const float*) { return true; }
+static __device__ __forceinline__ bool pair_ok(const __half* p) { return ((unsigned long long)p & 3ull) == 0; }
+static __device__ __forceinline__ bool pair_ok(const __nv_bfloat16* p) { return ((unsigned long long)p & 3ull) == 0; }
+
+// Pair: two adjacent 16-bit values as one 4-byte-aligned 4-byte object, so
+// that nvcc moves it with one 32-bit load or store; pair_at checks the
+// alignment where the emulator runs (a GPU faults).
+template <typename A>
+struct __align__(4) Pair {
+    A lo, hi;
+};
+template <typename A>
+static __device__ __forceinline__ Pair<A>* pair_at(A* p) {
+    GR_CHECK_ALIGNED(p, 4);
+    return (Pair<A>*)p;
+}
+template <typename A>
+static __device__ __forceinline__ const Pair<A>* pair_at(const A* p) {
+    GR_CHECK_ALIGNED(p, 4);
+    return (const Pair<A>*)p;
+}
+
+// ld2: elements i and i+1 (i even, the tensor pair_ok) as floats; st2
+// rounds two floats into them.
+static __device__ __forceinline__ void ld2(const float* p, long long i, float& a, float& b) {
+    a = p[i];
+    b = p[i + 1];
+}
+static __device__ __forceinline__ void ld2(const __half* p, long long i, float& a, float& b) {
+    const Pair<__half> v = *pair_at(p + i);
+    a = __half2float(v.lo);
+    b = __half2float(v.hi);
+}
+static __device__ __forceinline__ void ld2(const __nv_bfloat16* p, long long i, float& a, float& b) {
+    const Pair<__nv_bfloat16> v = *pair_at(p + i);
+    a = __bfloat162float(v.lo);
+    b = __bfloat162float(v.hi);
+}
+static __device__ __forceinline__ void st2(float* p, long long i, float a, float b) {
+    p[i] = a;
+    p[i + 1] = b;
+}
+static __device__ __forceinline__ void st2(__half* p, long long i, float a, float b) {
+    Pair<__half> v;
+    v.lo = __float2half_rn(a);
+    v.hi = __float2half_rn(b);
+    *pair_at(p + i) = v;
+}
+static __device__ __forceinline__ void st2(__nv_bfloat16* p, long long i, float a, float b) {
+    Pair<__nv_bfloat16> v;
+    v.lo = __float2bfloat16_rn(a);
+    v.hi = __float2bfloat16_rn(b);
+    *pair_at(p + i) = v;
+}
+
+// cp2: dst[i], dst[i+1] = src[j], src[j+1], bits unchanged (i, j even).
+static __device__ __forceinline__ void cp2(float* dst, long long i, const float* src, long long j) {
+    dst[i] = src[j];
+    dst[i + 1] = src[j + 1];
+}
+static __device__ __forceinline__ void cp2(__half* dst, long long i, const __half* src, long long j) {
+    *word(dst + i) = *word(src + j);
+}
+static __device__ __forceinline__ void cp2(__nv_bfloat16* dst, long long i, const __nv_bfloat16* src, long long j) {
+    *word(dst + i) = *word(src + j);
+}
+
+// relu_bwd2: dx[i], dx[i+1] = 0 where y[i], y[i+1] == 0 (either sign),
+// untouched bits elsewhere (i even).
+static __device__ __forceinline__ void relu_bwd2(float* dx, const float* y, long long i) {
+    if (y[i] == 0.0f) {
+        dx[i] = 0.0f;
+    }
+    if (y[i + 1] == 0.0f) {
+        dx[i + 1] = 0.0f;
+    }
+}
+// A 16-bit value (fp16 or bf16) is zero when its bits but the sign are.
+static __device__ __forceinline__ void relu_bwd2_16(unsigned* dx, const unsigned* y) {
+    const unsigned u = *y;
+    const unsigned keep = ((u & 0x7fffu) != 0 ? 0x0000ffffu : 0u) | ((u & 0x7fff0000u) != 0 ? 0xffff0000u : 0u);
+    if (keep != 0xffffffffu) {
+        *dx &= keep;
+    }
+}
+static __device__ __forceinline__ void relu_bwd2(__half* dx, const __half* y, long long i) {
+    relu_bwd2_16(word(dx + i), word(y + i));
+}
+static __device__ __forceinline__ void relu_bwd2(__nv_bfloat16* dx, const __nv_bfloat16* y, long long i) {
+    relu_bwd2_16(word(dx + i), word(y + i));
+}
+
+// Casts between float32, float16 and bfloat16, rounding to nearest even
+// (flat). Half to half goes through float32, which holds either exactly,
+// so it rounds once.
+template <typename D, typename S>
+__device__ __forceinline__ void cast_flat(D* __restrict__ dst, const S* __restrict__ src, long long n) {
+    const long long stride = flat_stride();
+    if (pair_ok(dst) && pair_ok(src)) {
+        const long long np = n >> 1;
+        for (long long k = flat_start(); k < np; k += stride) {
+            float a, b;
+            ld2(src, 2 * k, a, b);
+            st2(dst, 2 * k, a, b);
+        }
+        if ((n & 1) != 0 && flat_start() == 0) {
+            st(dst, n - 1, ld(src, n - 1));
+        }
+        return;
+    }
+    for (long long i = flat_start(); i < n; i += stride) {
+        st(dst, i, ld(src, i));
+    }
+}
+
+#define GR_CAST(name, D, S)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) name(D* __restrict__ dst, const S* __restrict__ src, long long n) { \
+        cast_flat(dst, src, n);                                                                                           \
+    }
+
+GR_CAST(gr_cast_f32_f16, __half, float)
+GR_CAST(gr_cast_f32_bf16, __nv_bfloat16, float)
+GR_CAST(gr_cast_f16_f32, float, __half)
+GR_CAST(gr_cast_bf16_f32, float, __nv_bfloat16)
+GR_CAST(gr_cast_f16_bf16, __nv_bfloat16, __half)
+GR_CAST(gr_cast_bf16_f16, __half, __nv_bfloat16)
 
 // x[r,j] += bias[j] (flat).
 template <typename A>
@@ -314,6 +450,22 @@ __device__ __forceinline__ void add_bias(A* x, const float* __restrict__ bias, l
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
+    if ((d & 1) == 0 && pair_ok(x)) { // pairs (k: elements 2k, 2k+1 of a row)
+        const long long np = n >> 1;
+        if (i >= np) {
+            return;
+        }
+        RowCol w;
+        rc_init(w, i, stride, d >> 1);
+        for (long long k = i; k < np; k += stride) {
+            const int j = 2 * (int)w.c;
+            float a, b;
+            ld2(x, 2 * k, a, b);
+            st2(x, 2 * k, a + bias[j], b + bias[j + 1]);
+            rc_next(w);
+        }
+        return;
+    }
     if (i >= n) {
         return;
     }
@@ -330,26 +482,20 @@ static __device__ __forceinline__ float relu(float v) {
     return (v > 0.0f || v != v) ? v : 0.0f;
 }
 
-template <typename A>
-__device__ __forceinline__ void bias_relu(A* x, const float* __restrict__ bias, long long rows, int d) {
-    const long long n = rows * (long long)d;
-    const long long stride = flat_stride();
-    long long i = flat_start();
-    if (i >= n) {
-        return;
-    }
-    RowCol w;
-    rc_init(w, i, stride, d);
-    for (; i < n; i += stride) {
-        st(x, i, relu(ld(x, i) + bias[w.c]));
-        rc_next(w);
-    }
-}
-
 // dx = 0 where y == 0 (either sign); dx is read only where it stays.
 template <typename A>
 __device__ __forceinline__ void relu_bwd(A* dx, const A* y, long long n) {
     const long long stride = flat_stride();
+    if (pair_ok(dx) && pair_ok(y)) {
+        const long long np = n >> 1;
+        for (long long k = flat_start(); k < np; k += stride) {
+            relu_bwd2(dx, y, 2 * k);
+        }
+        if ((n & 1) != 0 && flat_start() == 0 && ld(y, n - 1) == 0.0f) {
+            st(dx, n - 1, 0.0f);
+        }
+        return;
+    }
     for (long long i = flat_start(); i < n; i += stride) {
         if (ld(y, i) == 0.0f) {
             st(dx, i, 0.0f);
@@ -555,20 +701,152 @@ static __device__ __forceinline__ unsigned long long mix64(unsigned long long z)
     return z ^ (z >> 31);
 }
 
+// The random bits of the 4 elements 4g..4g+3.
+static __device__ __forceinline__ unsigned long long drop_word(unsigned long long seed, long long g) {
+    return mix64(seed + (unsigned long long)g * 0x9E3779B97F4A7C15ull);
+}
+
+// drop_keep: element i is kept (its 16 bits of the word z of its group are
+// >= thresh).
+static __device__ __forceinline__ bool drop_keep(unsigned long long z, long long i, unsigned thresh) {
+    return ((unsigned)(z >> (16 * (unsigned)(i & 3))) & 0xffffu) >= thresh;
+}
+
+// One element of dropout: res[i] + (keep(i) ? x[i]*scale : 0), res 0: none.
+template <typename A>
+__device__ __forceinline__ float dropout_one(const A* res, const A* x, long long i, unsigned long long seed,
+                                             unsigned thresh, float scale) {
+    float v = drop_keep(drop_word(seed, i >> 2), i, thresh) ? ld(x, i) * scale : 0.0f;
+    if (res != 0) {
+        v = ld(res, i) + v;
+    }
+    return v;
+}
+
 // y[i] = res[i] + (keep(i) ? x[i]*scale : 0); res 0: no residual. Each
-// element is read and written by one thread, so y may alias x or res.
+// element is read and written by one thread, so y may alias x or res. In
+// pairs, pair k's bits are half of the word of group k/2.
 template <typename A>
 __device__ __forceinline__ void dropout(A* y, const A* res, const A* x, long long n, unsigned long long seed,
                                                unsigned thresh, float scale) {
     const long long stride = flat_stride();
-    for (long long i = flat_start(); i < n; i += stride) {
-        const unsigned long long z = mix64(seed + (unsigned long long)(i >> 2) * 0x9E3779B97F4A7C15ull);
-        const unsigned r = (unsigned)(z >> (16 * (unsigned)(i & 3))) & 0xffffu;
-        float v = r >= thresh ? ld(x, i) * scale : 0.0f;
-        if (res != 0) {
-            v = ld(res, i) + v;
+    if (pair_ok(y) && pair_ok(x) && (res == 0 || pair_ok(res))) {
+        const long long np = n >> 1;
+        for (long long k = flat_start(); k < np; k += stride) {
+            const unsigned long long z = drop_word(seed, k >> 1);
+            float a, b;
+            ld2(x, 2 * k, a, b);
+            a = drop_keep(z, 2 * k, thresh) ? a * scale : 0.0f;
+            b = drop_keep(z, 2 * k + 1, thresh) ? b * scale : 0.0f;
+            if (res != 0) {
+                float ra, rb;
+                ld2(res, 2 * k, ra, rb);
+                a = ra + a;
+                b = rb + b;
+            }
+            st2(y, 2 * k, a, b);
         }
-        st(y, i, v);
+        if ((n & 1) != 0 && flat_start() == 0) {
+            st(y, n - 1, dropout_one(res, x, n - 1, seed, thresh, scale));
+        }
+        return;
+    }
+    for (long long i = flat_start(); i < n; i += stride) {
+        st(y, i, dropout_one(res, x, i, seed, thresh, scale));
+    }
+}
+
+// Fused ops: two ops of the backend in one kernel, as the Transformer
+// runs them one after the other.
+
+// x[r,j] = relu(x[r,j] + bias[j]) and y = dropout(x) (dropout, no
+// residual) in one pass (flat): each element read once, both written; y
+// may be x (then only y is written: BiasReLU is this with y = x, p = 0).
+template <typename A>
+__device__ __forceinline__ void bias_relu_dropout(A* y, A* x, const float* __restrict__ bias, long long rows, int d,
+                                                  unsigned long long seed, unsigned thresh, float scale) {
+    const long long n = rows * (long long)d;
+    const long long stride = flat_stride();
+    long long i = flat_start();
+    if ((d & 1) == 0 && pair_ok(x) && pair_ok(y)) { // pairs
+        const long long np = n >> 1;
+        if (i >= np) {
+            return;
+        }
+        RowCol w;
+        rc_init(w, i, stride, d >> 1);
+        for (long long k = i; k < np; k += stride) {
+            const int j = 2 * (int)w.c;
+            float a, b;
+            ld2(x, 2 * k, a, b);
+            a = rnd(x, relu(a + bias[j]));
+            b = rnd(x, relu(b + bias[j + 1]));
+            if (y != x) {
+                st2(x, 2 * k, a, b);
+            }
+            const unsigned long long z = drop_word(seed, k >> 1);
+            st2(y, 2 * k, drop_keep(z, 2 * k, thresh) ? a * scale : 0.0f, drop_keep(z, 2 * k + 1, thresh) ? b * scale : 0.0f);
+            rc_next(w);
+        }
+        return;
+    }
+    if (i >= n) {
+        return;
+    }
+    RowCol w;
+    rc_init(w, i, stride, d);
+    for (; i < n; i += stride) {
+        const float v = rnd(x, relu(ld(x, i) + bias[w.c]));
+        if (y != x) {
+            st(x, i, v);
+        }
+        st(y, i, drop_keep(drop_word(seed, i >> 2), i, thresh) ? v * scale : 0.0f);
+        rc_next(w);
+    }
+}
+
+// out = res + dropout(x) (dropout; res 0: none), then y = LayerNorm(out)
+// with the row's mean and rstd (layernorm), one block a row (row). The
+// layer norm goes on with out as stored (rounded to A), as the two kernels
+// one after the other would: each thread reads back only the elements it
+// wrote, the same j as layernorm's, so its sums are those of layernorm's
+// threads, bit for bit. out may alias res or x; y aliases neither.
+template <typename A>
+__device__ __forceinline__ void residual_dropout_layernorm(A* out, A* y, float* mean, float* rstd, const A* res,
+                                                           const A* x, const float* gamma, const float* beta,
+                                                           int rows, int d, unsigned long long seed, unsigned thresh,
+                                                           float scale, float eps) {
+    __shared__ float sh[32];
+    const int row = blockIdx.x;
+    if (row >= rows) {
+        return; // the whole block
+    }
+    const long long off = (long long)row * d;
+    A* o = out + off;
+    A* yr = y + off;
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    float s = 0.0f;
+    for (int j = t; j < d; j += bs) {
+        const float v = rnd(o, dropout_one(res, x, off + j, seed, thresh, scale));
+        st(o, j, v);
+        s += v;
+    }
+    s = block_sum(s, sh);
+    const float m = s / (float)d;
+    float vs = 0.0f;
+    for (int j = t; j < d; j += bs) {
+        const float dv = ld(o, j) - m;
+        vs += dv * dv;
+    }
+    vs = block_sum(vs, sh);
+    const float rs = 1.0f / sqrtf(vs / (float)d + eps);
+    if (t == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+    for (int j = t; j < d; j += bs) {
+        st(yr, j, (ld(o, j) - m) * rs * gamma[j] + beta[j]);
     }
 }
 
@@ -583,6 +861,26 @@ __device__ __forceinline__ void embedding(A* __restrict__ out, const float* __re
     const long long total = (long long)n * d;
     const long long stride = flat_stride();
     long long e = flat_start();
+    if ((d & 1) == 0 && pair_ok(out)) { // pairs
+        const long long np = total >> 1;
+        if (e >= np) {
+            return;
+        }
+        RowCol w;
+        rc_init(w, e, stride, d >> 1);
+        for (long long k = e; k < np; k += stride) {
+            const int id = ids[w.r];
+            float a = 0.0f, b = 0.0f;
+            if (id != pad && index_ok(err, GR_OP_EMBEDDING, id, vocab, w.r)) {
+                const float* t = table + (long long)id * d + 2 * w.c;
+                a = t[0] * scale;
+                b = t[1] * scale;
+            }
+            st2(out, 2 * k, a, b);
+            rc_next(w);
+        }
+        return;
+    }
     if (e >= total) {
         return;
     }
@@ -629,6 +927,26 @@ __device__ __forceinline__ void add_pos(A* __restrict__ x, const float* __restri
     const long long n = rows * (long long)d;
     const long long stride = flat_stride();
     long long i = flat_start();
+    if ((d & 1) == 0 && pair_ok(x)) { // pairs
+        const long long np = n >> 1;
+        if (i >= np) {
+            return;
+        }
+        RowCol w;
+        rc_init(w, i, stride, d >> 1);
+        unsigned q = (unsigned)(w.r % T); // row % T
+        const unsigned sq = (unsigned)(w.sr % T);
+        for (long long k = i; k < np; k += stride) {
+            const float* p = pe + ((long long)q + t0) * d + 2 * w.c;
+            float a, b;
+            ld2(x, 2 * k, a, b);
+            st2(x, 2 * k, a + p[0], b + p[1]);
+            unsigned carry = 0;
+            mr_step(w.c, w.sc, w.d, carry);
+            mr_step(q, sq, (unsigned)T, carry);
+        }
+        return;
+    }
     if (i >= n) {
         return;
     }
@@ -685,6 +1003,20 @@ __device__ __forceinline__ void split_heads(A* __restrict__ dst, const A* __rest
     const long long n = (long long)B * H * S * Dh;
     const long long stride = flat_stride();
     long long i = flat_start();
+    if ((Dh & 1) == 0 && pair_ok(dst) && pair_ok(src)) { // pairs (k: elements 2k, 2k+1 of a head's row)
+        const int Dp = Dh >> 1;
+        const long long np = n >> 1;
+        if (i >= np) {
+            return;
+        }
+        Heads4 w;
+        h4_init(w, i, stride, S, H, Dp);
+        for (long long k = i; k < np; k += stride) {
+            cp2(dst, 2 * k, src, ((w.b * srcS + w.s) * H + w.h) * Dh + 2 * w.e);
+            h4_next(w, S, H, Dp);
+        }
+        return;
+    }
     if (i >= n) {
         return;
     }
@@ -704,6 +1036,20 @@ __device__ __forceinline__ void merge_heads(A* __restrict__ dst, const A* __rest
     const long long n = (long long)B * H * S * Dh;
     const long long stride = flat_stride();
     long long i = flat_start();
+    if ((Dh & 1) == 0 && pair_ok(dst) && pair_ok(src)) { // pairs
+        const int Dp = Dh >> 1;
+        const long long np = n >> 1;
+        if (i >= np) {
+            return;
+        }
+        Heads4 w;
+        h4_init(w, i, stride, S, H, Dp);
+        for (long long k = i; k < np; k += stride) {
+            cp2(dst, ((w.b * dstS + w.s) * H + w.h) * Dh + 2 * w.e, src, 2 * k);
+            h4_next(w, S, H, Dp);
+        }
+        return;
+    }
     if (i >= n) {
         return;
     }
@@ -925,9 +1271,15 @@ static __device__ __forceinline__ void adam_one(float* __restrict__ p, const flo
     p[i] -= lr * mi / (sqrtf(vi) + eps);
 }
 
-// m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p -= lr*m/(sqrt(v)+eps).
+// m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p -= lr*m/(sqrt(v)+eps);
+// nothing when skip (may be 0: none) points to a raised flag (an overflow
+// found on the device: the step's update is cancelled without the host).
 extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_adam_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                       float* __restrict__ v, long long n, float lr, float b1, float b2, float eps) {
+                                       float* __restrict__ v, long long n, float lr, float b1, float b2, float eps,
+                                       const int* skip) {
+    if (skip != 0 && *skip != 0) {
+        return;
+    }
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
     const long long stride = flat_stride();
     for (long long i = flat_start(); i < n; i += stride) {
@@ -937,10 +1289,14 @@ extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_adam_f32(float*
 
 // Adam on the rows rows[k] (k < nrows) of d elements only, of the prows
 // rows of p (g, m, v); a row number outside [0, prows) is skipped and
-// recorded in err.
+// recorded in err. Nothing when skip points to a raised flag (gr_adam_f32).
 extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_adam_rows_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                                             float* __restrict__ v, const int* __restrict__ rows, int nrows, int d,
-                                            int prows, float lr, float b1, float b2, float eps, int* err) {
+                                            int prows, float lr, float b1, float b2, float eps, int* err,
+                                            const int* skip) {
+    if (skip != 0 && *skip != 0) {
+        return;
+    }
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
     const long long n = (long long)nrows * d;
     const long long stride = flat_stride();
@@ -1082,10 +1438,11 @@ extern "C" __global__ void __launch_bounds__(GR_MAT_THREADS) gr_orthonormalize_f
     extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_add_bias_##S(A* x, const float* __restrict__ bias, long long rows, int d) { \
         add_bias(x, bias, rows, d);                                                                                    \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_bias_relu_##S(A* x, const float* __restrict__ bias, long long rows, int d) { \
-        bias_relu(x, bias, rows, d);                                                                                   \
-    }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_relu_bwd_##S(A* dx, const A* y, long long n) { relu_bwd(dx, y, n); } \
+    extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_bias_relu_dropout_##S(A* y, A* x, const float* __restrict__ bias, \
+                                                        long long rows, int d, unsigned long long seed, unsigned thresh, float scale) { \
+        bias_relu_dropout(y, x, bias, rows, d, seed, thresh, scale);                                                  \
+    }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(GR_COL_THREADS)                                                       \
         gr_bias_grad_##S(float* __restrict__ db, const A* __restrict__ dy, int rows, int d, int per) {                 \
         bias_grad(db, dy, rows, d, per);                                                                               \
@@ -1106,6 +1463,11 @@ extern "C" __global__ void __launch_bounds__(GR_MAT_THREADS) gr_orthonormalize_f
     extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_dropout_##S(A* y, const A* res, const A* x, long long n, unsigned long long seed, \
                                               unsigned thresh, float scale) {                                          \
         dropout(y, res, x, n, seed, thresh, scale);                                                                    \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GR_ROW_THREADS) gr_residual_dropout_layernorm_##S(A* out, A* y, float* mean, float* rstd, \
+        const A* res, const A* x, const float* gamma, const float* beta, int rows, int d, unsigned long long seed,     \
+        unsigned thresh, float scale, float eps) {                                                                     \
+        residual_dropout_layernorm(out, y, mean, rstd, res, x, gamma, beta, rows, d, seed, thresh, scale, eps);       \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_embedding_##S(A* __restrict__ out, const float* __restrict__ table, \
                                                 const int* __restrict__ ids, int n, int d, int vocab, float scale,     \

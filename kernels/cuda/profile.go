@@ -108,8 +108,9 @@ func (p *profiler) collect() {
 	p.pending = p.pending[:0]
 }
 
-// begin and end bracket one operation queued on the compute stream when
-// the profiler is on; op names it.
+// begin and end bracket one operation queued on the compute stream: end
+// counts it (Counts), and when the profiler is on the two time it; op
+// names it. GEMMs are counted and named in Backend.gemm.
 func (b *Backend) begin() {
 	if b.prof != nil {
 		b.prof.begin()
@@ -117,9 +118,50 @@ func (b *Backend) begin() {
 }
 
 func (b *Backend) end(op string) {
+	switch {
+	case strings.HasPrefix(op, "gr_"):
+		b.counts.Kernels++
+	case op == "memset":
+		b.counts.Memsets++
+	default:
+		b.counts.Copies++
+	}
 	if b.prof != nil {
 		b.prof.end(op)
 	}
+}
+
+// Counts are the operations the backend queued on its compute stream, by
+// kind, and the times the host waited for that stream, since the backend
+// opened or the last TakeCounts. Counted always (an increment each), with
+// or without the profiler.
+type Counts struct {
+	Kernels int // launches of kernels.cu's kernels (cuLaunchKernel)
+	GEMMs   int // cuBLAS calls (each launches one or more kernels on a GPU)
+	Memsets int // cuMemsetD8Async (Alloc's and Zero's zeroing, the reduction buffer)
+	Copies  int // host to device, device to host, device to device
+	// Syncs is the host waiting for the compute stream
+	// (cuStreamSynchronize): Sync, Download, the scalar results
+	// (CrossEntropy's loss, HasInfNaN, SumSquares) and TakeScalars. The
+	// copy stream's Fences, waited on by the Bucketer's goroutine, and
+	// the profiler's own waits are not counted.
+	Syncs int
+}
+
+// Launches is everything queued on the stream: kernels, GEMMs, memsets
+// and copies.
+func (c Counts) Launches() int { return c.Kernels + c.GEMMs + c.Memsets + c.Copies }
+
+func (c Counts) String() string {
+	return fmt.Sprintf("%d launches (%d kernels, %d GEMMs, %d memsets, %d copies), %d host syncs",
+		c.Launches(), c.Kernels, c.GEMMs, c.Memsets, c.Copies, c.Syncs)
+}
+
+// TakeCounts returns the counts and starts them again.
+func (b *Backend) TakeCounts() Counts {
+	c := b.counts
+	b.counts = Counts{}
+	return c
 }
 
 // Profiling reports whether GORUN_CUDA_PROFILE=1 turned the profiler on.

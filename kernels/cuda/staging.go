@@ -127,6 +127,7 @@ func (b *Backend) CopyIn(dst kernels.Tensor, src []byte, wire kernels.DType) {
 	if n == 0 {
 		return
 	}
+	b.wrote(dst)
 	d := b.drv
 	if wire == kernels.F32 {
 		b.begin()

@@ -58,10 +58,14 @@ type halfActs struct {
 	gemms int
 }
 
-type actPair struct{ f, h kernels.Tensor }
+type actPair struct{ f, h, back kernels.Tensor }
 
 // in returns t's copy in dt. An empty tensor (an absent output) stays as
-// it is.
+// it is. A device tensor at an odd element offset of its allocation (its
+// address 4 mod 8: allocations are aligned), such as the table's views at
+// offsets 1 and 3, gets a copy at an odd offset too, whose address is not
+// 4-byte aligned: the backend's kernels must then not move its 16-bit
+// values as 32-bit pairs.
 func (a *halfActs) in(t kernels.Tensor) kernels.Tensor {
 	if t.Len() == 0 {
 		return t
@@ -76,9 +80,14 @@ func (a *halfActs) in(t kernels.Tensor) kernels.Tensor {
 			return h
 		}
 	}
-	h := a.Backend.Alloc(a.dt, t.Shape()...)
+	off := 0
+	if t.Ptr%8 == 4 {
+		off = 1
+	}
+	back := a.Backend.Alloc(a.dt, t.Len()+off)
+	h := back.Slice(off, t.Shape()...)
 	a.Backend.Cast(h, t)
-	a.pairs = append(a.pairs, actPair{t, h})
+	a.pairs = append(a.pairs, actPair{t, h, back})
 	return h
 }
 
@@ -86,7 +95,7 @@ func (a *halfActs) in(t kernels.Tensor) kernels.Tensor {
 func (a *halfActs) done() {
 	for _, p := range a.pairs {
 		a.Backend.Cast(p.f, p.h)
-		a.Backend.Free(p.h)
+		a.Backend.Free(p.back)
 	}
 	a.pairs = a.pairs[:0]
 }
@@ -113,6 +122,16 @@ func (a *halfActs) BiasGrad(dbias, dy kernels.Tensor) {
 
 func (a *halfActs) BiasReLU(x, bias kernels.Tensor) {
 	a.Backend.BiasReLU(a.in(x), bias)
+	a.done()
+}
+
+func (a *halfActs) BiasReLUDropout(y, x, bias kernels.Tensor, p float32, seed uint64) {
+	a.Backend.BiasReLUDropout(a.in(y), a.in(x), bias, p, seed)
+	a.done()
+}
+
+func (a *halfActs) ResidualDropoutLayerNorm(out, y, mean, rstd, res, x, gamma, beta kernels.Tensor, p float32, seed uint64, eps float32) {
+	a.Backend.ResidualDropoutLayerNorm(a.in(out), a.in(y), mean, rstd, a.in(res), a.in(x), gamma, beta, p, seed, eps)
 	a.done()
 }
 

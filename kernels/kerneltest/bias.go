@@ -108,6 +108,66 @@ func testBiasReLU(e *env) {
 	})
 }
 
+// BiasReLUDropout is BiasReLU then Dropout: x against the float64 ReLU, y
+// against the float64 dropout of x as stored (the dropped elements exactly
+// zero), and both bit for bit against BiasReLU and Dropout run one after
+// the other on the same backend. Views at odd offsets (not 4-byte aligned
+// in 16 bits); y aliasing x (x then ends as y).
+func testBiasReLUDropout(e *env) {
+	type brdCase struct {
+		rows, d int
+		p       float32
+		seed    uint64
+		view    bool // x and y views at offsets 1 and 3 of bigger tensors
+		alias   bool // y is x
+	}
+	var cs []brdCase
+	for i, s := range rowShapes {
+		cs = append(cs, brdCase{rows: s[0], d: s[1], p: []float32{0.1, 0.3, 0}[i%3], seed: uint64(100 + i)})
+	}
+	cs = append(cs,
+		brdCase{rows: 6, d: 100, p: 0.2, seed: 7, view: true},
+		brdCase{rows: 3, d: 7, p: 0.5, seed: 8, view: true},
+		brdCase{rows: 40, d: 64, p: 0.1, seed: 0xFFFFFFFFFFFFFFF0}, // seed + g*golden wraps
+		brdCase{rows: 5, d: 100, p: 0.2, seed: 11, alias: true},
+		brdCase{rows: 3, d: 7, p: 0, seed: 0, alias: true, view: true}, // BiasReLU
+	)
+	for _, c := range cs {
+		e.run(fmt.Sprintf("%dx%d p=%g seed=%#x view=%v alias=%v", c.rows, c.d, c.p, c.seed, c.view, c.alias), func() {
+			n := c.rows * c.d
+			x, b := e.varied(n, 1), e.randn(c.d, 1)
+			place := func(v []float32, off int) kernels.Tensor {
+				if !c.view {
+					return e.up(v, c.rows, c.d)
+				}
+				big := e.up(append(append(e.randn(off, 1), v...), e.randn(2, 1)...), off+n+2)
+				return big.Slice(off, c.rows, c.d)
+			}
+			xt, yt, bt := place(x, 1), place(e.randn(n, 1), 3), e.up(b, c.d)
+			if c.alias {
+				yt = xt
+			}
+			e.be.BiasReLUDropout(yt, xt, bt, c.p, c.seed)
+			x2, y2 := e.up(x, c.rows, c.d), e.alloc(f32, c.rows, c.d)
+			e.be.BiasReLU(x2, bt)
+			e.be.Dropout(y2, x2, c.p, c.seed)
+			gx, gy, rx := e.down(xt), e.down(yt), e.down(x2)
+			e.near("relu", rx, relu64(to64(x), to64(b)), e.tol.F32)
+			e.near("y", gy, dropout64(nil, rx, c.p, c.seed), e.tol.F32)
+			for i, v := range gy {
+				if c.p > 0 && !kept(c.seed, i, c.p) && v != 0 {
+					e.errorf("y[%d] = %g: a dropped element (its random bits %#04x) must be 0", i, v, dropBits(c.seed, i))
+					break
+				}
+			}
+			if !c.alias {
+				e.exact("x against BiasReLU", gx, rx)
+			}
+			e.exact("y against BiasReLU then Dropout", gy, e.down(y2))
+		})
+	}
+}
+
 func testReLUBackward(e *env) {
 	for _, n := range []int{1, 7, 33, 4097, 100003} {
 		e.run(fmt.Sprint(n), func() {

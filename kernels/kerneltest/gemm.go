@@ -45,6 +45,7 @@ type gemmCase struct {
 	alpha, beta float32
 	nanC        bool // C starts as NaN (with beta == 0 it must not be read)
 	view        string
+	bcast       byte // 'A' or 'B': that operand one matrix (2-D) for the whole batch
 }
 
 func testGemm(e *env) {
@@ -58,6 +59,11 @@ func testGemm(e *env) {
 			gemmCase{name: tn + " 2x513x33 beta=0 NaN C", ta: tr[0], tb: tr[1], m: 2, n: 513, k: 33, alpha: -1.5, nanC: true},
 			gemmCase{name: tn + " batched 3x7x9x33", ta: tr[0], tb: tr[1], batch: []int{3}, m: 7, n: 9, k: 33, alpha: 1, beta: 0.25},
 			gemmCase{name: tn + " batched 2x3x5x17x8", ta: tr[0], tb: tr[1], batch: []int{2, 3}, m: 5, n: 17, k: 8, alpha: 0.7, beta: 0},
+			// one input, several weight matrices (Q, K, V), and their
+			// gradients accumulated
+			gemmCase{name: tn + " one A for a batch of 3 7x9x33", ta: tr[0], tb: tr[1], batch: []int{3}, m: 7, n: 9, k: 33, alpha: 1, beta: 0, bcast: 'A'},
+			gemmCase{name: tn + " one B for a batch of 2 5x17x8", ta: tr[0], tb: tr[1], batch: []int{2}, m: 5, n: 17, k: 8, alpha: 1, beta: 1, bcast: 'B'},
+			gemmCase{name: tn + " one A for a batch of 2x3 4x6x10", ta: tr[0], tb: tr[1], batch: []int{2, 3}, m: 4, n: 6, k: 10, alpha: 0.5, beta: 1, bcast: 'A'},
 		)
 	}
 	cases = append(cases,
@@ -89,7 +95,15 @@ func gemmRun(e *env, c gemmCase) {
 		bDims = []int{n, k}
 	}
 	with := func(d []int) []int { return append(append([]int(nil), c.batch...), d...) }
-	av, bv := e.varied(batch*m*k, 1), e.randn(batch*k*n, 1)
+	na, nb := batch, batch // matrices of A and B
+	aAt, bAt := m*k, k*n   // their strides in the reference
+	switch c.bcast {
+	case 'A':
+		na, aAt = 1, 0
+	case 'B':
+		nb, bAt = 1, 0
+	}
+	av, bv := e.varied(na*m*k, 1), e.randn(nb*k*n, 1)
 	cv := e.randn(batch*m*n, 1)
 	if c.nanC {
 		for i := range cv {
@@ -98,7 +112,11 @@ func gemmRun(e *env, c gemmCase) {
 	}
 	var at, bt, ct, cbig kernels.Tensor
 	var cbase []float32
-	bt = e.up(bv, with(bDims)...)
+	if c.bcast == 'B' {
+		bt = e.up(bv, bDims...)
+	} else {
+		bt = e.up(bv, with(bDims)...)
+	}
 	switch c.view {
 	case "rank3": // A [2, m/2, k] read as m x k
 		at = e.up(av, 2, m/2, k)
@@ -112,13 +130,17 @@ func gemmRun(e *env, c gemmCase) {
 		cbig = e.up(cbase, m+6, n)
 		ct = cbig.RowSlice(2, 2+m)
 	default:
-		at = e.up(av, with(aDims)...)
+		if c.bcast == 'A' {
+			at = e.up(av, aDims...)
+		} else {
+			at = e.up(av, with(aDims)...)
+		}
 		ct = e.up(cv, with([]int{m, n})...)
 	}
 	e.be.Gemm(c.ta, c.tb, c.alpha, at, bt, c.beta, ct)
 	want, bound := make([]float64, batch*m*n), make([]float64, batch*m*n)
 	for i := range batch {
-		gemm64(c.ta, c.tb, m, n, k, float64(c.alpha), av[i*m*k:], bv[i*k*n:], float64(c.beta), cv[i*m*n:], want[i*m*n:], bound[i*m*n:])
+		gemm64(c.ta, c.tb, m, n, k, float64(c.alpha), av[i*aAt:], bv[i*bAt:], float64(c.beta), cv[i*m*n:], want[i*m*n:], bound[i*m*n:])
 	}
 	e.nearScale("C", e.down(ct), want, bound, e.tol.Gemm)
 	if c.view == "slice" {

@@ -144,11 +144,13 @@ var ops = []struct {
 	{"BiasGrad", testBiasGrad, true},
 	{"BiasReLU", testBiasReLU, true},
 	{"ReLUBackward", testReLUBackward, true},
+	{"BiasReLUDropout", testBiasReLUDropout, true},
 	{"LayerNorm", testLayerNorm, true},
 	{"LayerNormBackward", testLayerNormBackward, true},
 	{"Dropout", testDropout, true},
 	{"DropoutBackward", testDropoutBackward, true},
 	{"ResidualDropout", testResidualDropout, true},
+	{"ResidualDropoutLayerNorm", testResidualDropoutLayerNorm, true},
 	{"Embedding", testEmbedding, true},
 	{"EmbeddingBackward", testEmbeddingBackward, true},
 	{"AddPositional", testAddPositional, true},
@@ -379,6 +381,18 @@ func (e *env) exact(what string, got, want []float32) {
 	if e.tol.Activations != kernels.F32 {
 		want = clone(want)
 		roundTo(e.tol.Activations, want)
+	}
+	e.bits(what, got, want)
+}
+
+// bits checks got bit for bit against want (a NaN matches any NaN), as
+// they are: for float32 outputs that are no activations (LayerNorm's mean
+// and rstd) compared with the same backend's.
+func (e *env) bits(what string, got, want []float32) {
+	e.t.Helper()
+	if len(got) != len(want) {
+		e.errorf("%s: %d elements, want %d", what, len(got), len(want))
+		return
 	}
 	bad := 0
 	var msgs []string

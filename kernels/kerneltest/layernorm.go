@@ -3,6 +3,8 @@ package kerneltest
 import (
 	"fmt"
 	"math"
+
+	"github.com/gorun/gorun/kernels"
 )
 
 // ln64 is LayerNorm over rows of d in float64: y, mean and rstd.
@@ -106,31 +108,109 @@ func testLayerNorm(e *env) {
 			x, g, b := c.input(e), e.randn(c.d, 1), e.randn(c.d, 1)
 			y, mean, rstd := e.alloc(f32, c.rows, c.d), e.up(e.randn(c.rows, 1), c.rows), e.up(e.randn(c.rows, 1), c.rows)
 			e.be.LayerNorm(y, mean, rstd, e.up(x, c.rows, c.d), e.up(g, c.d), e.up(b, c.d), c.eps)
-			wy, wm, wr := ln64(to64(x), to64(g), to64(b), c.d, float64(c.eps))
-			// y against the size of the terms of (x-mean)*rstd*g + b: x-mean
-			// cancels when the mean is large, and the rounding of x and
-			// mean then shows in y.
-			scale := make([]float64, len(x))
-			ys := make([]float64, len(x))
-			for i, v := range x {
-				r, j := i/c.d, i%c.d
-				ys[i] = (math.Abs(float64(v))+math.Abs(wm[r]))*wr[r]*math.Abs(float64(g[j])) + math.Abs(float64(b[j]))
+			e.checkLayerNorm(c, x, g, b, y, mean, rstd)
+		})
+	}
+}
+
+// checkLayerNorm checks y, mean and rstd, a LayerNorm of x with gamma g and
+// beta b, against the float64 reference.
+func (e *env) checkLayerNorm(c lnCase, x, g, b []float32, y, mean, rstd kernels.Tensor) {
+	e.t.Helper()
+	wy, wm, wr := ln64(to64(x), to64(g), to64(b), c.d, float64(c.eps))
+	// y against the size of the terms of (x-mean)*rstd*g + b: x-mean
+	// cancels when the mean is large, and the rounding of x and
+	// mean then shows in y.
+	scale := make([]float64, len(x))
+	ys := make([]float64, len(x))
+	for i, v := range x {
+		r, j := i/c.d, i%c.d
+		ys[i] = (math.Abs(float64(v))+math.Abs(wm[r]))*wr[r]*math.Abs(float64(g[j])) + math.Abs(float64(b[j]))
+	}
+	floor := rms(ys)
+	for i := range scale {
+		scale[i] = ys[i] + floor
+	}
+	e.nearScale("y", e.down(y), wy, scale, e.tol.F32)
+	// mean: against the spread of its row
+	scale = make([]float64, c.rows)
+	for r := range scale {
+		scale[r] = math.Abs(wm[r]) + math.Sqrt(max(1/(wr[r]*wr[r])-float64(c.eps), 0))
+	}
+	e.nearScale("mean", e.down(mean), wm, scale, e.tol.F32)
+	for r := range scale {
+		scale[r] = wr[r]
+	}
+	e.nearScale("rstd", e.down(rstd), wr, scale, e.tol.F32)
+}
+
+// ResidualDropoutLayerNorm is ResidualDropout (or Dropout, without a
+// residual) then LayerNorm: out against the float64 dropout (the dropped
+// elements exactly the residual), y, mean and rstd against the float64
+// layer norm of out as stored, and all four bit for bit against the two
+// ops run one after the other on the same backend. out aliases the
+// residual, or x, or neither; views at odd offsets (not 4-byte aligned in
+// 16 bits).
+func testResidualDropoutLayerNorm(e *env) {
+	type rdlCase struct {
+		lnCase
+		p     float32
+		seed  uint64
+		res   bool   // with a residual
+		alias string // "res": out is res; "x": out is x
+		view  bool   // res, x, out views at offsets 1, 3, 5 of bigger tensors
+	}
+	var cs []rdlCase
+	for i, c := range lnCases() {
+		cs = append(cs, rdlCase{lnCase: c, p: []float32{0.1, 0, 0.3}[i%3], seed: uint64(200 + i), res: i%4 != 3,
+			alias: []string{"", "res", "x"}[i%3], view: i%5 == 2})
+	}
+	cs = append(cs,
+		rdlCase{lnCase: lnCase{rows: 8, d: 64, eps: 1e-6}, p: 0.1, seed: 0xFFFFFFFFFFFFFFF0, res: true},
+		rdlCase{lnCase: lnCase{rows: 5, d: 33, eps: 1e-6}, p: 0.2, seed: 9, res: false, alias: "x", view: true},
+	)
+	for _, c := range cs {
+		e.run(fmt.Sprintf("%v p=%g seed=%#x res=%v alias=%q view=%v", c.lnCase, c.p, c.seed, c.res, c.alias, c.view), func() {
+			n := c.rows * c.d
+			res, x, g, b := c.input(e), e.nonzero(n), e.randn(c.d, 1), e.randn(c.d, 1)
+			place := func(v []float32, off int) kernels.Tensor {
+				if !c.view {
+					return e.up(v, c.rows, c.d)
+				}
+				big := e.up(append(append(e.randn(off, 1), v...), e.randn(2, 1)...), off+n+2)
+				return big.Slice(off, c.rows, c.d)
 			}
-			floor := rms(ys)
-			for i := range scale {
-				scale[i] = ys[i] + floor
+			var rest kernels.Tensor
+			var base []float32
+			if c.res {
+				rest, base = place(res, 1), res
 			}
-			e.nearScale("y", e.down(y), wy, scale, e.tol.F32)
-			// mean: against the spread of its row
-			scale = make([]float64, c.rows)
-			for r := range scale {
-				scale[r] = math.Abs(wm[r]) + math.Sqrt(max(1/(wr[r]*wr[r])-float64(c.eps), 0))
+			xt := place(x, 3)
+			out := place(e.randn(n, 1), 5)
+			switch {
+			case c.alias == "res" && c.res:
+				out = rest
+			case c.alias == "x":
+				out = xt
 			}
-			e.nearScale("mean", e.down(mean), wm, scale, e.tol.F32)
-			for r := range scale {
-				scale[r] = wr[r]
+			y, mean, rstd := e.alloc(f32, c.rows, c.d), e.alloc(f32, c.rows), e.alloc(f32, c.rows)
+			gt, bt := e.up(g, c.d), e.up(b, c.d)
+			e.be.ResidualDropoutLayerNorm(out, y, mean, rstd, rest, xt, gt, bt, c.p, c.seed, c.eps)
+			gout := e.down(out)
+			e.checkDrop("out", gout, base, x, c.p, c.seed)
+			e.checkLayerNorm(c.lnCase, gout, g, b, y, mean, rstd)
+			// the two ops one after the other
+			out2, y2, mean2, rstd2 := e.alloc(f32, c.rows, c.d), e.alloc(f32, c.rows, c.d), e.alloc(f32, c.rows), e.alloc(f32, c.rows)
+			if c.res {
+				e.be.ResidualDropout(out2, e.up(res, c.rows, c.d), e.up(x, c.rows, c.d), c.p, c.seed)
+			} else {
+				e.be.Dropout(out2, e.up(x, c.rows, c.d), c.p, c.seed)
 			}
-			e.nearScale("rstd", e.down(rstd), wr, scale, e.tol.F32)
+			e.be.LayerNorm(y2, mean2, rstd2, out2, gt, bt, c.eps)
+			e.exact("out against ResidualDropout", gout, e.down(out2))
+			e.exact("y against ResidualDropout then LayerNorm", e.down(y), e.down(y2))
+			e.bits("mean against LayerNorm", e.down(mean), e.down(mean2))
+			e.bits("rstd against LayerNorm", e.down(rstd), e.down(rstd2))
 		})
 	}
 }

@@ -54,6 +54,7 @@ enum {
   CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_ILLEGAL_ADDRESS = 700,
   CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+  CUDA_ERROR_MISALIGNED_ADDRESS = 716,
   CUDA_ERROR_LAUNCH_FAILED = 719,
   CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_UNKNOWN = 999,
@@ -82,6 +83,7 @@ const ErrInfo kErrors[] = {
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {716, "CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -743,6 +745,13 @@ extern "C" unsigned long long __gorun_emu_warp(unsigned mask, unsigned long long
 extern "C" void __gorun_emu_trap(void) {
   if (!g_cur || !g_cur->busy) abort();
   fail_thread(CUDA_ERROR_LAUNCH_FAILED, "__trap()");
+}
+
+// A kernel's access of n bytes at p, which is not n-byte aligned: a GPU
+// faults on it (x86 would not), GR_CHECK_ALIGNED in cuda_emu.h.
+extern "C" void __gorun_emu_misaligned(const void* p, int n) {
+  if (!g_cur || !g_cur->busy) abort();
+  fail_thread(CUDA_ERROR_MISALIGNED_ADDRESS, "a %d-byte access at %p, which is not %d-byte aligned", n, p, n);
 }
 
 namespace {

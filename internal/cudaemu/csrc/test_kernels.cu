@@ -142,6 +142,13 @@ extern "C" __global__ void emu_test_trap(float* x) {
   if (blockIdx.x == 1 && threadIdx.x == 3) __trap();
   x[0] = 1;
 }
+// A 32-bit word at byte off of x: a GPU faults when off is not a multiple
+// of 4, and the emulator, told by GR_CHECK_ALIGNED, fails the launch too.
+extern "C" __global__ void emu_test_misaligned(float* x, int off) {
+  unsigned* w = (unsigned*)((char*)x + off);
+  GR_CHECK_ALIGNED(w, 4);
+  if (threadIdx.x == 0) *w = 1u;
+}
 
 // __launch_bounds__ through a macro, and kernels made by a macro: the
 // build's scan must see both.

@@ -18,8 +18,12 @@ type commStats struct {
 	Comm     time.Duration // time collectives of gradients were in flight
 	Exposed  time.Duration // of which after backward had finished
 	Overflow bool          // inf or NaN in the reduced gradients
-	Buckets  int
-	PowerSGD fusion.PowerSGDStats // --compression powersgd
+	// OverflowFlagged: the check was queued on the device instead
+	// (kernels.DeferredScalars' FlagOverflow, read at the step's end);
+	// Overflow says nothing then
+	OverflowFlagged bool
+	Buckets         int
+	PowerSGD        fusion.PowerSGDStats // --compression powersgd
 }
 
 // reducer sums the gradients of all ranks into m.Grads.
@@ -57,6 +61,9 @@ type plainReducer struct {
 	start time.Time
 	host  []float32 // the gradients' host copy, off the CPU (nil on it: in place)
 	scale float32   // applied after the reduction (1: none)
+	// flag, on one rank, queues the overflow check (always, scaled or
+	// not) instead of waiting for it; set by the step that reads the flag
+	flag kernels.DeferredScalars
 }
 
 func newPlainReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, wire collective.DType) *plainReducer {
@@ -78,10 +85,16 @@ func (p *plainReducer) Wait() (commStats, error) {
 	be := p.m.Backend()
 	if p.comm.Size() == 1 {
 		// nothing to exchange; with a loss scale, unscale and check here
+		if p.scale != 1 {
+			be.Scale(p.m.Grads, p.scale)
+		}
+		if p.flag != nil {
+			p.flag.FlagInfNaN(p.m.Grads, kernels.FlagOverflow)
+			return commStats{OverflowFlagged: true}, nil
+		}
 		if p.scale == 1 {
 			return commStats{}, nil
 		}
-		be.Scale(p.m.Grads, p.scale)
 		return commStats{Overflow: be.HasInfNaN(p.m.Grads)}, nil
 	}
 	g := p.m.Grads.F32

@@ -846,6 +846,21 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	t0 := time.Now()
 	m := t.m
 	be := m.Backend()
+	// One rank on a GPU: the step's scalars (its loss, the gradients' and
+	// the weights' checks) are queued on the device and read once, at the
+	// step's end (takeScalars): no synchronisation inside the step. With
+	// more ranks the loss goes into the token count's all-reduce before
+	// the backward pass, on every rank alike (a CPU rank may train with
+	// GPU ranks), and is read there.
+	ds, _ := be.(kernels.DeferredScalars)
+	if t.comm.Size() > 1 {
+		ds = nil
+	}
+	m.DeferLoss = ds != nil
+	defer func() { m.DeferLoss = false }()
+	if pr, ok := t.red.(*plainReducer); ok {
+		pr.flag = ds
+	}
 	// This rank's micro-batches of the step: one per pass of
 	// --backward-passes-per-step, or as many as its share of a resumed
 	// run's global batch takes (see batchSource).
@@ -880,8 +895,10 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 			}
 			n = float64(loss.Tokens)
 			total += n
-			raw += loss.Raw * n
-			lab += loss.Lab * n
+			if ds == nil { // else read at the end
+				raw += loss.Raw * n
+				lab += loss.Lab * n
+			}
 		}
 		var scale float32 = 1
 		if last {
@@ -953,31 +970,73 @@ func (t *Trainer) trainStep(ctx context.Context) (stepResult, error) {
 	}
 	r.comm = cs
 	// A loss that is not finite (all ranks': the same on every rank) stops
-	// the run before its gradients touch the weights.
-	if math.IsNaN(r.lossRaw) || math.IsInf(r.lossRaw, 0) {
+	// the run before its gradients touch the weights. (Deferred, it is read
+	// at the end; the update was then cancelled on the device, since such
+	// a loss leaves gradients that are not finite.)
+	if ds == nil && (math.IsNaN(r.lossRaw) || math.IsInf(r.lossRaw, 0)) {
 		return r, t.diverged(t.step+1, fmt.Sprintf("the loss is %v", r.lossRaw))
 	}
-	if t.scaler.Update(cs.Overflow) {
+	lr := t.lr.LR(t.step)
+	if !cs.OverflowFlagged && t.scaler.Update(cs.Overflow) {
 		r.skipped = true
 	} else {
-		lr := t.lr.LR(t.step)
 		end := t.tl.Begin("optimizer", "step")
-		if err := t.opt.Step(m, lr, nil); err != nil {
+		t.opt.SkipOnOverflow = cs.OverflowFlagged // the overflow flag cancels it on the device
+		err := t.opt.Step(m, lr, nil)
+		t.opt.SkipOnOverflow = false
+		if err != nil {
 			return r, err
 		}
 		// The update that makes a weight NaN or infinite (an overflowing
 		// learning rate, a gradient the loss scaler did not catch) stops
 		// the run at this step, not one later at the next loss: one pass
 		// over the weights, on their device (docs/nmt-train.md, Divergence).
-		if be.HasInfNaN(m.Weights) {
+		if ds != nil {
+			ds.FlagInfNaN(m.Weights, kernels.FlagWeights)
+		} else if be.HasInfNaN(m.Weights) {
 			end()
 			return r, t.diverged(t.step+1, fmt.Sprintf("the update at learning rate %.4g made the weights non-finite (%s)", lr, t.firstNonFinite(m.Weights, "")))
 		}
 		end()
 	}
+	if ds != nil {
+		if err := t.takeScalars(ds, &r, cs.OverflowFlagged, lr); err != nil {
+			return r, err
+		}
+	}
 	r.dur = time.Since(t0)
 	r.compute = r.dur - cs.Exposed
 	return r, nil
+}
+
+// takeScalars reads what a step on one rank queued on the GPU
+// (kernels.DeferredScalars), its one synchronisation: the loss, the
+// overflow flag (its update was cancelled on the device: the step is
+// skipped and the optimizer's count taken back) and the weights' check,
+// with the checks of the step without deferral.
+func (t *Trainer) takeScalars(ds kernels.DeferredScalars, r *stepResult, flagged bool, lr float64) error {
+	m := t.m
+	sum, count, flags := ds.TakeScalars()
+	N := float64(r.tokens)
+	r.lossRaw = sum / N
+	r.lossLab = (sum - transformer.SmoothedEntropy(m.Cfg.Vocab, float64(m.Cfg.LabelSmoothing))*float64(count)) / N
+	if math.IsNaN(r.lossRaw) || math.IsInf(r.lossRaw, 0) {
+		return t.diverged(t.step+1, fmt.Sprintf("the loss is %v", r.lossRaw))
+	}
+	if flagged {
+		overflow := flags[kernels.FlagOverflow]
+		if overflow && !t.lossScaling {
+			return t.diverged(t.step+1, "the gradients are not finite")
+		}
+		if t.scaler.Update(overflow) {
+			r.skipped = true
+			t.opt.T-- // the update was cancelled
+		}
+	}
+	if flags[kernels.FlagWeights] {
+		return t.diverged(t.step+1, fmt.Sprintf("the update at learning rate %.4g made the weights non-finite (%s)", lr, t.firstNonFinite(m.Weights, "")))
+	}
+	return nil
 }
 
 // allreduceSums sums a few numbers over ranks (float32 on the wire: token

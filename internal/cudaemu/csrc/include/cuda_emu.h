@@ -77,6 +77,17 @@ static constexpr int warpSize = 32;
 extern "C" int __gorun_emu_barrier(int op, int pred);
 extern "C" unsigned long long __gorun_emu_warp(unsigned mask, unsigned long long v, int op, int arg, int width);
 extern "C" void __gorun_emu_trap(void) __attribute__((noreturn));
+extern "C" void __gorun_emu_misaligned(const void* p, int n) __attribute__((noreturn));
+
+// GR_CHECK_ALIGNED(p, n): kernels.cu's hook before an access of n bytes
+// that the GPU requires n-byte aligned (32-bit words of two 16-bit
+// values); without it x86 would do a misaligned access silently, where a
+// GPU stops the kernel with CUDA_ERROR_MISALIGNED_ADDRESS. nvcc builds
+// leave the hook empty.
+#define GR_CHECK_ALIGNED(p, n)                                                     \
+  do {                                                                             \
+    if (((uintptr_t)(const void*)(p) & (uintptr_t)((n) - 1)) != 0) __gorun_emu_misaligned((const void*)(p), (n)); \
+  } while (0)
 
 enum { GORUN_EMU_BAR = 0, GORUN_EMU_BAR_COUNT = 1, GORUN_EMU_BAR_AND = 2, GORUN_EMU_BAR_OR = 3 };
 enum {
