@@ -297,7 +297,7 @@ func TestReportFixtures(t *testing.T) {
 			"`data/wmt16`: **1891.2 MB** on disk",
 			// a run.json without its vocabulary: the one that gives base its
 			// parameters, 32,768 (the PowerSGD bytes of the case below)
-			"- *Prediction* with `--compression powersgd` at the default rank 4: the gradients would be 2.822 MB a step on the wire instead of 121.762 MB with fp16",
+			"- *Prediction* with `--compression powersgd` at the default rank 16: the gradients would be 10.908 MB a step on the wire instead of 121.762 MB with fp16",
 		},
 		not: []string{"No GPU", "All ranks ran on one host", "Two evaluations", "still falling; more steps would help", "**Yes**: the eval"},
 	}, {
@@ -421,15 +421,15 @@ func TestReportFixtures(t *testing.T) {
 		// such a run would log it, its buckets as the Bucketer cuts them).
 		// PowerSGD at rank 4 would send P and Q of its 97 matrices, 4 B x
 		// 4 x the sum of their n + m (168,448) = 2,695,168 B, and its
-		// 63,488 other parameters in fp16, 126,976 B: 2,822,144 B a step
+		// 63,488 other parameters in fp16, 126,976 B: 10,907,648 B a step
 		// against 121,761,792; its compressor's 6nmr + 3nm + 2(n+m)r²
 		// over the 60,817,408 elements, 100,352 rows and 68,096 columns,
-		// 1.647 GFLOP
+		// 6.107 GFLOP
 		name: "network-bound on the lab's cluster: what PowerSGD would give", fixture: "network-bound-2x2",
 		want: []string{
 			"verdict: network-bound",
-			"- *Prediction* with `--compression powersgd` at the default rank 4: the gradients would be 2.822 MB a step on the wire instead of 121.762 MB with fp16 (43x less), their allreduces ",
-			"(from FLOPs: 1.65 GFLOP of the compressor at the rate of the step's 6 x 60,880,896 parameters x 4096 padded batch tokens = 1.496 TFLOP in 0.260 s; a lower bound",
+			"- *Prediction* with `--compression powersgd` at the default rank 16: the gradients would be 10.908 MB a step on the wire instead of 121.762 MB with fp16 (11x less), their allreduces ",
+			"(from FLOPs: 6.11 GFLOP of the compressor at the rate of the step's 6 x 60,880,896 parameters x 4096 padded batch tokens = 1.496 TFLOP in 0.260 s; a lower bound",
 			"predicted for this run: compute-bound.",
 		},
 		not: []string{"**not enough data**: 3", "PowerSGD (rank", "with powersgd"},
@@ -440,7 +440,7 @@ func TestReportFixtures(t *testing.T) {
 		edit: func(ri *RunInfo, _ []Record) { ri.Params, ri.Buckets = 60880896, nil },
 		want: []string{
 			"verdict: network-bound",
-			"- *Prediction* with `--compression powersgd` at the default rank 4: **not enough data**: 3 step(s) timed; a prediction needs at least 8 (a longer run: --max-steps).",
+			"- *Prediction* with `--compression powersgd` at the default rank 16: **not enough data**: 3 step(s) timed; a prediction needs at least 8 (a longer run: --max-steps).",
 		},
 		not: []string{"the gradients would be"},
 	}, {
@@ -458,7 +458,7 @@ func TestReportFixtures(t *testing.T) {
 		name: "a PowerSGD run (fabricated values): what it saved and cost", fixture: "powersgd-fabricated",
 		want: []string{
 			"- Exposed communication (after backward finished; over the 16 logged intervals PowerSGD compressed throughout, not the 4 before): **2.1 ms** per step",
-			"0.023 s with powersgd (2(n-1)/n x bytes / bandwidth, n hosts)", // 2,822,144 B / 125 MB/s
+			"0.023 s with powersgd (2(n-1)/n x bytes / bandwidth, n hosts)", // 10,907,648 B / 125 MB/s
 			"this run sent powersgd, predicted to take",
 			"- **No** (compute-bound): the 1 Gbit/s link carries the powersgd gradients in",
 			"- **PowerSGD (rank 4, from step 200)** all-reduced P and Q of 97 matrices, 2.695 MB a step (powersgd_bytes, the mean of 800 steps), where fp16 sends 121.635 MB for them (powersgd_fp16_bytes): 118.940 MB a step saved (45.1x less); the planner gives P and Q 2.695 MB, and with the tensors left in fp16 a step's allreduces 2.822 MB against 121.762 MB with fp16 alone; its compute held the buckets up 3.1 ms a step (powersgd_compute_ms), 1.2 % of the 0.260 s a step computed.",
@@ -501,7 +501,7 @@ func TestReportFixtures(t *testing.T) {
 				v["powersgd_bytes"], v["powersgd_fp16_bytes"], v["powersgd_compute_ms"] = 38912, 480256, 1.5
 			})
 		},
-		want: []string{"- **PowerSGD (rank 4)**: **not enough data**: 3 step(s) timed with PowerSGD on; a measure of what it saved needs at least 8 (a longer run: --max-steps, or an earlier --powersgd-start-step)."},
+		want: []string{"- **PowerSGD (rank 16)**: **not enough data**: 3 step(s) timed with PowerSGD on; a measure of what it saved needs at least 8 (a longer run: --max-steps, or an earlier --powersgd-start-step)."},
 		not:  []string{"a step saved"},
 	}} {
 		t.Run(c.name, func(t *testing.T) {

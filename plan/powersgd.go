@@ -7,11 +7,11 @@ import (
 )
 
 // DefaultPowerSGDRank is PowerSGD's rank R (the columns of P and Q) when
-// none is given: 4 for now, until a measurement of convergence against
-// traffic sets it. It is fusion.DefaultPowerSGDRank, the compressor's
+// none is given, as measured (docs/fusion.md, "Convergence"). It is
+// fusion.DefaultPowerSGDRank, the compressor's
 // (package fusion imports metrics, which imports plan, so plan cannot
 // read fusion's; cmd/nmt-train's tests hold the two equal).
-const DefaultPowerSGDRank = 4
+const DefaultPowerSGDRank = 16
 
 // PowerSGDMinCompressionRate is how many times fewer elements P and Q
 // must have than the matrix they stand for (PyTorch DDP's

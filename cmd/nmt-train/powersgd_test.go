@@ -23,7 +23,7 @@ func TestPowerSGDRankDiffersBetweenRanks(t *testing.T) {
 		}
 		return a
 	})
-	want := "settings differ between ranks: --powersgd-rank is 4 on rank 0 and 2 on rank 1"
+	want := "settings differ between ranks: --powersgd-rank is 16 on rank 0 and 2 on rank 1"
 	for r, err := range j.wait() {
 		out := strings.TrimSpace(j.outs[r].String())
 		if err == nil || !strings.Contains(out, want) || strings.Count(out, "settings differ") != 1 {
