@@ -10,7 +10,7 @@
 #
 #   bench/peers/plan_validate.sh
 #   env: PRESETS ("tiny small"), LINKS ("1gbit 10gbit"), NPS ("2 4"), OVERLAPS ("true false"),
-#        COMPRESSIONS ("fp16"; "fp16 powersgd" adds the PowerSGD cases, issue 41), PSGD_RANK (4),
+#        COMPRESSIONS ("fp16"; "fp16 powersgd" adds the PowerSGD cases), PSGD_RANK (16, the default),
 #        THREADS (1), STEPS_tiny (60), STEPS_small (30), LOG_tiny (10), LOG_small (5),
 #        CORES_PER_HOST (the planner's: 1 = this machine's 2 cores shared by the 2 hosts),
 #        TRANSPORT (1: fit the transports' constants first, allreduce-perf at 10 Gbit/s; PRESETS=none: only that),
@@ -43,7 +43,7 @@ LINKS=${LINKS:-"1gbit 10gbit"}
 NPS=${NPS:-"2 4"}
 OVERLAPS=${OVERLAPS:-"true false"}
 COMPRESSIONS=${COMPRESSIONS:-"fp16"}
-PSGD_RANK=${PSGD_RANK:-4}
+PSGD_RANK=${PSGD_RANK:-16}
 THREADS=${THREADS:-1}
 CORES_PER_HOST=${CORES_PER_HOST:-1}
 TRANSPORT=${TRANSPORT:-1}
