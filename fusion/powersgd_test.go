@@ -773,3 +773,49 @@ func TestPowerSGDStateResumes(t *testing.T) {
 		})
 	}
 }
+
+// Ranks on one host need no exact sum before compression: P = M Q and
+// Q = Mᵀ P are linear in M and each rank's error is M - G/W, so four ranks
+// compressing their own gradients give the same G, step after step, as two
+// ranks compressing each pair's sum (as if each host first summed its two
+// ranks exactly), and each pair's errors add up to the two-rank run's.
+// With a hierarchical allreduce the link carries one P and one Q per host
+// either way (docs/fusion.md, "Ranks on one host").
+func TestPowerSGDHostSumsEquivalent(t *testing.T) {
+	ps := psgdParams()
+	const steps = 6
+	cfg := BucketConfig{CapBytes: 512, FirstCapBytes: 256, PowerSGD: &PowerSGD{Rank: 2}}
+	four := psgdJob(t, modeFlat, 4, steps, ps, cfg, func(r, s int) []float32 { return psgdGrad(ps, r, s) })
+	two := psgdJob(t, modeFlat, 2, steps, ps, cfg, func(h, s int) []float32 {
+		a, b := psgdGrad(ps, 2*h, s), psgdGrad(ps, 2*h+1, s)
+		for i := range a {
+			a[i] += b[i]
+		}
+		return a
+	})
+	c, _ := newCompressor(ps, paramOffsets(ps), *cfg.PowerSGD)
+	if len(c.mats) == 0 {
+		t.Fatal("nothing compressed")
+	}
+	for s := 0; s < steps; s++ {
+		for _, mt := range c.mats {
+			var scale float64
+			for i := mt.off; i < mt.off+mt.n*mt.m; i++ {
+				scale = math.Max(scale, math.Abs(float64(four.out[s][0][i])))
+			}
+			for i := mt.off; i < mt.off+mt.n*mt.m; i++ {
+				if d := math.Abs(float64(four.out[s][0][i]) - float64(two.out[s][0][i])); d > 1e-4*scale {
+					t.Fatalf("step %d %s[%d]: %g from 4 ranks, %g from 2 ranks of summed pairs", s, ps[mt.param].Name, i-mt.off, four.out[s][0][i], two.out[s][0][i])
+				}
+			}
+			for h := 0; h < 2; h++ {
+				for i := mt.eOff; i < mt.eOff+mt.n*mt.m; i++ {
+					pair := float64(four.errs[s][2*h][i]) + float64(four.errs[s][2*h+1][i])
+					if d := math.Abs(pair - float64(two.errs[s][h][i])); d > 1e-4*(scale+math.Abs(pair)) {
+						t.Fatalf("step %d %s: ranks %d and %d's errors add up to %g, host %d's is %g", s, ps[mt.param].Name, 2*h, 2*h+1, pair, h, two.errs[s][h][i])
+					}
+				}
+			}
+		}
+	}
+}
