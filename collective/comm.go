@@ -147,7 +147,7 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if cfg.Algorithm == Auto {
 		a, err := ParseAlgorithm(os.Getenv(EnvAlgorithm))
 		if err != nil {
-			return nil, fmt.Errorf("%s: %v", EnvAlgorithm, err)
+			return nil, fmt.Errorf("%s: %w", EnvAlgorithm, err)
 		}
 		cfg.Algorithm = a
 	}

@@ -221,7 +221,7 @@ func (b *Batcher) Restore(j json.RawMessage) error {
 		Size int `json:"size"`
 	}
 	if err := json.Unmarshal(j, &p); err != nil {
-		return fmt.Errorf("data: batcher position %s: %v", j, err)
+		return fmt.Errorf("data: batcher position %s: %w", j, err)
 	}
 	if p.Tokens == 0 && p.Rows == 0 {
 		if p.Size > 1 {
@@ -229,7 +229,7 @@ func (b *Batcher) Restore(j json.RawMessage) error {
 		}
 		p.Tokens, p.Rows = b.cfg.TokensPerBatch, b.cfg.Rows
 		if err := b.SetPos(p.Position); err != nil {
-			return fmt.Errorf("%v (a position written before the data order was global does not record its batch size: resume with the settings of the run that wrote it)", err)
+			return fmt.Errorf("%w (a position written before the data order was global does not record its batch size: resume with the settings of the run that wrote it)", err)
 		}
 		return nil
 	}
@@ -251,7 +251,7 @@ func (b *Batcher) SetPos(p Position) error {
 		cfg.TokensPerBatch, cfg.Rows = p.Tokens, p.Rows
 		re, err := NewBatcher(b.src, cfg)
 		if err != nil {
-			return fmt.Errorf("data: cannot resume the data position: %v", err)
+			return fmt.Errorf("data: cannot resume the data position: %w", err)
 		}
 		nb = *re
 	}

@@ -522,7 +522,7 @@ func LoadBPE(path string) (*BPE, error) {
 		b.merges = append(b.merges, [2]string{parts[0], parts[1]})
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s:%d: %v", path, n+1, err)
+		return nil, fmt.Errorf("%s:%d: %w", path, n+1, err)
 	}
 	if n == 0 {
 		return nil, fmt.Errorf("%s: empty file, not a gorun BPE merges file", path)

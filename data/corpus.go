@@ -132,7 +132,7 @@ func (w *CorpusWriter) Add(src, tgt []int32) error {
 			w.scratch = binary.LittleEndian.AppendUint32(w.scratch, uint32(id))
 		}
 		if _, err := w.buf[i].Write(w.scratch); err != nil {
-			return fmt.Errorf("%s: %v", w.path, err)
+			return fmt.Errorf("%s: %w", w.path, err)
 		}
 		w.off[i] = append(w.off[i], w.off[i][len(w.off[i])-1]+uint64(len(side)))
 	}
@@ -167,10 +167,10 @@ func (w *CorpusWriter) Close(dropped int64) (err error) {
 	}()
 	for i := range w.buf {
 		if err := w.buf[i].Flush(); err != nil {
-			return fmt.Errorf("%s: %v", w.path, err)
+			return fmt.Errorf("%s: %w", w.path, err)
 		}
 		if _, err := w.tmp[i].Seek(0, 0); err != nil {
-			return fmt.Errorf("%s: %v", w.path, err)
+			return fmt.Errorf("%s: %w", w.path, err)
 		}
 	}
 	ns, nt := w.off[0][w.n], w.off[1][w.n]
@@ -202,17 +202,17 @@ func (w *CorpusWriter) Close(dropped int64) (err error) {
 	}
 	for _, t := range w.tmp {
 		if _, err := io.Copy(bw, t); err != nil {
-			return fmt.Errorf("%s: %v", w.path, err)
+			return fmt.Errorf("%s: %w", w.path, err)
 		}
 	}
 	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("%s: %v", w.path, err)
+		return fmt.Errorf("%s: %w", w.path, err)
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("%s: %v", w.path, err)
+		return fmt.Errorf("%s: %w", w.path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("%s: %v", w.path, err)
+		return fmt.Errorf("%s: %w", w.path, err)
 	}
 	return os.Rename(w.path+".tmp", w.path)
 }
@@ -232,20 +232,20 @@ func OpenCorpus(path string) (_ *Corpus, err error) {
 	}()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("%s: %v", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if st.Size < headerSize {
 		return nil, fmt.Errorf("%s: not a gorun corpus (%d bytes, shorter than the %d-byte header)", path, st.Size, headerSize)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("%s: mmap: %v", path, err)
+		return nil, fmt.Errorf("%s: mmap: %w", path, err)
 	}
 	var c *Corpus
 	err = readMem(mem, func() (err error) { c, err = parseCorpus(mem); return err })
 	if err != nil {
 		unix.Munmap(mem)
-		return nil, fmt.Errorf("%s: %v", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	c.path, c.file, c.size, c.mtime = path, f, st.Size, st.Mtim
 	return c, nil
@@ -422,7 +422,7 @@ func (c *Corpus) Changed() error {
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(c.file.Fd()), &st); err != nil {
-		return fmt.Errorf("data: %s: %v", c.path, err)
+		return fmt.Errorf("data: %s: %w", c.path, err)
 	}
 	switch {
 	case st.Size != c.size:

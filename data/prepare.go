@@ -119,7 +119,7 @@ func prepare(ctx context.Context, cfg PrepareConfig) (*Prepared, error) {
 	}
 	out := cfg.Out
 	if err := os.MkdirAll(out, 0o755); err != nil {
-		return nil, fmt.Errorf("prepare: --out: %v", err)
+		return nil, fmt.Errorf("prepare: --out: %w", err)
 	}
 	stage, err := prepStage(out)
 	if err != nil {
@@ -141,7 +141,7 @@ func prepare(ctx context.Context, cfg PrepareConfig) (*Prepared, error) {
 		return nil, err
 	}
 	if err := in.v.WriteFile(filepath.Join(stage, VocabFile)); err != nil {
-		return nil, fmt.Errorf("prepare: %v", err)
+		return nil, fmt.Errorf("prepare: %w", err)
 	}
 	fmt.Fprintf(&rep, "Vocabulary: %d pieces (4 specials + %s), hash `%.16s`.\n\n", in.v.Size(), in.vocabOf, in.v.Hash())
 	p, err := prepCorpora(ctx, cfg, stage, in, &rep)
@@ -167,13 +167,13 @@ func prepare(ctx context.Context, cfg PrepareConfig) (*Prepared, error) {
 	}
 	fmt.Fprintf(&rep, "\nPrepared in %.1f s.\n", time.Since(t0).Seconds())
 	if err := os.WriteFile(filepath.Join(stage, ReportFile), rep.Bytes(), 0o644); err != nil {
-		return nil, fmt.Errorf("prepare: %v", err)
+		return nil, fmt.Errorf("prepare: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if err := prepPublish(stage, out); err != nil {
-		return nil, fmt.Errorf("prepare: %v", err)
+		return nil, fmt.Errorf("prepare: %w", err)
 	}
 	p.Dir, p.Vocab, p.Report, p.Took = out, in.v, rep.Bytes(), time.Since(t0)
 	return p, nil
@@ -245,7 +245,7 @@ func prepStage(out string) (string, error) {
 	}
 	stage, err := atomicfile.MkdirTemp(out, prepStagePattern)
 	if err != nil {
-		return "", fmt.Errorf("prepare: --out: %v", err)
+		return "", fmt.Errorf("prepare: --out: %w", err)
 	}
 	return stage, nil
 }
@@ -304,7 +304,7 @@ func prepSynthetic(cfg PrepareConfig, out string) (prepInput, error) {
 	}
 	for p, lines := range map[string][]string{in.trainSrc: s, in.trainTgt: t, in.validSrc: vs, in.validTgt: vt} {
 		if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-			return prepInput{}, fmt.Errorf("prepare: %v", err)
+			return prepInput{}, fmt.Errorf("prepare: %w", err)
 		}
 	}
 	return in, nil
@@ -345,7 +345,7 @@ func prepVocab(ctx context.Context, cfg PrepareConfig, out string, rep *bytes.Bu
 			fmt.Fprintf(rep, "BPE: learned %d merges (asked for %d) jointly on both sides from %d distinct words in %.1f s.\n\n", b.NumMerges(), m, len(counts), time.Since(tl).Seconds())
 		}
 		if err := b.WriteFile(filepath.Join(out, BPEFile)); err != nil {
-			return in, fmt.Errorf("prepare: %v", err)
+			return in, fmt.Errorf("prepare: %w", err)
 		}
 		in.split, what = b.Apply, "BPE pieces"
 	}

@@ -131,7 +131,7 @@ type lineReader struct {
 func (r *lineReader) next() (string, bool, error) {
 	if !r.sc.Scan() {
 		if err := r.sc.Err(); err != nil {
-			return "", false, fmt.Errorf("%s:%d: %v", r.path, r.n+1, err)
+			return "", false, fmt.Errorf("%s:%d: %w", r.path, r.n+1, err)
 		}
 		return "", false, nil
 	}

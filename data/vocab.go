@@ -35,7 +35,7 @@ func LoadVocab(path string) (*Vocab, error) {
 	}
 	v, err := ParseVocab(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s:%v", path, err)
+		return nil, fmt.Errorf("%s:%w", path, err)
 	}
 	return v, nil
 }
@@ -249,11 +249,11 @@ func eachLine(path string, fn func(n int, line string) error) error {
 			return fmt.Errorf("%s:%d: invalid UTF-8", path, n)
 		}
 		if err := fn(n, strings.TrimSuffix(string(l), "\r")); err != nil {
-			return fmt.Errorf("%s:%d: %v", path, n, err)
+			return fmt.Errorf("%s:%d: %w", path, n, err)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return fmt.Errorf("%s:%d: %v", path, n+1, err)
+		return fmt.Errorf("%s:%d: %w", path, n+1, err)
 	}
 	return nil
 }

@@ -1204,7 +1204,7 @@ func (b *Bucketer) verify() error {
 	binary.LittleEndian.PutUint64(ln[:], uint64(len(b.desc)))
 	lens := make([]byte, 8*n)
 	if err := b.c.Allgather(b.ctx, ln[:], lens); err != nil {
-		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d (exchanging them failed: %v)", odd, err)
+		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d (exchanging them failed: %w)", odd, err)
 	}
 	mx := 0
 	for r := 0; r < n; r++ {
@@ -1214,7 +1214,7 @@ func (b *Bucketer) verify() error {
 	copy(mine, b.desc)
 	descs := make([]byte, n*mx)
 	if err := b.c.Allgather(b.ctx, mine, descs); err != nil {
-		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d (exchanging them failed: %v)", odd, err)
+		return fmt.Errorf("bucketer: layouts differ between rank 0 and rank %d (exchanging them failed: %w)", odd, err)
 	}
 	get := func(r int) (description, error) {
 		var d description

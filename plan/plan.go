@@ -185,7 +185,7 @@ func check(c Cluster, w Workload) error {
 		}
 	}
 	if _, err := ParseTransport(c.Transport); err != nil {
-		return fmt.Errorf("%w: %v", errInput, err)
+		return fmt.Errorf("%w: %w", errInput, err)
 	}
 	return nil
 }

@@ -86,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			&cli.BoolFlag{Name: "version", Usage: "print the version, commit, Go version and CPU features"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usageError{fmt.Errorf("%v (see allreduce-perf --help)", err)}
+			return usageError{fmt.Errorf("%w (see allreduce-perf --help)", err)}
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // one line, below, and the status it chooses
 		Action: func(c *cli.Context) error {
@@ -170,22 +170,22 @@ func parseOptions(c *cli.Context) (options, error) {
 		return o, fmt.Errorf("-S %d: want 1 to -n (%d) samples", o.samples, o.iters)
 	}
 	if o.dtype, err = collective.ParseDType(c.String("datatype")); err != nil {
-		return o, fmt.Errorf("-d: %v", err)
+		return o, fmt.Errorf("-d: %w", err)
 	}
 	o.wire = o.dtype
 	if w := c.String("wire"); w != "" {
 		if o.wire, err = collective.ParseDType(w); err != nil {
-			return o, fmt.Errorf("-W: %v", err)
+			return o, fmt.Errorf("-W: %w", err)
 		}
 		if o.wire != o.dtype && o.dtype != collective.Float32 {
 			return o, fmt.Errorf("-W %s: only float data can be sent as half or bfloat16", w)
 		}
 	}
 	if o.op, err = collective.ParseOp(c.String("op")); err != nil {
-		return o, fmt.Errorf("-o: %v", err)
+		return o, fmt.Errorf("-o: %w", err)
 	}
 	if o.algo, err = collective.ParseAlgorithm(c.String("algo")); err != nil {
-		return o, fmt.Errorf("-a: %v", err)
+		return o, fmt.Errorf("-a: %w", err)
 	}
 	switch c.Int("check") {
 	case 0:

@@ -271,7 +271,7 @@ func scan(cc, src, file string) ([]byte, []Kernel, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, nil, fmt.Errorf("preprocessing %s: %v\n%s", file, err, stderr.Bytes())
+		return nil, nil, fmt.Errorf("preprocessing %s: %w\n%s", file, err, stderr.Bytes())
 	}
 	return out, findKernels(string(out)), nil
 }
@@ -552,7 +552,7 @@ func buildWith(dir string, kernelFiles []string, asan bool) (string, error) {
 				cmd := exec.Command(cc, args...)
 				cmd.Dir = src
 				if b, err := cmd.CombinedOutput(); err != nil {
-					errs[i] = fmt.Errorf("emu: compiling %s: %v\n%s %s\n%s", Libraries[i], err, cc, strings.Join(args, " "), b)
+					errs[i] = fmt.Errorf("emu: compiling %s: %w\n%s %s\n%s", Libraries[i], err, cc, strings.Join(args, " "), b)
 					return
 				}
 			}
