@@ -23,6 +23,17 @@ type AttnArgs struct {
 	Seed    uint64
 }
 
+// MustCheck is Check for a backend's Attention and AttentionBackward: a
+// wrong shape is a programming error, so it panics with the backend's
+// name and Check's message.
+func (a AttnArgs) MustCheck(backend string, o, probs, q, k, v Tensor) int {
+	skCap, err := a.Check(o, probs, q, k, v)
+	if err != nil {
+		panic(backend + ": " + err.Error())
+	}
+	return skCap
+}
+
 // Check validates the shapes of an Attention call (o is the output, or
 // dO in backward) and returns SkCap, the key/value capacity per batch
 // row; the error names every shape.

@@ -39,14 +39,6 @@ func (be *Backend) scratch(n int) []float32 {
 	return be.pdrop[:n]
 }
 
-func checkAttn(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) int {
-	skCap, err := a.Check(o, probs, q, k, v)
-	if err != nil {
-		panic("cpu: " + err.Error())
-	}
-	return skCap
-}
-
 // validKeys is the number of keys row (b, i) may attend to.
 func validKeys(a *kernels.AttnArgs, b, i int) int {
 	n := a.Sk
@@ -65,7 +57,7 @@ func validKeys(a *kernels.AttnArgs, b, i int) int {
 
 // Attention implements kernels.Backend.
 func (be *Backend) Attention(ot, pt, qt, kt, vt kernels.Tensor, a kernels.AttnArgs) {
-	skCap := checkAttn(ot, pt, qt, kt, vt, a)
+	skCap := a.MustCheck("cpu", ot, pt, qt, kt, vt)
 	o, P, q, k, v := ot.F32, pt.F32, qt.F32, kt.F32, vt.F32
 	B, H, Sq, Sk, Dh := a.B, a.H, a.Sq, a.Sk, a.Dh
 	D := H * Dh
@@ -112,7 +104,7 @@ func (be *Backend) Attention(ot, pt, qt, kt, vt kernels.Tensor, a kernels.AttnAr
 
 // AttentionBackward implements kernels.Backend.
 func (be *Backend) AttentionBackward(dqt, dkt, dvt, dpt, dot, qt, kt, vt, pt kernels.Tensor, a kernels.AttnArgs) {
-	skCap := checkAttn(dot, pt, qt, kt, vt, a)
+	skCap := a.MustCheck("cpu", dot, pt, qt, kt, vt)
 	sameLen(dpt, pt, "AttentionBackward dprobs")
 	sameLen(dqt, qt, "AttentionBackward dq")
 	sameLen(dkt, kt, "AttentionBackward dk")

@@ -27,14 +27,6 @@ func (b *Backend) buf(t *kernels.Tensor, dt kernels.DType, n int) kernels.Tensor
 	return t.Slice(0, n)
 }
 
-func checkAttn(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) int {
-	skCap, err := a.Check(o, probs, q, k, v)
-	if err != nil {
-		panic("cuda: " + err.Error())
-	}
-	return skCap
-}
-
 func (b *Backend) split(dst kernels.Tensor, src kernels.Tensor, B, S, H, Dh, srcS int) {
 	b.kern(kSplitHeads.of(src.DType)).ptr(b.devA(dst, src.DType, "heads")).ptr(b.devA(src, src.DType, "attention input")).i32(B).i32(S).i32(H).i32(Dh).i32(srcS).flat(B * H * S * Dh)
 }
@@ -79,7 +71,7 @@ func (b *Backend) keyLen(a kernels.AttnArgs) uintptr {
 
 // Attention implements kernels.Backend.
 func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs) {
-	skCap := checkAttn(o, probs, q, k, v, a)
+	skCap := a.MustCheck("cuda", o, probs, q, k, v)
 	b.wrote(o, probs)
 	B, H, Sq, Sk, Dh := a.B, a.H, a.Sq, a.Sk, a.Dh
 	BH := B * H
@@ -102,7 +94,7 @@ func (b *Backend) Attention(o, probs, q, k, v kernels.Tensor, a kernels.AttnArgs
 
 // AttentionBackward implements kernels.Backend.
 func (b *Backend) AttentionBackward(dq, dk, dv, dprobs, do, q, k, v, probs kernels.Tensor, a kernels.AttnArgs) {
-	skCap := checkAttn(do, probs, q, k, v, a)
+	skCap := a.MustCheck("cuda", do, probs, q, k, v)
 	sameLen(dprobs, probs, "AttentionBackward dprobs")
 	sameLen(dq, q, "AttentionBackward dq")
 	sameLen(dk, k, "AttentionBackward dk")
