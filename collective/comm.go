@@ -23,20 +23,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/gorun/gorun/rank"
-)
-
-// Environment variables read by New.
-const (
-	EnvAlgorithm  = "GORUN_ALLREDUCE"   // ring | tree | direct | shm | hd | auto
-	EnvSliceBytes = "GORUN_SLICE_BYTES" // pipeline slice size in bytes
-	EnvRings      = "GORUN_RINGS"       // channels (rings, trees) used in parallel
 )
 
 // The pipeline slices unless Config or GORUN_SLICE_BYTES sets one (then
@@ -54,16 +45,23 @@ const (
 // otherwise uses the defaults.
 type Config struct {
 	// Algorithm for Allreduce; Auto (the default) picks by size and world
-	// size with Model. Env GORUN_ALLREDUCE overrides Auto.
+	// size with Model. (Programs take it from GORUN_ALLREDUCE: envconf.)
 	Algorithm Algorithm
 	// SliceBytes is the pipelining unit. Must be the same on every rank.
-	// 0: DefaultSliceBytes across hosts, LocalSliceBytes within one. Env
-	// GORUN_SLICE_BYTES.
+	// 0: DefaultSliceBytes across hosts, LocalSliceBytes within one
+	// (GORUN_SLICE_BYTES).
 	SliceBytes int
 	// Channels is how many transport channels a large call spreads over
 	// (rings in parallel); default: one per two CPU cores, at most what
-	// the transport has. Env GORUN_RINGS.
+	// the transport has (GORUN_RINGS).
 	Channels int
+	// Flat turns the hierarchical allreduce off (GORUN_HIERARCHICAL=0):
+	// ranks on several hosts run one flat algorithm over all of them.
+	Flat bool
+	// SharedRoundBytes is the piece of the buffer each round of the
+	// shared-memory allreduce handles (GORUN_SHM_ROUND); 0: 256 KiB. At
+	// most half a group slot is used. The same on every rank.
+	SharedRoundBytes int
 	// Timeout replaces the transport's timeout for the waits of each call
 	// whose context has no deadline (rank.WithTimeout): a wait without
 	// progress for this long names the peer if it is stopped, dead or
@@ -129,48 +127,15 @@ func (h *Handle) Wait() error {
 // Done is closed when the call has finished.
 func (h *Handle) Done() <-chan struct{} { return h.done }
 
-func envInt(name string, lo int) (int, error) {
-	v := os.Getenv(name)
-	if v == "" {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < lo {
-		return 0, fmt.Errorf("%s=%q: want an integer >= %d", name, v, lo)
-	}
-	return n, nil
-}
-
-// New starts a Communicator over t. It fails on malformed GORUN_*
-// variables.
+// New starts a Communicator over t with cfg. It fails on settings out of
+// range.
 func New(t rank.Transport, cfg Config) (*Communicator, error) {
-	if cfg.Algorithm == Auto {
-		a, err := ParseAlgorithm(os.Getenv(EnvAlgorithm))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", EnvAlgorithm, err)
-		}
-		cfg.Algorithm = a
-	}
-	if cfg.SliceBytes == 0 {
-		n, err := envInt(EnvSliceBytes, 64)
-		if err != nil {
-			return nil, err
-		}
-		cfg.SliceBytes = n
-	}
 	localSlice := cfg.SliceBytes
 	if cfg.SliceBytes <= 0 {
 		cfg.SliceBytes, localSlice = DefaultSliceBytes, LocalSliceBytes
 	}
 	if cfg.SliceBytes < 64 {
 		return nil, fmt.Errorf("slice of %d bytes is too small (min 64)", cfg.SliceBytes)
-	}
-	if cfg.Channels == 0 {
-		n, err := envInt(EnvRings, 1)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Channels = n
 	}
 	if cfg.Channels <= 0 {
 		// One ring per two cores: on the 2-core development box a second
@@ -191,7 +156,7 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 		return nil, fmt.Errorf("collective: link across hosts %+v: want a rate (Gbps or CapGBs) above 0 and nothing negative", a)
 	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
-		hier: hierFor(t), localSlice: localSlice, flatSlice: cfg.SliceBytes}
+		hier: hierFor(t, cfg.Flat), localSlice: localSlice, flatSlice: cfg.SliceBytes}
 	// The host's group segment: for the whole call when every rank is on
 	// this host, for the hierarchical allreduce's phases within the host
 	// when the ranks span hosts.
@@ -203,6 +168,14 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("collective: shared-memory group: %w", err)
+	}
+	for _, g := range []*groupState{c.sh, c.hg} {
+		if g != nil {
+			g.round = DefaultSharedRoundBytes
+			if cfg.SharedRoundBytes > 0 {
+				g.round = cfg.SharedRoundBytes
+			}
+		}
 	}
 	c.oneHost = oneHost(t)
 	if c.oneHost {
@@ -488,7 +461,7 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 func (c *Communicator) AutoBasis() string {
 	switch known := c.cfg.Across != (Link{}); {
 	case c.cfg.Algorithm != Auto:
-		return fmt.Sprintf("none: %v asked for (%s or Config.Algorithm)", c.cfg.Algorithm, EnvAlgorithm)
+		return fmt.Sprintf("none: %v asked for (GORUN_ALLREDUCE or Config.Algorithm)", c.cfg.Algorithm)
 	case c.sh != nil:
 		return "the shm algorithm (every rank on this host, in its group segment)"
 	case known && c.hier != nil:

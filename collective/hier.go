@@ -2,13 +2,9 @@ package collective
 
 import (
 	"context"
-	"os"
 
 	"github.com/gorun/gorun/rank"
 )
-
-// EnvHierarchical set to 0 turns the hierarchical allreduce off.
-const EnvHierarchical = "GORUN_HIERARCHICAL"
 
 // Hierarchical allreduce (Horovod's, for jobs with several ranks on each
 // of several hosts): the ranks of a host reduce-scatter among themselves
@@ -65,8 +61,8 @@ func newHier(hosts []string, me int) *hier {
 	return hs
 }
 
-func hierFor(t rank.Transport) *hier {
-	if os.Getenv(EnvHierarchical) == "0" {
+func hierFor(t rank.Transport, flat bool) *hier {
+	if flat {
 		return nil
 	}
 	h, ok := t.(interface{ Hosts() []string })

@@ -128,7 +128,6 @@ func lengthMismatch(t *testing.T, ts []rank.Transport, culprit int) {
 // applies everywhere. The 2 x 2 allreduce with the default slices, large
 // enough for several slices of both sizes, is exact on every rank.
 func TestSlicesByHost(t *testing.T) {
-	t.Setenv(EnvSliceBytes, "")
 	for _, c := range []struct {
 		hosts       []string
 		cfg         int
@@ -207,7 +206,7 @@ func TestHierarchicalGroup(t *testing.T) {
 			}
 			var cases []arCase
 			i := 0
-			per := SharedRoundBytes / 4 / (n / 2) // float32 elements of a part per round
+			per := DefaultSharedRoundBytes / 4 / (n / 2) // float32 elements of a part per round
 			for _, l := range []int{0, 1, n/2 + 1, 1031, n/2*per + 3, 2*n*per + 1} {
 				for _, op := range ops {
 					for _, v := range variants {

@@ -87,8 +87,6 @@ func TestLinkModel(t *testing.T) {
 // chooses on each of a host's 2 ranks' half of the link; ranks on one host
 // keep Model; a malformed link is refused.
 func TestAutoAcrossHosts(t *testing.T) {
-	t.Setenv(EnvAlgorithm, "")
-	t.Setenv(EnvHierarchical, "")
 	l := Link{Gbps: 10, StepUs: 100} // the tree below 500 kB, the ring above
 	comm := func(hosts []string, across Link) *Communicator {
 		t.Helper()
@@ -148,9 +146,13 @@ func TestAutoAcrossHosts(t *testing.T) {
 			t.Errorf("AutoBasis %q, want it to say %q", got, k.want)
 		}
 	}
-	t.Setenv(EnvAlgorithm, "ring")
-	if got := comm([]string{"a", "b", "c"}, l).AutoBasis(); !strings.Contains(got, "ring asked for") {
-		t.Errorf("GORUN_ALLREDUCE=ring: AutoBasis %q", got)
+	ring, err := New(hostsTransport{rank.NewLocalGroup(3, 2)[0], []string{"a", "b", "c"}}, Config{Algorithm: Ring, Across: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ring.Close()
+	if got := ring.AutoBasis(); !strings.Contains(got, "ring asked for") {
+		t.Errorf("Algorithm Ring: AutoBasis %q", got)
 	}
 	for _, bad := range []Link{{Gbps: -1, StepUs: 1}, {StepUs: 100}, {Gbps: 1, CapGBs: -1}} {
 		if _, err := New(hostsTransport{rank.NewLocalGroup(2, 2)[0], []string{"a", "b"}}, Config{Across: bad}); err == nil {

@@ -229,8 +229,8 @@ func TestRandomFloats(t *testing.T) {
 		ts := loopback(t, 3, "shm")
 		cases := randomCases(count, Shared, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling)
 		for _, op := range ops {
-			cases = append(cases, randomCase{SharedRoundBytes/4 + 4099, op, variant{Float32, Float32}, Shared},
-				randomCase{SharedRoundBytes/4 + 4099, op, variant{Float32, BFloat16}, Shared})
+			cases = append(cases, randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{Float32, Float32}, Shared},
+				randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{Float32, BFloat16}, Shared})
 		}
 		checkRandom(t, ts, cfg, cases, [2]int{})
 	})

@@ -2,8 +2,6 @@ package collective
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/gorun/gorun/rank"
@@ -12,7 +10,7 @@ import (
 // The shared-memory allreduce, for a communicator whose ranks all run on
 // one host (rank.LocalGroup: one segment mapped by every rank). It sends
 // no messages: each rank has a slot in the segment, and every round of at
-// most SharedRoundBytes of the buffer goes
+// most Config.SharedRoundBytes of the buffer goes
 //
 //  1. each rank copies its piece of the buffer, but for its own part,
 //     into its slot and publishes an arrival;
@@ -57,18 +55,9 @@ import (
 // The epoch tells communicators on the same mesh apart (one at a time,
 // created in the same order on every rank: rank.LocalGroup.Claim).
 
-// EnvSharedRound sets SharedRoundBytes (the same on every rank).
-const EnvSharedRound = "GORUN_SHM_ROUND"
-
-// SharedRoundBytes is the piece of the buffer each round of the
-// shared-memory allreduce handles (at most half a group slot).
-var SharedRoundBytes = 256 << 10
-
-func init() {
-	if v, err := strconv.Atoi(os.Getenv(EnvSharedRound)); err == nil && v >= 4096 {
-		SharedRoundBytes = min(v, rank.GroupSlotBytes/2)
-	}
-}
+// DefaultSharedRoundBytes is the piece of the buffer each round of the
+// shared-memory allreduce handles unless Config.SharedRoundBytes says.
+const DefaultSharedRoundBytes = 256 << 10
 
 // groupState is a communicator's use of the host's group segment: of
 // the slots and control words of some of its members (all of them for a
@@ -81,6 +70,7 @@ type groupState struct {
 	epoch   uint64
 	arrived uint64 // this rank's arrivals in this epoch
 	entered bool   // the epoch's first barrier is done
+	round   int    // bytes of the buffer a round handles (Config.SharedRoundBytes)
 }
 
 // hostGroup returns the group state over the given global ranks (this
@@ -296,7 +286,7 @@ func (s *groupState) allreduce(ctx context.Context, send, recv []byte, count int
 	// (the ring's and tree's semantics, and half the bytes to copy).
 	es, ws := cl.dtype.Size(), cl.wire.Size()
 	halfBytes := rank.GroupSlotBytes / 2
-	per := max(1, min(SharedRoundBytes, halfBytes)/ws)
+	per := max(1, min(s.round, halfBytes)/ws)
 	rounds := max(1, (count+per-1)/per)
 	red := newReducer(cl.dtype, cl.wire, cl.op, n)
 	conv := cl.wire != cl.dtype
@@ -380,7 +370,7 @@ type partRounds struct {
 func (s *groupState) partRounds(parts []int, cl call) partRounds {
 	n := len(s.members)
 	es, ws := cl.dtype.Size(), cl.wire.Size()
-	per := max(1, min(SharedRoundBytes, rank.GroupSlotBytes/2)/ws/n)
+	per := max(1, min(s.round, rank.GroupSlotBytes/2)/ws/n)
 	longest := 0
 	for j := 0; j < n; j++ {
 		longest = max(longest, parts[j+1]-parts[j])

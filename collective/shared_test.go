@@ -39,7 +39,7 @@ func TestSharedAllreduce(t *testing.T) {
 		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
 			ts := loopback(t, n, "shm")
 			sharedOnly(t, ts)
-			lengths := []int{0, 1, n - 1, n, n + 1, 7919, SharedRoundBytes/4 + 3}
+			lengths := []int{0, 1, n - 1, n, n + 1, 7919, DefaultSharedRoundBytes/4 + 3}
 			if n == 3 {
 				lengths = append(lengths, 1_000_003) // 16 rounds of float32
 			}
@@ -82,7 +82,7 @@ func TestSharedAllreduce(t *testing.T) {
 // other collectives between shared-memory allreduces.
 func TestSharedCommunicatorsInTurn(t *testing.T) {
 	ts := loopback(t, 3, "shm")
-	for k, count := range []int{5, 3 * SharedRoundBytes / 4, 1, 2*SharedRoundBytes/4 + 1, 0, 77} {
+	for k, count := range []int{5, 3 * DefaultSharedRoundBytes / 4, 1, 2*DefaultSharedRoundBytes/4 + 1, 0, 77} {
 		errs := group(ts, Config{}, func(c *Communicator) error {
 			buf := make([]float32, count)
 			for i := range buf {
@@ -240,7 +240,7 @@ func TestSharedAllreduceCounted(t *testing.T) {
 	ts := loopback(t, n, "shm")
 	for _, v := range []variant{{Float32, Float32}, {Float32, Float16}} {
 		ws := v.wire.Size()
-		per := min(SharedRoundBytes, rank.GroupSlotBytes/2) / ws
+		per := min(DefaultSharedRoundBytes, rank.GroupSlotBytes/2) / ws
 		count := 2*per + 5 // three rounds
 		// want[r][p]: the bytes between r and p, each way
 		var want [n][n]int

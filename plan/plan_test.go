@@ -252,8 +252,6 @@ func (h hosted) Hosts() []string { return h.hosts }
 // doubling and the ring on 2 ranks, the tree below and the ring above the
 // link model's crossover at 3 and more).
 func TestAlgorithmIsAutos(t *testing.T) {
-	t.Setenv(collective.EnvAlgorithm, "")
-	t.Setenv(collective.EnvHierarchical, "")
 	sizes := []int{1 << 10, 40 << 10, 64 << 10, 64<<10 + 4, 200 << 10, 1 << 20, 25 << 20}
 	seen := map[collective.Algorithm]bool{}
 	for _, hg := range [][2]int{{2, 1}, {3, 1}, {4, 1}, {8, 1}, {2, 2}, {3, 2}, {2, 3}} {

@@ -32,6 +32,7 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/half"
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
@@ -234,7 +235,15 @@ func bench(o options, out io.Writer) error {
 		return err
 	}
 	defer mesh.Close()
-	comm, err := collective.New(mesh, collective.Config{Algorithm: o.algo, Across: plan.Across(mesh.TransportChoice())})
+	cfg, err := envconf.Collective(os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	if o.algo != collective.Auto {
+		cfg.Algorithm = o.algo
+	}
+	cfg.Across = plan.Across(mesh.TransportChoice())
+	comm, err := collective.New(mesh, cfg)
 	if err != nil {
 		return err
 	}
@@ -256,13 +265,7 @@ func bench(o options, out io.Writer) error {
 			fmt.Fprintf(out, format, a...)
 		}
 	}
-	algo := o.algo
-	if algo == collective.Auto {
-		if a, _ := collective.ParseAlgorithm(os.Getenv(collective.EnvAlgorithm)); a != collective.Auto {
-			algo = a
-		}
-	}
-	printHeader(p, o, mesh, comm, algo, procs, procsFrom)
+	printHeader(p, o, mesh, comm, cfg.Algorithm, procs, procsFrom)
 	var busSum float64
 	var rows int
 	wrongTotal := 0

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
 )
@@ -71,7 +72,12 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 	if err != nil {
 		return err
 	}
-	c, err := collective.New(m, collective.Config{Across: plan.Across(m.TransportChoice())})
+	cfg, err := envconf.Collective(os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	cfg.Across = plan.Across(m.TransportChoice())
+	c, err := collective.New(m, cfg)
 	if err != nil {
 		return err
 	}
@@ -174,7 +180,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 }
 
 func algoName() string {
-	if a := os.Getenv(collective.EnvAlgorithm); a != "" {
+	if a := os.Getenv(envconf.Allreduce); a != "" {
 		return a
 	}
 	return "auto"

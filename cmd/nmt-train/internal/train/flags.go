@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/transformer"
@@ -16,6 +17,9 @@ import (
 
 // Options is everything `nmt-train train` can be told.
 type Options struct {
+	// Collective is what the environment asks of the collectives
+	// (GORUN_ALLREDUCE, GORUN_RINGS, ...: envconf.Collective, read by Run).
+	Collective collective.Config
 	// Mode is ModeTrain (""), ModeEval or ModeInfer (OpenSeq2Seq's
 	// --mode); infer translates InferInput into InferOutput.
 	Mode                    string

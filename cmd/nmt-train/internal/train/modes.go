@@ -14,7 +14,6 @@ import (
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/atomicfile"
 	"github.com/gorun/gorun/metrics"
-	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/transformer"
 )
@@ -76,7 +75,7 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 		}
 		return err
 	}
-	if t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout, Across: plan.Across(t.mesh.TransportChoice())}); err != nil {
+	if t.comm, err = collective.New(t.mesh, t.commConfig(t.mesh)); err != nil {
 		return err
 	}
 	if start, err = t.broadcastStart(ctx, start, ckErr); err != nil {

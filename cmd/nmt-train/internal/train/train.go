@@ -18,6 +18,7 @@ import (
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/kernels/cuda"
@@ -135,7 +136,18 @@ func Run(ctx context.Context, o Options, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	if o.Collective, err = envconf.Collective(os.LookupEnv); err != nil {
+		return err
+	}
 	return run(ctx, o, out, id, device.Open)
+}
+
+// commConfig is the collectives' settings for a communicator over mesh:
+// the environment's, the trainer's timeout and the link between hosts.
+func (t *Trainer) commConfig(mesh *rank.Mesh) collective.Config {
+	cfg := t.o.Collective
+	cfg.Timeout, cfg.Across = t.o.Timeout, plan.Across(mesh.TransportChoice())
+	return cfg
 }
 
 // run is Run for the rank id, on the backend that openDevice returns for
@@ -334,7 +346,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	t.comm, err = collective.New(t.mesh, collective.Config{Timeout: o.Timeout, Across: plan.Across(t.mesh.TransportChoice())})
+	t.comm, err = collective.New(t.mesh, t.commConfig(t.mesh))
 	if err != nil {
 		return err
 	}
@@ -606,7 +618,7 @@ func (t *Trainer) abortJob(ctx context.Context, err error) error {
 		return err
 	}
 	t.mesh = mesh
-	if t.comm, cerr = collective.New(mesh, collective.Config{Timeout: t.o.Timeout, Across: plan.Across(mesh.TransportChoice())}); cerr != nil {
+	if t.comm, cerr = collective.New(mesh, t.commConfig(mesh)); cerr != nil {
 		return err
 	}
 	if t.checkSettings(ctx, nil) != nil {
