@@ -22,13 +22,6 @@ type Run struct {
 	events *EventWriter
 }
 
-// Point is one sample of a series.
-type Point struct {
-	Step int64
-	Time float64
-	V    float64
-}
-
 // OpenRun creates (or appends to) the run's files in dir: metrics.jsonl
 // is appended to, and a new TensorBoard event file is started. To
 // continue a run from a checkpoint, call RewindRun first.

@@ -1,5 +1,6 @@
-// Package metrics writes what a training run measures: metrics.jsonl,
-// TensorBoard event files, and PNG plots of the same series.
+// Package metrics records what a training run measures: metrics.jsonl,
+// TensorBoard event files, run.json and the Chrome-trace Timeline, and
+// reads back what it recorded. Package report analyses a run directory.
 package metrics
 
 import (
@@ -7,8 +8,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
-	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -16,19 +15,13 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/atomicfile"
+	"github.com/gorun/gorun/metrics/internal/tfevent"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // TensorBoard reads TFRecord files of tensorflow.Event protos. No maintained
 // Go library writes them without pulling in TensorFlow's generated protos, so
 // the few fields a scalar needs are encoded here with protowire.
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-func maskedCRC(b []byte) uint32 {
-	c := crc32.Checksum(b, castagnoli)
-	return ((c >> 15) | (c << 17)) + 0xa282ead8
-}
 
 // EventWriter appends scalar summaries to a TensorBoard event file.
 type EventWriter struct {
@@ -84,9 +77,9 @@ func wallTime(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 func (e *EventWriter) record(data []byte) error {
 	var hdr [12]byte
 	binary.LittleEndian.PutUint64(hdr[:8], uint64(len(data)))
-	binary.LittleEndian.PutUint32(hdr[8:], maskedCRC(hdr[:8]))
+	binary.LittleEndian.PutUint32(hdr[8:], tfevent.MaskedCRC(hdr[:8]))
 	var foot [4]byte
-	binary.LittleEndian.PutUint32(foot[:], maskedCRC(data))
+	binary.LittleEndian.PutUint32(foot[:], tfevent.MaskedCRC(data))
 	if _, err := e.w.Write(hdr[:]); err != nil {
 		return err
 	}
@@ -232,7 +225,7 @@ func CutEvents(path string, step int64) (bool, error) {
 	var keep []byte
 	cut := false
 	for rest := b; len(rest) > 0; {
-		if len(rest) < 12 || maskedCRC(rest[:8]) != binary.LittleEndian.Uint32(rest[8:12]) {
+		if len(rest) < 12 || tfevent.MaskedCRC(rest[:8]) != binary.LittleEndian.Uint32(rest[8:12]) {
 			cut = true
 			break
 		}
@@ -242,11 +235,11 @@ func CutEvents(path string, step int64) (bool, error) {
 			break
 		}
 		data := rest[12 : 12+ln]
-		if maskedCRC(data) != binary.LittleEndian.Uint32(rest[12+ln:16+ln]) {
+		if tfevent.MaskedCRC(data) != binary.LittleEndian.Uint32(rest[12+ln:16+ln]) {
 			cut = true
 			break
 		}
-		ev, err := parseEvent(data)
+		ev, err := tfevent.Parse(data)
 		if err != nil {
 			cut = true
 			break
@@ -262,222 +255,4 @@ func CutEvents(path string, step int64) (bool, error) {
 		return false, nil
 	}
 	return true, atomicfile.WriteFile(path, ".events.cut.tmp*", keep)
-}
-
-// Event is a decoded scalar event.
-type Event struct {
-	WallTime    float64
-	Step        int64
-	FileVersion string
-	Scalars     map[string]float32
-}
-
-// ReadEvents reads a TensorBoard event file, checking the TFRecord framing
-// and both masked CRC32C checksums of every record.
-func ReadEvents(path string) ([]Event, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	r := bufio.NewReader(f)
-	var out []Event
-	for n := 0; ; n++ {
-		var hdr [12]byte
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			if err == io.EOF {
-				return out, nil
-			}
-			return nil, fmt.Errorf("%s: record %d: truncated header", path, n)
-		}
-		if maskedCRC(hdr[:8]) != binary.LittleEndian.Uint32(hdr[8:]) {
-			return nil, fmt.Errorf("%s: record %d: length checksum mismatch", path, n)
-		}
-		ln := binary.LittleEndian.Uint64(hdr[:8])
-		if ln > 64<<20 {
-			return nil, fmt.Errorf("%s: record %d: implausible length %d", path, n, ln)
-		}
-		data := make([]byte, ln+4)
-		if _, err := io.ReadFull(r, data); err != nil {
-			return nil, fmt.Errorf("%s: record %d: truncated data", path, n)
-		}
-		if maskedCRC(data[:ln]) != binary.LittleEndian.Uint32(data[ln:]) {
-			return nil, fmt.Errorf("%s: record %d: data checksum mismatch", path, n)
-		}
-		ev, err := parseEvent(data[:ln])
-		if err != nil {
-			return nil, fmt.Errorf("%s: record %d: %v", path, n, err)
-		}
-		out = append(out, ev)
-	}
-}
-
-func parseEvent(b []byte) (Event, error) {
-	ev := Event{Scalars: map[string]float32{}}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return ev, errors.New("bad tag")
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.Fixed64Type:
-			v, n := protowire.ConsumeFixed64(b)
-			if n < 0 {
-				return ev, errors.New("bad wall_time")
-			}
-			ev.WallTime, b = math.Float64frombits(v), b[n:]
-		case num == 2 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return ev, errors.New("bad step")
-			}
-			ev.Step, b = int64(v), b[n:]
-		case num == 3 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeString(b)
-			if n < 0 {
-				return ev, errors.New("bad file_version")
-			}
-			ev.FileVersion, b = v, b[n:]
-		case num == 5 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return ev, errors.New("bad summary")
-			}
-			b = b[n:]
-			if err := parseSummary(v, ev.Scalars); err != nil {
-				return ev, err
-			}
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return ev, errors.New("bad field")
-			}
-			b = b[n:]
-		}
-	}
-	return ev, nil
-}
-
-func parseSummary(b []byte, into map[string]float32) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errors.New("bad summary tag")
-		}
-		b = b[n:]
-		if num != 1 || typ != protowire.BytesType {
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return errors.New("bad summary field")
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return errors.New("bad summary value")
-		}
-		b = b[n:]
-		var tag string
-		var val float32
-		have := false // a float scalar: other summaries (images, text) are skipped
-		for len(v) > 0 {
-			num, typ, n := protowire.ConsumeTag(v)
-			if n < 0 {
-				return errors.New("bad value tag")
-			}
-			v = v[n:]
-			switch {
-			case num == 1 && typ == protowire.BytesType:
-				s, n := protowire.ConsumeString(v)
-				if n < 0 {
-					return errors.New("bad value tag string")
-				}
-				tag, v = s, v[n:]
-			case num == 2 && typ == protowire.Fixed32Type:
-				x, n := protowire.ConsumeFixed32(v)
-				if n < 0 {
-					return errors.New("bad simple_value")
-				}
-				val, v, have = math.Float32frombits(x), v[n:], true
-			case num == 8 && typ == protowire.BytesType: // tensor: how TF2's tf.summary.scalar writes
-				b, n := protowire.ConsumeBytes(v)
-				if n < 0 {
-					return errors.New("bad tensor")
-				}
-				val, have = tensorScalar(b)
-				v = v[n:]
-			default:
-				n := protowire.ConsumeFieldValue(num, typ, v)
-				if n < 0 {
-					return errors.New("bad value field")
-				}
-				v = v[n:]
-			}
-		}
-		if have {
-			into[tag] = val
-		}
-	}
-	return nil
-}
-
-// tensorScalar decodes a scalar tensorflow.TensorProto of dtype DT_FLOAT
-// (1) or DT_DOUBLE (2), held in tensor_content (field 4) or in
-// float_val/double_val (fields 5 and 6, packed or not). It reports false
-// for any other tensor.
-func tensorScalar(b []byte) (float32, bool) {
-	var dtype uint64
-	var content []byte
-	var val float32
-	found := false
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, false
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.VarintType:
-			dtype, n = protowire.ConsumeVarint(b)
-		case num == 4 && typ == protowire.BytesType:
-			content, n = protowire.ConsumeBytes(b)
-		case num == 5 && typ == protowire.Fixed32Type:
-			var x uint32
-			x, n = protowire.ConsumeFixed32(b)
-			val, found = math.Float32frombits(x), true
-		case num == 5 && typ == protowire.BytesType:
-			var p []byte
-			p, n = protowire.ConsumeBytes(b)
-			if len(p) == 4 {
-				val, found = math.Float32frombits(binary.LittleEndian.Uint32(p)), true
-			}
-		case num == 6 && typ == protowire.Fixed64Type:
-			var x uint64
-			x, n = protowire.ConsumeFixed64(b)
-			val, found = float32(math.Float64frombits(x)), true
-		case num == 6 && typ == protowire.BytesType:
-			var p []byte
-			p, n = protowire.ConsumeBytes(b)
-			if len(p) == 8 {
-				val, found = float32(math.Float64frombits(binary.LittleEndian.Uint64(p))), true
-			}
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return 0, false
-		}
-		b = b[n:]
-	}
-	switch {
-	case found:
-		return val, true
-	case dtype == 1 && len(content) == 4:
-		return math.Float32frombits(binary.LittleEndian.Uint32(content)), true
-	case dtype == 2 && len(content) == 8:
-		return float32(math.Float64frombits(binary.LittleEndian.Uint64(content))), true
-	}
-	return 0, false
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/gorun/gorun/metrics/metricstest"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -42,7 +43,7 @@ func tensorboardEvent(t *testing.T) protoreflect.MessageDescriptor {
 // returned as protojson's view of it.
 func decodeEvents(t *testing.T, path string) []map[string]any {
 	t.Helper()
-	if _, err := ReadEvents(path); err != nil {
+	if _, err := metricstest.ReadEvents(path); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)

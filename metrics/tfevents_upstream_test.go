@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/metrics/internal/tfevent"
+	"github.com/gorun/gorun/metrics/metricstest"
 )
 
 // The files under testdata/upstream are the byte strings that
@@ -31,10 +34,10 @@ func upstream(t *testing.T, name string) []byte {
 // event).
 func TestMaskedCRCMatchesUpstream(t *testing.T) {
 	mask := func(c uint32) uint32 { return ((c >> 15) | (c << 17)) + 0xa282ead8 }
-	if got, want := maskedCRC(upstream(t, "crc-zeros.bin")), mask(0x8a9136aa); got != want {
+	if got, want := tfevent.MaskedCRC(upstream(t, "crc-zeros.bin")), mask(0x8a9136aa); got != want {
 		t.Errorf("32 zero bytes: %#08x, want %#08x", got, want)
 	}
-	if got := maskedCRC(upstream(t, "crc-file-version.bin")); got != 0x5794d08a {
+	if got := tfevent.MaskedCRC(upstream(t, "crc-file-version.bin")); got != 0x5794d08a {
 		t.Errorf("file_version event: %#08x, want 0x5794d08a", got)
 	}
 }
@@ -63,7 +66,7 @@ func TestEventWriterMatchesUpstream(t *testing.T) {
 // refuses.
 func TestReadEventsUpstreamFiles(t *testing.T) {
 	path := func(name string) string { return filepath.Join("testdata", "upstream", name) }
-	evs, err := ReadEvents(path("tf2-scalar.tfevents"))
+	evs, err := metricstest.ReadEvents(path("tf2-scalar.tfevents"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +80,7 @@ func TestReadEventsUpstreamFiles(t *testing.T) {
 		"bad-length-crc.tfevents": "length checksum mismatch",
 		"bad-data-crc.tfevents":   "data checksum mismatch",
 	} {
-		_, err := ReadEvents(path(file))
+		_, err := metricstest.ReadEvents(path(file))
 		if err == nil || !strings.Contains(err.Error(), reason) || !strings.Contains(err.Error(), file) {
 			t.Errorf("%s: err %v, want one naming the file and %q", file, err, reason)
 		}

@@ -9,8 +9,8 @@ import (
 // DefaultPowerSGDRank is PowerSGD's rank R (the columns of P and Q) when
 // none is given, as measured (docs/fusion.md, "Convergence"). It is
 // fusion.DefaultPowerSGDRank, the compressor's
-// (package fusion imports metrics, which imports plan, so plan cannot
-// read fusion's; cmd/nmt-train's tests hold the two equal).
+// (plan sits below fusion, on collective's cost model alone, and does
+// not import it; cmd/nmt-train's tests hold the two equal).
 const DefaultPowerSGDRank = 16
 
 // PowerSGDMinCompressionRate is how many times fewer elements P and Q

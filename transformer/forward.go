@@ -109,61 +109,6 @@ func (m *Model) sourceLengths(src []int32, B, S int) kernels.Tensor {
 	return t
 }
 
-func (m *Model) attnArgs(B, Sq, Sk int, keyLen kernels.Tensor, causal bool, site int) kernels.AttnArgs {
-	c := m.Cfg
-	dh := c.DModel / c.Heads
-	a := kernels.AttnArgs{B: B, H: c.Heads, Sq: Sq, Sk: Sk, Dh: dh, KeyLen: keyLen, Causal: causal,
-		Scale: float32(1 / math.Sqrt(float64(dh))), Dropout: m.drop(c.AttnDropout)}
-	if a.Dropout > 0 {
-		a.Seed = m.site(site)
-	}
-	return a
-}
-
-func (m *Model) seedOf(p float32, site int) uint64 {
-	if p > 0 {
-		return m.site(site)
-	}
-	return 0
-}
-
-// norm is a layer norm's parameters and where it writes: its output, and
-// the mean and rstd its backward reads.
-type norm struct {
-	y, mean, rstd *slot
-	p             lnP
-}
-
-// encNorm is encoder layer l's input norm, or for l past the last layer
-// the encoder's final norm; decNorm likewise in the decoder.
-func (m *Model) encNorm(l int) norm {
-	if l < len(m.enc) {
-		a := &m.ea[l]
-		return norm{&a.ln1, &a.m1, &a.r1, m.enc[l].ln1}
-	}
-	return norm{&m.encOut, &m.encM, &m.encR, m.encLN}
-}
-
-func (m *Model) decNorm(l int) norm {
-	if l < len(m.dec) {
-		a := &m.da[l]
-		return norm{&a.ln1, &a.m1, &a.r1, m.dec[l].ln1}
-	}
-	return norm{&m.decOut, &m.decM, &m.decR, m.decLN}
-}
-
-// residualNorm is the step between two sublayers, as one op
-// (ResidualDropoutLayerNorm, one kernel on a GPU): the residual connection
-// out = res + dropout(y) (without res, the embeddings' out = dropout(y)),
-// and n's layer norm of out, the next sublayer's input, which it returns.
-func (m *Model) residualNorm(out, res, y kernels.Tensor, p float32, site int, n norm, N int) kernels.Tensor {
-	be, d := m.be, m.Cfg.DModel
-	ln := n.y.shape(be, m.Activations, N, d)
-	be.ResidualDropoutLayerNorm(out, ln, n.mean.shape(be, f32, N), n.rstd.shape(be, f32, N), res, y,
-		m.w[n.p.g], m.w[n.p.b], p, m.seedOf(p, site), m.Cfg.LNEps)
-	return ln
-}
-
 // encode runs the encoder on src [B][S]; the result is m.encOut.T [B*S, d].
 // A layer's input norm is computed with its input, by the step before it
 // (residualNorm): the embeddings' dropout for the first layer, the last
@@ -180,27 +125,16 @@ func (m *Model) encode(src []int32, B, S int) {
 	be.AddPositional(x.Reshape(B, S, d), m.pe, 0)
 	p := m.drop(c.PostDropout)
 	m.residualNorm(x, kernels.Tensor{}, x, p, 0, m.encNorm(0), N)
-	w := m.w
 	for l := range m.enc {
 		t0 := m.now()
 		a, L := &m.ea[l], &m.enc[l]
 		x, ln1 := a.x.T, a.ln1.T
-		// self-attention: Q, K and V in one product
-		qkv := a.qkv.shape(be, m.Activations, 3, N, d)
-		m.gemm(false, false, ln1, m.attnStack(m.Weights, L.att.q, 3), 0, qkv)
-		q, k, v := part(qkv, 0, N, d), part(qkv, 1, N, d), part(qkv, 2, N, d)
-		ctx := a.ctx.shape(be, m.Activations, N, d)
-		args := m.attnArgs(B, S, S, keyLen, false, encSite(l, 0))
-		be.Attention(ctx.Reshape(B, S, d), a.p.shape(be, m.Activations, B, c.Heads, S, S), q.Reshape(B, S, d), k.Reshape(B, S, d), v.Reshape(B, S, d), args)
-		y := m.scratch(0, N, d)
-		m.gemm(false, false, ctx, w[L.att.o], 0, y)
+		// self-attention
+		y := m.selfAttnFwd(&a.qkv, &a.ctx, &a.p, ln1, L.att, B, S, keyLen, false, encSite(l, 0))
 		// residual, and the feed-forward block's input norm
 		mid := a.mid.shape(be, m.Activations, N, d)
 		ln2 := m.residualNorm(mid, x, y, p, encSite(l, 1), norm{&a.ln2, &a.m2, &a.r2, L.ln2}, N)
-		hd := m.ffnFwd(&a.h, &a.hd, ln2, N, F, L.ffn, encSite(l, 2))
-		y2 := m.scratch(0, N, d)
-		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
-		be.AddBias(y2, w[L.ffn.b2])
+		y2 := m.ffnFwd(&a.h, &a.hd, ln2, N, F, L.ffn, encSite(l, 2))
 		// residual: the next layer's input (or the final norm's), and its norm
 		out := &m.encX
 		if l+1 < len(m.enc) {
@@ -209,28 +143,6 @@ func (m *Model) encode(src []int32, B, S int) {
 		m.residualNorm(out.shape(be, m.Activations, N, d), mid, y2, p, encSite(l, 3), m.encNorm(l+1), N)
 		m.traced(m.encNames[l], "forward", t0)
 	}
-}
-
-// ffnFwd computes relu(x W1 + b1) into h and its dropout into hd (hd is h
-// itself when dropout is off) and returns hd.
-func (m *Model) ffnFwd(h, hd *slot, x kernels.Tensor, N, F int, L ffnP, site int) kernels.Tensor {
-	be := m.be
-	ht := h.shape(be, m.Activations, N, F)
-	m.gemm(false, false, x, m.w[L.w1], 0, ht)
-	p := m.drop(m.Cfg.ReLUDropout)
-	if p == 0 {
-		be.BiasReLU(ht, m.w[L.b1])
-		hd.T = ht
-		return ht
-	}
-	t := hd.shape(be, m.Activations, N, F)
-	be.BiasReLUDropout(t, ht, m.w[L.b1], p, m.site(site))
-	return t
-}
-
-// scratch returns view i of the model's scratch buffers.
-func (m *Model) scratch(i int, dims ...int) kernels.Tensor {
-	return m.scr[i].shape(m.be, m.Activations, dims...)
 }
 
 // decodeTrain runs the decoder over the whole (teacher-forced) target;
@@ -251,15 +163,8 @@ func (m *Model) decodeTrain(B, S, T int) {
 		t0 := m.now()
 		a, L := &m.da[l], &m.dec[l]
 		x, ln1 := a.x.T, a.ln1.T
-		// masked self-attention: Q, K and V in one product
-		qkv := a.qkv.shape(be, m.Activations, 3, Nt, d)
-		m.gemm(false, false, ln1, m.attnStack(m.Weights, L.self.q, 3), 0, qkv)
-		q, k, v := part(qkv, 0, Nt, d), part(qkv, 1, Nt, d), part(qkv, 2, Nt, d)
-		ctx := a.ctx.shape(be, m.Activations, Nt, d)
-		args := m.attnArgs(B, T, T, kernels.Tensor{}, true, decSite(l, 0))
-		be.Attention(ctx.Reshape(B, T, d), a.p1.shape(be, m.Activations, B, c.Heads, T, T), q.Reshape(B, T, d), k.Reshape(B, T, d), v.Reshape(B, T, d), args)
-		y := m.scratch(0, Nt, d)
-		m.gemm(false, false, ctx, w[L.self.o], 0, y)
+		// masked self-attention
+		y := m.selfAttnFwd(&a.qkv, &a.ctx, &a.p1, ln1, L.self, B, T, kernels.Tensor{}, true, decSite(l, 0))
 		mid1 := a.mid1.shape(be, m.Activations, Nt, d)
 		ln2 := m.residualNorm(mid1, x, y, p, decSite(l, 1), norm{&a.ln2, &a.m2, &a.r2, L.ln2}, Nt)
 		// encoder-decoder attention: K and V of the encoder output in one
@@ -270,17 +175,14 @@ func (m *Model) decodeTrain(B, S, T int) {
 		m.gemm(false, false, encOut, m.attnStack(m.Weights, L.cross.k, 2), 0, kv2)
 		k2, v2 := part(kv2, 0, Ns, d), part(kv2, 1, Ns, d)
 		ctx2 := a.ctx2.shape(be, m.Activations, Nt, d)
-		args = m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
+		args := m.attnArgs(B, T, S, keyLen, false, decSite(l, 2))
 		be.Attention(ctx2.Reshape(B, T, d), a.p2.shape(be, m.Activations, B, c.Heads, T, S), q2.Reshape(B, T, d), k2.Reshape(B, S, d), v2.Reshape(B, S, d), args)
 		y = m.scratch(0, Nt, d)
 		m.gemm(false, false, ctx2, w[L.cross.o], 0, y)
 		mid2 := a.mid2.shape(be, m.Activations, Nt, d)
 		ln3 := m.residualNorm(mid2, mid1, y, p, decSite(l, 3), norm{&a.ln3, &a.m3, &a.r3, L.ln3}, Nt)
 		// feed-forward
-		hd := m.ffnFwd(&a.h, &a.hd, ln3, Nt, F, L.ffn, decSite(l, 4))
-		y2 := m.scratch(0, Nt, d)
-		m.gemm(false, false, hd, w[L.ffn.w2], 0, y2)
-		be.AddBias(y2, w[L.ffn.b2])
+		y2 := m.ffnFwd(&a.h, &a.hd, ln3, Nt, F, L.ffn, decSite(l, 4))
 		out := &m.decX
 		if l+1 < len(m.dec) {
 			out = &m.da[l+1].x

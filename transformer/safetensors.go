@@ -42,9 +42,9 @@ type stEntry struct {
 	Offsets [2]int `json:"data_offsets"`
 }
 
-// writeSafetensors writes tensors (in the given order) and metadata to
+// WriteSafetensors writes tensors (in the given order) and metadata to
 // path, fsyncs it and returns the SHA-256 of the bytes written (hex).
-func writeSafetensors(path string, tensors []STensor, meta map[string]string) (string, error) {
+func WriteSafetensors(path string, tensors []STensor, meta map[string]string) (string, error) {
 	h := sha256.New()
 	if err := writeSafetensorsTo(path, tensors, meta, h); err != nil {
 		return "", err

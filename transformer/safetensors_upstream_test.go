@@ -24,7 +24,7 @@ func TestSafetensorsWriterMatchesUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "m.safetensors")
-	if _, err := writeSafetensors(path, []STensor{{Name: "test", Shape: []int{2, 2}, Data: make([]float32, 4)}}, nil); err != nil {
+	if _, err := WriteSafetensors(path, []STensor{{Name: "test", Shape: []int{2, 2}, Data: make([]float32, 4)}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(path)

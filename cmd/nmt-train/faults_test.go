@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/metrics"
-	"github.com/gorun/gorun/transformer"
 )
 
 // Faults of long runs, each through gorun with real processes and
@@ -82,11 +82,11 @@ func TestStopOnSIGTERM(t *testing.T) {
 	if code := exitCode(t, cmd, out); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("gorun exit status %d, want %d:\n%s", code, 128+int(syscall.SIGTERM), out)
 	}
-	ck, err := transformer.LatestCheckpoint(dir)
+	ck, err := checkpoint.Latest(dir)
 	if err != nil {
 		t.Fatalf("no checkpoint after SIGTERM: %v\n%s", err, out)
 	}
-	st, err := transformer.ReadState(ck)
+	st, err := checkpoint.ReadState(ck)
 	if err != nil {
 		t.Fatal(err)
 	}

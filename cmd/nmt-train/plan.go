@@ -20,6 +20,7 @@ import (
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
+	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -74,7 +75,7 @@ func planCommand() *cli.Command {
 			var fp16 *plan.Prediction
 			if in.w.PowerSGD != nil { // fp16's for comparison
 				w := in.w
-				w.PowerSGD, w.Wire = nil, metrics.WireType("fp16")
+				w.PowerSGD, w.Wire = nil, report.WireType("fp16")
 				p16, err := plan.Predict(in.c, w)
 				if err != nil {
 					return err
@@ -102,7 +103,7 @@ type planIn struct {
 	// the compressor's compute comes from
 	shapes   [][]int
 	run      *metrics.RunInfo
-	st       metrics.StepTimes
+	st       report.StepTimes
 	measured int
 	psgdHow  string
 }
@@ -213,7 +214,7 @@ func applyPowerSGD(c *cli.Context, in *planIn) error {
 		if c.IsSet("batch-tokens") {
 			ri.BatchTokens = c.Int("batch-tokens") // the compute was scaled to it
 		}
-		ps, in.psgdHow, err = metrics.RunPowerSGD(ri, in.w, in.st, r)
+		ps, in.psgdHow, err = report.RunPowerSGD(ri, in.w, in.st, r)
 	} else {
 		ps, err = plan.NewPowerSGD(in.shapes, in.w.Buckets, r)
 	}
@@ -238,13 +239,13 @@ func applyPowerSGD(c *cli.Context, in *planIn) error {
 			on = "on the GPU, where nothing was measured"
 		}
 		in.psgdHow = fmt.Sprintf("from FLOPs and --compute-s (%s): %.3g GFLOP of the compressor at the rate of the step's 6 x %s parameters x %.0f padded batch tokens = %.4g TFLOP in %.4f s; a lower bound, its thin products (%d columns) are bound by memory, not FLOPs",
-			on, ps.FLOPs()/1e9, metrics.Commas(in.w.Params), tokens, step/1e12, in.w.ComputeS, r)
+			on, ps.FLOPs()/1e9, report.Commas(in.w.Params), tokens, step/1e12, in.w.ComputeS, r)
 	}
 	ps.StartStep = c.Int("powersgd-start-step")
 	if in.run != nil && !c.IsSet("powersgd-start-step") {
 		ps.StartStep = in.run.PowerSGDStartStep
 	}
-	in.w.PowerSGD, in.w.Wire = ps, metrics.WireType("fp16")
+	in.w.PowerSGD, in.w.Wire = ps, report.WireType("fp16")
 	return nil
 }
 
@@ -269,7 +270,7 @@ func overrideCluster(c *cli.Context, in *planIn) {
 		in.c.CoresPerHost, in.c.ThreadsPerRank = 0, 0
 	}
 	if c.IsSet("compression") {
-		in.w.Wire = metrics.WireType(c.String("compression"))
+		in.w.Wire = report.WireType(c.String("compression"))
 	}
 	if c.IsSet("overlap") {
 		in.w.Overlap = c.Bool("overlap")
@@ -297,7 +298,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 		params += int64(p.Len)
 		in.shapes = append(in.shapes, p.Shape)
 	}
-	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: metrics.WireType(c.String("compression")), Overlap: c.Bool("overlap"),
+	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: report.WireType(c.String("compression")), Overlap: c.Bool("overlap"),
 		Buckets: bucketBytes(c, ps)}
 	in.c = plan.Cluster{Hosts: c.Int("hosts"), PerHost: c.Int("per-host"), LinkGbps: link, CoresPerHost: c.Int("cores-per-host")}
 	batch := c.Int("batch-tokens")
@@ -341,15 +342,15 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
 	}
 	// the report's predictions take the run's steps so, by the same rule
-	st := metrics.MeasureRun(recs, ri.WorldSize)
+	st := report.MeasureRun(recs, ri.WorldSize)
 	if st.Intervals == 0 || !(st.Own() > 0) {
 		return in, fmt.Errorf("plan: --from-run %s: no compute time in metrics.jsonl (a run that logged no step)", dir)
 	}
 	if why := st.WhyNotEnough(); why != "" && !(c.Float64("compute-s") > 0) {
 		return in, fmt.Errorf("plan: --from-run %s: not enough data: %s; or give --compute-s", dir, why)
 	}
-	in.preset, in.c = ri.Preset, metrics.RunCluster(ri)
-	if in.w, err = metrics.RunWorkload(ri, st); err != nil {
+	in.preset, in.c = ri.Preset, report.RunCluster(ri)
+	if in.w, err = report.RunWorkload(ri, st); err != nil {
 		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
 	}
 	in.run, in.st = &ri, st
@@ -373,7 +374,7 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	in.tokens = "target tokens"
 	in.source = fmt.Sprintf("measured by the run in %s: %s, %s%s, compute less the token-count wait", dir, plural(ri.WorldSize, "rank"), plural(st.Intervals, "logged interval"), map[bool]string{true: " after the first"}[st.Skipped == 1])
 	in.runStep = st.Step
-	in.measure = fmt.Sprintf("%s on %s", plural(ri.WorldSize, "rank"), plural(len(metrics.UniqueHosts(ri.Hosts)), "host"))
+	in.measure = fmt.Sprintf("%s on %s", plural(ri.WorldSize, "rank"), plural(len(report.UniqueHosts(ri.Hosts)), "host"))
 	return in, nil
 }
 
@@ -419,7 +420,7 @@ func plural(n int, what string) string {
 // prediction beside it.
 func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Prediction) {
 	c, w := in.c, in.w
-	fmt.Fprintf(out, "plan: preset %s (%s parameters), %s x %s = %s", in.preset, metrics.Commas(w.Params), plural(c.Hosts, "host"), plural(c.PerHost, "rank"), plural(p.Ranks, "rank"))
+	fmt.Fprintf(out, "plan: preset %s (%s parameters), %s x %s = %s", in.preset, report.Commas(w.Params), plural(c.Hosts, "host"), plural(c.PerHost, "rank"), plural(p.Ranks, "rank"))
 	if c.Hosts > 1 {
 		fmt.Fprintf(out, ", link %.3g Gbit/s, %s (%.3f GB/s each way: %s)", c.LinkGbps, plan.TransportLabel(p.Transport), p.RateGBs, limitNote(p))
 	}
@@ -435,7 +436,7 @@ func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Predictio
 			pq += b.PBytes + b.QBytes
 		}
 		fmt.Fprintf(out, "compression: powersgd, rank %d%s: %d matrices compressed (%s parameters; P and Q %s in float32), %s left in fp16 (%s parameters, %s): %s a step on the wire",
-			ps.Rank, from, mats, metrics.Commas(elems), mb(pq), plural(tensors, "tensor"), metrics.Commas(rest), mb(2*rest), mb(p.WireBytes))
+			ps.Rank, from, mats, report.Commas(elems), mb(pq), plural(tensors, "tensor"), report.Commas(rest), mb(2*rest), mb(p.WireBytes))
 		if fp16 != nil && p.WireBytes > 0 {
 			fmt.Fprintf(out, " against %s with fp16 (%.1fx less)", mb(fp16.WireBytes), float64(fp16.WireBytes)/float64(p.WireBytes))
 		}
@@ -459,7 +460,7 @@ func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Predictio
 	}
 	fmt.Fprintf(out, "  data                    %.4f s  (nmt-train's batches are read inside the measured compute)\n", p.DataS)
 	fmt.Fprintf(out, "throughput: %s %s/s (%s ranks x %.0f per step); scaling efficiency against one device: %.0f %%\n",
-		metrics.Commas(int64(math.Round(p.TokensPerSec))), in.tokens, metrics.Commas(int64(p.Ranks)), w.TokensPerRank, 100*p.Efficiency)
+		report.Commas(int64(math.Round(p.TokensPerSec))), in.tokens, report.Commas(int64(p.Ranks)), w.TokensPerRank, 100*p.Efficiency)
 	fmt.Fprintf(out, "verdict: %s: the gradients' allreduces take %.4f s, %.0f %% of the %.4f s a step computes\n", p.Verdict, p.CommS, 100*p.CommS/math.Max(p.ComputeS, 1e-12), p.ComputeS)
 	for i, b := range p.Buckets {
 		if w.PowerSGD == nil {
@@ -517,7 +518,7 @@ func printSweep(out io.Writer, in planIn) error {
 			}
 		}
 		fmt.Fprintf(out, "| %d | %d | %.4f | %.4f | %.4f | %.4f | %.4f | %.0f %% | %s | %.0f %% | %s | %s |\n", h, p.Ranks, p.StepS, p.ComputeS, p.WaitS, p.SyncS,
-			p.ExposedS, 100*p.Hidden, metrics.Commas(int64(math.Round(p.TokensPerSec))), 100*p.Efficiency, p.Verdict, big)
+			p.ExposedS, 100*p.Hidden, report.Commas(int64(math.Round(p.TokensPerSec))), 100*p.Efficiency, p.Verdict, big)
 	}
 	return nil
 }

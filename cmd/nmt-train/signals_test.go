@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/internal/testenv"
-	"github.com/gorun/gorun/transformer"
 )
 
 // The ways a job is told to stop besides SIGTERM to gorun alone
@@ -35,11 +35,11 @@ func stopArgs(dir string) []string {
 // rank exited at once or was killed.
 func checkStopCheckpoint(t *testing.T, dir, sig, out string) {
 	t.Helper()
-	ck, err := transformer.LatestCheckpoint(dir)
+	ck, err := checkpoint.Latest(dir)
 	if err != nil {
 		t.Fatalf("no stop checkpoint: %v\n%s", err, out)
 	}
-	st, err := transformer.ReadState(ck)
+	st, err := checkpoint.ReadState(ck)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,13 +19,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/metrics"
-	"github.com/gorun/gorun/transformer"
+	"github.com/gorun/gorun/metrics/metricstest"
+	"github.com/gorun/gorun/report"
 )
 
 var trainBin, gorunBin string
@@ -335,8 +337,8 @@ func TestKillAndResume(t *testing.T) {
 // latest names (0 for none yet) and the last train step in metrics.jsonl
 // (0 for none, or a line half written).
 func progress(dir string) (ckpt, logged int64) {
-	if ck, err := transformer.LatestCheckpoint(dir); err == nil {
-		if st, err := transformer.ReadState(ck); err == nil {
+	if ck, err := checkpoint.Latest(dir); err == nil {
+		if st, err := checkpoint.ReadState(ck); err == nil {
 			ckpt = int64(st.Step)
 		}
 	}
@@ -440,7 +442,7 @@ func TestRunOutputs(t *testing.T) {
 	if len(evs) != 1 {
 		t.Fatalf("event files: %v", evs)
 	}
-	events, err := metrics.ReadEvents(evs[0])
+	events, err := metricstest.ReadEvents(evs[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -929,11 +931,11 @@ func ckptDirs(t *testing.T, dir string) []string {
 // want.
 func checkLatest(t *testing.T, dir string, want int) {
 	t.Helper()
-	ck, err := transformer.LatestCheckpoint(dir)
+	ck, err := checkpoint.Latest(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := transformer.ReadState(ck)
+	st, err := checkpoint.ReadState(ck)
 	if err != nil {
 		t.Fatalf("latest names %s: %v (checkpoints: %v)", ck, err, ckptDirs(t, dir))
 	}
@@ -993,7 +995,7 @@ func checkMetricsSteps(t *testing.T, dir string, last int64) {
 	files, _ := filepath.Glob(filepath.Join(dir, "*tfevents*"))
 	seen := map[string]bool{}
 	for _, f := range files {
-		evs, err := metrics.ReadEvents(f)
+		evs, err := metricstest.ReadEvents(f)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1092,11 +1094,11 @@ func TestKillResumeMetrics(t *testing.T) {
 		return logged >= 60 && ckpt >= 50 && logged >= ckpt+2
 	})
 	j.kill()
-	ck, err := transformer.LatestCheckpoint(dir)
+	ck, err := checkpoint.Latest(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := transformer.ReadState(ck)
+	st, err := checkpoint.ReadState(ck)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1128,8 +1130,8 @@ func TestKillResumeMetrics(t *testing.T) {
 	// the report's time adds up the two segments: the first start's up to
 	// the checkpoint, the resumed one's
 	rep, _ := os.ReadFile(filepath.Join(dir, "report.md"))
-	if want := fmt.Sprintf("the sum of 2 segments: steps 1-%s in ", metrics.Commas(st.Step)); !strings.Contains(string(rep), want) ||
-		!strings.Contains(string(rep), fmt.Sprintf("steps %s-%s in ", metrics.Commas(last), metrics.Commas(last))) {
+	if want := fmt.Sprintf("the sum of 2 segments: steps 1-%s in ", report.Commas(st.Step)); !strings.Contains(string(rep), want) ||
+		!strings.Contains(string(rep), fmt.Sprintf("steps %s-%s in ", report.Commas(last), report.Commas(last))) {
 		t.Errorf("report.md does not list the segments (%q, then step %d):\n%s", want, last, rep)
 	}
 	// the killed attempt's records are kept aside, where TensorBoard does

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/kernels/cuda"
@@ -62,11 +63,11 @@ func translateCommand() *cli.Command {
 			}
 			ck := c.String("checkpoint")
 			if ck == "" {
-				if ck, err = transformer.LatestCheckpoint(dir); err != nil {
+				if ck, err = checkpoint.Latest(dir); err != nil {
 					return err
 				}
 			}
-			st, err := transformer.ReadState(ck)
+			st, err := checkpoint.ReadState(ck)
 			if err != nil {
 				return err
 			}
@@ -74,7 +75,7 @@ func translateCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := transformer.LoadCheckpoint(ck, m, transformer.NewLazyAdam(m), v.Hash()); err != nil {
+			if _, err := checkpoint.Load(ck, m, transformer.NewLazyAdam(m), v.Hash()); err != nil {
 				return err
 			}
 			split, err := splitter(c.String("input"), bpe)

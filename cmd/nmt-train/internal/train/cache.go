@@ -20,7 +20,7 @@ import (
 
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/atomicfile"
-	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/report"
 )
 
 // TextData names the corpus as an OpenSeq2Seq config does: tokenized text
@@ -196,7 +196,7 @@ func (d *TextData) Open(ctx context.Context) (*Cached, error) {
 	c.Took, c.Pairs = time.Since(t1), ent.Pairs
 	pruneStale(dir, name, ent)
 	c.Line = fmt.Sprintf("data: prepared %s + %s (%s pairs) into %s in %.1f s",
-		filepath.Base(d.TrainSrc), filepath.Base(d.TrainTgt), metrics.Commas(int64(c.Pairs)), c.Dir, c.Took.Seconds())
+		filepath.Base(d.TrainSrc), filepath.Base(d.TrainTgt), report.Commas(int64(c.Pairs)), c.Dir, c.Took.Seconds())
 	return c, nil
 }
 
@@ -486,7 +486,7 @@ func (ct *Cached) attach(c *corpus, b *data.Batcher, train data.Source) {
 		}
 		c.Stats.Lines, c.Stats.SrcTokens, c.Stats.TgtTokens = int64(n), st, tt
 	}
-	c.Name = fmt.Sprintf("%s + %s (%s pairs, from the cache %s)", filepath.Base(ct.text.TrainSrc), filepath.Base(ct.text.TrainTgt), metrics.Commas(c.Stats.Lines), ct.Dir)
+	c.Name = fmt.Sprintf("%s + %s (%s pairs, from the cache %s)", filepath.Base(ct.text.TrainSrc), filepath.Base(ct.text.TrainTgt), report.Commas(c.Stats.Lines), ct.Dir)
 	c.Stats.Name = c.Name
 	c.text = ct
 }
@@ -556,7 +556,7 @@ func textDiffer(vals []string, hosts []string, local *TextData) (msg string, ok 
 			desc := "not given"
 			if v != "none" && len(f) >= 2 {
 				n, _ := strconv.ParseInt(f[0], 10, 64)
-				desc = metrics.Commas(n) + " bytes"
+				desc = report.Commas(n) + " bytes"
 				if len(sizes) == 1 && len(f) == 3 && f[1] != f[2] {
 					desc += fmt.Sprintf(" (first MiB %.8s, last MiB %.8s)", f[1], f[2])
 				} else if len(sizes) == 1 {

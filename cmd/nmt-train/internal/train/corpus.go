@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -46,7 +47,7 @@ func loadCorpus(ctx context.Context, o Options, r, n int) (*corpus, error) {
 		vs, vt := data.Synthetic(data.SyntheticValidSeed, data.SyntheticValidLines)
 		valid = &data.Pairs{Src: data.EncodeLines(vs, data.WordPieces, v), Tgt: data.EncodeLines(vt, data.WordPieces, v)}
 		train = p
-		c.Name = fmt.Sprintf("built-in synthetic corpus (%s pairs)", metrics.Commas(int64(o.SyntheticLines)))
+		c.Name = fmt.Sprintf("built-in synthetic corpus (%s pairs)", report.Commas(int64(o.SyntheticLines)))
 		var bytes, st, tt int64
 		for i := range src {
 			bytes += int64(len(src[i]) + len(tgt[i]) + 2)
@@ -88,7 +89,7 @@ func loadCorpus(ctx context.Context, o Options, r, n int) (*corpus, error) {
 			c.Extra = append(c.Extra, filepath.Join(o.Data, BPEFile))
 		}
 		s, t := tc.Tokens()
-		c.Name = fmt.Sprintf("%s (%s pairs)", o.Data, metrics.Commas(int64(tc.Len())))
+		c.Name = fmt.Sprintf("%s (%s pairs)", o.Data, report.Commas(int64(tc.Len())))
 		c.Stats = metrics.Dataset{Name: o.Data, MB: float64(tc.Bytes()) / 1e6, Lines: int64(tc.Len()), SrcTokens: s, TgtTokens: t, Dropped: tc.Dropped()}
 		validRefsF = func(i int) string {
 			_, tgt := vc.Pair(i)

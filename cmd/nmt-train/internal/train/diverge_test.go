@@ -18,6 +18,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
@@ -117,9 +118,9 @@ func divergeArgs(dir string, extra ...string) []string {
 // step, finished or not, is in dir.
 func checkNotSaved(t *testing.T, dir string, want int) {
 	t.Helper()
-	ck, err := transformer.LatestCheckpoint(dir)
-	if err != nil || filepath.Base(ck) != transformer.CheckpointDir(want) {
-		t.Fatalf("latest names %q (%v), want %s", ck, err, transformer.CheckpointDir(want))
+	ck, err := checkpoint.Latest(dir)
+	if err != nil || filepath.Base(ck) != checkpoint.DirName(want) {
+		t.Fatalf("latest names %q (%v), want %s", ck, err, checkpoint.DirName(want))
 	}
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
@@ -136,7 +137,7 @@ func checkNotSaved(t *testing.T, dir string, want int) {
 		}
 	}
 	// what latest names loads (finite, whole): the run can be resumed from it
-	st, err := transformer.ReadState(ck)
+	st, err := checkpoint.ReadState(ck)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func checkNotSaved(t *testing.T, dir string, want int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := transformer.LoadCheckpoint(ck, m, transformer.NewLazyAdam(m), ""); err != nil {
+	if _, err := checkpoint.Load(ck, m, transformer.NewLazyAdam(m), ""); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/data"
-	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -91,7 +91,7 @@ func (t *Trainer) evaluate(ctx context.Context) error {
 			t.logf("  src: %s\n  hyp: %s\n  ref: %s", src, hypText[i], t.data.ValidRefs[i])
 		}
 		t.logf("eval at step %s | loss %.4f (raw %.4f) | BLEU %.2f (sacreBLEU, %d sentences, %s) | lab's tokenized BLEU %.4f | %.1f s",
-			metrics.Commas(int64(t.step)), vals["loss"], vals["loss_raw"], res.Score, K, decodeName(t.o.Beam), vals["bleu_lab"], time.Since(t0).Seconds())
+			report.Commas(int64(t.step)), vals["loss"], vals["loss_raw"], res.Score, K, decodeName(t.o.Beam), vals["bleu_lab"], time.Since(t0).Seconds())
 	}
 	if t.run != nil {
 		return t.run.Log("eval", int64(t.step), vals, text)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -101,9 +102,9 @@ func (t *Trainer) gatherFigures(ctx context.Context, own rankFigures, vals map[s
 		return "", nil
 	}
 	vals["gpu_util_pct"], vals["gpu_mem_used_MiB"], vals["gpu_mem_peak_MiB"] = su/float64(g), sm/float64(g), pk
-	note := fmt.Sprintf(" | GPU %.0f %% busy, %s MiB", su/float64(g), metrics.Commas(int64(sm/float64(g))))
+	note := fmt.Sprintf(" | GPU %.0f %% busy, %s MiB", su/float64(g), report.Commas(int64(sm/float64(g))))
 	if g > 1 {
-		note = fmt.Sprintf(" | GPUs %.0f %% busy (ranks %.0f-%.0f %%), %s MiB each", su/float64(g), lo, hi, metrics.Commas(int64(sm/float64(g))))
+		note = fmt.Sprintf(" | GPUs %.0f %% busy (ranks %.0f-%.0f %%), %s MiB each", su/float64(g), lo, hi, report.Commas(int64(sm/float64(g))))
 	}
 	return note, nil
 }
@@ -123,16 +124,16 @@ func cpuModel() string {
 	return ""
 }
 
-// WriteReport writes the run directory's report (metrics.WriteReport),
+// WriteReport writes the run directory's report (report.Write),
 // with the learning rate of the run's policy as run.json describes it.
 func WriteReport(dir string) (string, error) {
 	ri, err := metrics.ReadRunInfo(dir)
 	if err != nil {
 		return "", fmt.Errorf("%s is not a run directory: %v", dir, err)
 	}
-	var lr metrics.Schedule
+	var lr report.Schedule
 	if p, err := transformer.ParsePolicy(ri.LRPolicy, ri.LearningRate, ri.DModel, ri.Warmup); err == nil {
 		lr = p.LR
 	}
-	return metrics.WriteReport(dir, lr)
+	return report.Write(dir, lr)
 }

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gorun/gorun/metrics"
+	"github.com/gorun/gorun/report"
 )
 
 // setting is one option that every rank of a job must agree on.
@@ -39,7 +39,7 @@ func (t *Trainer) settings() []setting {
 	if o.Data != "" && t.data != nil {
 		s := t.data.Stats
 		data = fmt.Sprintf("vocabulary %.12s with %s pairs and %s+%s tokens", t.data.VocabHash,
-			metrics.Commas(s.Lines), metrics.Commas(s.SrcTokens), metrics.Commas(s.TgtTokens))
+			report.Commas(s.Lines), report.Commas(s.SrcTokens), report.Commas(s.TgtTokens))
 	}
 	if ct := cachedOf(t.data); o.Text != nil && ct != nil {
 		data = ct.content // the files' sizes and hashes, not paths or times (textDiffer reads it)

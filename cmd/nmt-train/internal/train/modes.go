@@ -10,11 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/atomicfile"
-	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -86,7 +87,7 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 	}
 	t.m.Activations = t.acts
 	if t.leader() {
-		if _, err := transformer.LoadCheckpoint(start.Checkpoint, t.m, transformer.NewLazyAdam(t.m), v.Hash()); err != nil {
+		if _, err := checkpoint.Load(start.Checkpoint, t.m, transformer.NewLazyAdam(t.m), v.Hash()); err != nil {
 			return err
 		}
 	}
@@ -94,7 +95,7 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 		return fmt.Errorf("broadcast of the weights: %w", err)
 	}
 	t.step = start.Step
-	t.logf("nmt-train: %s with %s (step %s, %s parameters) on %d rank(s)", o.Mode, start.Checkpoint, metrics.Commas(int64(start.Step)), metrics.Commas(int64(t.m.NumParams())), t.id.Size)
+	t.logf("nmt-train: %s with %s (step %s, %s parameters) on %d rank(s)", o.Mode, start.Checkpoint, report.Commas(int64(start.Step)), report.Commas(int64(t.m.NumParams())), t.id.Size)
 	if o.Mode == ModeEval {
 		return t.evaluate(ctx)
 	}
@@ -104,11 +105,11 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 // latestStart reads the state of dir's latest checkpoint and checks that
 // it was trained with the vocabulary v.
 func latestStart(dir string, v *data.Vocab) (checkpointStart, error) {
-	ck, err := transformer.LatestCheckpoint(dir)
+	ck, err := checkpoint.Latest(dir)
 	if err != nil {
 		return checkpointStart{}, fmt.Errorf("%s holds no checkpoint to evaluate or translate with (train into it first): %v", dir, err)
 	}
-	st, err := transformer.ReadState(ck)
+	st, err := checkpoint.ReadState(ck)
 	if err != nil {
 		return checkpointStart{}, err
 	}

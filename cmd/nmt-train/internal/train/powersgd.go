@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/transformer"
@@ -42,7 +43,7 @@ func powerSGDLayout(b *fusion.Bucketer) string {
 // error feedback goes to rank 0 (one broadcast from each rank: collective
 // has no gather), which returns the checkpoint file; the others return
 // nil. Without PowerSGD it does nothing.
-func (t *Trainer) gatherPowerSGD(ctx context.Context) (*transformer.CheckpointFile, error) {
+func (t *Trainer) gatherPowerSGD(ctx context.Context) (*checkpoint.File, error) {
 	b := t.powerSGD()
 	if b == nil {
 		return nil, nil
@@ -52,9 +53,9 @@ func (t *Trainer) gatherPowerSGD(ctx context.Context) (*transformer.CheckpointFi
 		return nil, err
 	}
 	n := t.comm.Size()
-	var f *transformer.CheckpointFile
+	var f *checkpoint.File
 	if t.leader() {
-		f = &transformer.CheckpointFile{Name: PowerSGDFile, Meta: map[string]string{
+		f = &checkpoint.File{Name: PowerSGDFile, Meta: map[string]string{
 			"format": "gorun-powersgd", "ranks": strconv.Itoa(n), "rank": strconv.Itoa(t.o.PowerSGDRank),
 			"matrices": powerSGDLayout(b), "error_len": strconv.Itoa(len(errs)), "q_len": strconv.Itoa(len(q)),
 		}}
@@ -101,7 +102,7 @@ func (t *Trainer) readPowerSGD(ck string) (*psgdCheckpoint, error) {
 	if t.o.Compression != compressPowerSGD {
 		return nil, nil
 	}
-	f, err := transformer.ReadCheckpointFile(ck, PowerSGDFile)
+	f, err := checkpoint.ReadFile(ck, PowerSGDFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/fusion/fusiontest"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
@@ -77,7 +78,7 @@ func TestPowerSGDResumeExact(t *testing.T) {
 			if err != nil || !strings.Contains(string(sums), "  powersgd.safetensors\n") {
 				t.Fatalf("ckpt-3/SHA256SUMS does not list powersgd.safetensors (%v):\n%s", err, sums)
 			}
-			f, err := transformer.ReadCheckpointFile(filepath.Join(cut, "ckpt-3"), "powersgd.safetensors")
+			f, err := checkpoint.ReadFile(filepath.Join(cut, "ckpt-3"), "powersgd.safetensors")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/mpirun"
+	"github.com/gorun/gorun/report"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 )
@@ -77,7 +77,7 @@ func (p *progress) update(step int, loss float64, tokens int, dur time.Duration)
 	}
 	// most wanted first: a narrow terminal cuts the end
 	text := fmt.Sprintf("step %s/%s [%s] %3.0f%% | ETA %s | %s tok/s | loss %.4f",
-		metrics.Commas(int64(step)), metrics.Commas(int64(p.total)), bar, 100*done, p.eta(step), metrics.Commas(int64(rate)), loss)
+		report.Commas(int64(step)), report.Commas(int64(p.total)), bar, 100*done, p.eta(step), report.Commas(int64(rate)), loss)
 	if p.draw == drawGorun {
 		fmt.Fprint(p.w, "\r"+text)
 		return

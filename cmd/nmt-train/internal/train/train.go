@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/fusion"
@@ -26,6 +27,7 @@ import (
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -104,11 +106,11 @@ type Trainer struct {
 	// psgd: the steps PowerSGD compressed, with the sums of their P and Q
 	// bytes, the fp16 bytes those matrices would have been, the
 	// compressor's time and the step time (the final verdict's line)
-	psgd metrics.StepTimes
+	psgd report.StepTimes
 	// info is run.json as rank 0 wrote it (the final analysis reads it)
 	info metrics.RunInfo
 
-	// runID names this run's checkpoints (transformer.State.Run): new for
+	// runID names this run's checkpoints (checkpoint.State.Run): new for
 	// a fresh run, the checkpoint's on --resume. Rank 0 only.
 	runID string
 	// unlockDir releases the run directory's lock (rank 0).
@@ -381,7 +383,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 	// Rank 0 takes the run directory and, on --resume, reads the
 	// checkpoint; everything is broadcast (or, if rank 0 failed, the
 	// failure, so that the other ranks stop without a word).
-	var st *transformer.State
+	var st *checkpoint.State
 	var dirErr error
 	if t.leader() && t.unlockDir == nil {
 		dirErr = t.takeRunDir()
@@ -419,7 +421,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 		compute = "on " + be.Device().String()
 	}
 	t.logf("nmt-train: %d rank(s) on %s; preset %s, %s parameters; %s; %s; run dir %s",
-		t.id.Size, strings.Join(metrics.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, metrics.Commas(int64(t.m.NumParams())), t.data.Name, compute, o.RunDir)
+		t.id.Size, strings.Join(report.UniqueHosts(t.mesh.HostNames()), ", "), o.Preset, report.Commas(int64(t.m.NumParams())), t.data.Name, compute, o.RunDir)
 	if st != nil {
 		t.logf("nmt-train: resumed from step %d", t.step)
 		if p, u := t.data.Train.GlobalBatch(); p != o.PassesPerStep*t.id.Size || u.Tokens != o.BatchTokens && u.Rows == 0 || u.Rows != o.BatchPairs {
@@ -551,60 +553,6 @@ func orNone(s string) string {
 	return s
 }
 
-// takeRunDir (rank 0) creates and takes the run directory: its lock, held
-// until the process ends (a second nmt-train on the same directory is refused);
-// without --resume, a directory that holds a run is refused (one run
-// directory, one run); then the temporary files of a checkpoint write
-// that was killed are removed (no live writer can own them: the lock).
-func (t *Trainer) takeRunDir() error {
-	o := t.o
-	if err := os.MkdirAll(o.RunDir, 0o755); err != nil {
-		return err
-	}
-	unlock, err := transformer.LockRunDir(o.RunDir)
-	var inUse *transformer.RunDirInUseError
-	if errors.As(err, &inUse) {
-		pid := ""
-		if inUse.PID > 0 {
-			pid = fmt.Sprintf(" (pid %d)", inUse.PID)
-		}
-		return fmt.Errorf("--run-dir %s is in use by another nmt-train%s: a run directory holds one run; wait for it, or use another --run-dir", o.RunDir, pid)
-	}
-	if err != nil {
-		return err
-	}
-	t.unlockDir = unlock
-	if !o.Resume && t.id.Restart > 0 {
-		// gorun --max-restarts started the job again after a failure: it
-		// continues from the last checkpoint, or starts over when the
-		// failed start wrote none (its records are set aside).
-		if _, err := transformer.LatestCheckpoint(o.RunDir); err == nil {
-			t.o.Resume = true
-			t.logf("nmt-train: restart %d (gorun --max-restarts): resuming from the last checkpoint", t.id.Restart)
-		} else {
-			t.logf("nmt-train: restart %d (gorun --max-restarts): no checkpoint yet, starting over", t.id.Restart)
-			t.runID, t.resumedFrom = transformer.NewRunID(), 0
-		}
-	}
-	if !t.o.Resume && t.id.Restart == 0 {
-		if what := heldRun(o.RunDir); what != "" {
-			if strings.HasPrefix(what, "latest ") {
-				return fmt.Errorf("--run-dir %s already holds a run (%s); use --resume to continue it, or another --run-dir", o.RunDir, what)
-			}
-			return fmt.Errorf("--run-dir %s already holds a run (%s, no checkpoint to resume from); remove it, or use another --run-dir", o.RunDir, what)
-		}
-		t.runID = transformer.NewRunID()
-	}
-	removed, err := transformer.RemoveStaleTemps(o.RunDir)
-	if err != nil {
-		return err
-	}
-	if len(removed) > 0 {
-		t.logf("nmt-train: removed %s (left by a checkpoint write that was killed)", strings.Join(removed, ", "))
-	}
-	return nil
-}
-
 // abortJob is rank 0's way out when it fails before the mesh exists:
 // alone it returns err; in a job it joins the mesh, as far as the first
 // broadcast, to tell the other ranks, which then stop without a word
@@ -632,70 +580,6 @@ func (t *Trainer) abortJob(ctx context.Context, err error) error {
 	return t.broadcastState(ctx, nil, err)
 }
 
-// resumeRunDir (rank 0, --resume) loads the checkpoint latest names into
-// the model and optimizer, and removes the checkpoints written after it
-// that latest never named (refusing if one is not of its run).
-func (t *Trainer) resumeRunDir() (*transformer.State, error) {
-	o := t.o
-	ck, err := transformer.LatestCheckpoint(o.RunDir)
-	if err != nil {
-		return nil, fmt.Errorf("--resume: %v", err)
-	}
-	if prev, err := transformer.ReadState(ck); err == nil && prev.VocabHash != t.data.VocabHash {
-		return nil, fmt.Errorf("--resume: %s was trained with another vocabulary (hash %.12s) than %s's (hash %.12s, %d pieces): resume with the data it was trained on", ck, prev.VocabHash, t.data.Name, t.data.VocabHash, t.data.VocabSize)
-	}
-	st, err := transformer.LoadCheckpoint(ck, t.m, t.opt, t.data.VocabHash)
-	if err != nil {
-		return nil, err
-	}
-	if t.psgdCkpt, err = t.readPowerSGD(ck); err != nil {
-		return nil, err
-	}
-	// The data position, checked here so that the refusal names the file
-	// (the other ranks restore it after the broadcast).
-	if raw, ok := st.Trainer["data"]; ok && string(raw) != "null" {
-		if err := t.data.Train.Restore(raw); err != nil {
-			return nil, fmt.Errorf("--resume: %s: %v", filepath.Join(ck, "state.json"), err)
-		}
-	}
-	removed, err := transformer.RemoveUnconfirmed(o.RunDir, st)
-	if err != nil {
-		return nil, fmt.Errorf("--resume: %v", err)
-	}
-	if len(removed) > 0 {
-		t.logf("nmt-train: removed %s: written after %s, but latest never named them (the run was killed before it did)", strings.Join(removed, ", "), filepath.Base(ck))
-	}
-	t.runID = st.Run
-	if t.runID == "" {
-		// a checkpoint of an older version: the checkpoints of its run
-		// are never pruned, this run's are
-		t.runID = transformer.NewRunID()
-	}
-	t.resumedFrom = st.Step
-	return st, nil
-}
-
-// heldRun describes what in dir shows that it holds a run ("" if
-// nothing): "latest ckpt-N", or the files found.
-func heldRun(dir string) string {
-	if b, err := os.ReadFile(filepath.Join(dir, "latest")); err == nil {
-		return "latest " + strings.TrimSpace(string(b))
-	}
-	var found []string
-	if steps, _ := transformer.CheckpointSteps(dir); len(steps) > 0 {
-		found = append(found, transformer.CheckpointDir(steps[len(steps)-1]))
-	}
-	for _, f := range []string{"metrics.jsonl", "run.json"} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
-			found = append(found, f)
-		}
-	}
-	if evs, _ := filepath.Glob(filepath.Join(dir, "events.out.tfevents.*")); len(evs) > 0 {
-		found = append(found, filepath.Base(evs[0]))
-	}
-	return strings.Join(found, ", ")
-}
-
 // trainerState is the part of state.json that belongs to the trainer.
 type trainerState struct {
 	// Abort: rank 0 failed (it says why); nothing else is sent.
@@ -712,7 +596,7 @@ type trainerState struct {
 // ranks learn that instead, meet at a barrier (so that rank 0 does not
 // close the mesh under the message) and return: rank 0 failed, the others
 // errLeaderFailed.
-func (t *Trainer) broadcastState(ctx context.Context, st *transformer.State, failed error) error {
+func (t *Trainer) broadcastState(ctx context.Context, st *checkpoint.State, failed error) error {
 	var blob []byte
 	if t.leader() {
 		ts := trainerState{Abort: failed != nil}
@@ -1164,10 +1048,10 @@ func (t *Trainer) loop(ctx context.Context) error {
 				comm = fmt.Sprintf(" | %s | comm exposed %.0f ms (%.0f %% hidden)%s", traffic, a.exposed*1e3, a.hiddenPct, psgd)
 			}
 			t.logf("step %s/%s | loss %.4f (smoothed raw %.2f) | lr %.3e | %.3f s/step | %s tok/s%s%s | ETA %s",
-				metrics.Commas(int64(t.step)), metrics.Commas(int64(o.MaxSteps)), a.lossLab, smoothRaw, lr, a.dur, metrics.Commas(int64(a.tokensPerSec)), comm, gpuNote, t.bar.eta(t.step))
-			if !warned && metrics.LossDiverging(smoothRaw, lowest, t.data.VocabSize) {
+				report.Commas(int64(t.step)), report.Commas(int64(o.MaxSteps)), a.lossLab, smoothRaw, lr, a.dur, report.Commas(int64(a.tokensPerSec)), comm, gpuNote, t.bar.eta(t.step))
+			if !warned && report.LossDiverging(smoothRaw, lowest, t.data.VocabSize) {
 				warned = true
-				t.logf("nmt-train: warning: %s", metrics.DescribeDiverging(int64(t.step), smoothRaw, lowest, t.data.VocabSize))
+				t.logf("nmt-train: warning: %s", report.DescribeDiverging(int64(t.step), smoothRaw, lowest, t.data.VocabSize))
 			}
 			if t.run != nil {
 				if err := t.run.Log("train", int64(t.step), vals, nil); err != nil {
@@ -1214,13 +1098,13 @@ func (t *Trainer) loop(ctx context.Context) error {
 		t.run = nil
 		if t.computeSteps > 0 && t.id.Size > 1 {
 			n := float64(t.computeSteps)
-			st := metrics.StepTimes{Steps: int64(t.computeSteps), Compute: t.computeTotal / n, Sync: t.syncTotal / n, Backward: t.backTotal / n}
+			st := report.StepTimes{Steps: int64(t.computeSteps), Compute: t.computeTotal / n, Sync: t.syncTotal / n, Backward: t.backTotal / n}
 			if k := float64(t.psgd.PowerSGDSteps); k > 0 { // means over the compressed steps
 				st.PowerSGDSteps = t.psgd.PowerSGDSteps
 				st.PowerSGDBytes, st.PowerSGDFP16Bytes = t.psgd.PowerSGDBytes/k, t.psgd.PowerSGDFP16Bytes/k
 				st.PowerSGDCompute, st.PowerSGDStep = t.psgd.PowerSGDCompute/k, t.psgd.PowerSGDStep/k
 			}
-			t.logf("%s", metrics.AnalyzeBottleneck(t.info, st))
+			t.logf("%s", report.AnalyzeBottleneck(t.info, st))
 		}
 		if err := t.writeGPUProfile(); err != nil {
 			return err
@@ -1258,8 +1142,8 @@ func (t *Trainer) stop(ctx context.Context) error {
 		e.Sig = syscall.SIGTERM // another rank's signal
 	}
 	if t.leader() {
-		e.Checkpoint = filepath.Join(t.o.RunDir, transformer.CheckpointDir(t.step))
-		if err := t.run.Log("stop", int64(t.step), nil, map[string]string{"signal": e.Sig.String(), "checkpoint": transformer.CheckpointDir(t.step)}); err != nil {
+		e.Checkpoint = filepath.Join(t.o.RunDir, checkpoint.DirName(t.step))
+		if err := t.run.Log("stop", int64(t.step), nil, map[string]string{"signal": e.Sig.String(), "checkpoint": checkpoint.DirName(t.step)}); err != nil {
 			return err
 		}
 		t.run.Close()
@@ -1305,7 +1189,7 @@ func (t *Trainer) checkpoint(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", t.step, err)
 	}
-	var extra []transformer.CheckpointFile
+	var extra []checkpoint.File
 	if psgd != nil {
 		extra = append(extra, *psgd)
 	}
@@ -1318,7 +1202,7 @@ func (t *Trainer) checkpoint(ctx context.Context) error {
 			t      kernels.Tensor
 		}{{"", t.m.Weights}, {"m/", t.opt.M}, {"v/", t.opt.V}} {
 			if t.m.Backend().HasInfNaN(x.t) {
-				return t.diverged(t.step, fmt.Sprintf("%s not written: %s", transformer.CheckpointDir(t.step), t.firstNonFinite(x.t, x.prefix)))
+				return t.diverged(t.step, fmt.Sprintf("%s not written: %s", checkpoint.DirName(t.step), t.firstNonFinite(x.t, x.prefix)))
 			}
 		}
 		return nil
@@ -1327,11 +1211,11 @@ func (t *Trainer) checkpoint(ctx context.Context) error {
 	sc, _ := json.Marshal(t.scaler)
 	ts["loss_scaler"] = sc
 	end := t.tl.Begin("checkpoint", "save")
-	path, err := transformer.SaveRunCheckpoint(t.o.RunDir, t.runID, t.step, t.m, t.opt, t.data.VocabHash, ts, extra...)
+	path, err := checkpoint.Save(t.o.RunDir, t.runID, t.step, t.m, t.opt, t.data.VocabHash, ts, extra...)
 	end()
 	var nonFinite *transformer.NonFiniteError
 	if errors.As(err, &nonFinite) {
-		return t.diverged(t.step, fmt.Sprintf("%s not written: %v", transformer.CheckpointDir(t.step), nonFinite))
+		return t.diverged(t.step, fmt.Sprintf("%s not written: %v", checkpoint.DirName(t.step), nonFinite))
 	}
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: %v", t.step, err)
@@ -1339,7 +1223,7 @@ func (t *Trainer) checkpoint(ctx context.Context) error {
 	t.logf("nmt-train: checkpoint %s", path)
 	// this run's newest --keep-checkpoints, counting back from the one
 	// latest now names; never that one, a newer one or another run's
-	if _, err := transformer.PruneCheckpoints(t.o.RunDir, t.runID, t.o.KeepCkpts); err != nil {
+	if _, err := checkpoint.Prune(t.o.RunDir, t.runID, t.o.KeepCkpts); err != nil {
 		return fmt.Errorf("checkpoint at step %d: pruning old checkpoints: %v", t.step, err)
 	}
 	return nil
@@ -1365,7 +1249,7 @@ func (e *divergedError) Error() string {
 func (t *Trainer) diverged(step int, what string) error {
 	e := &divergedError{step: step, what: what, latest: "no checkpoint yet"}
 	if t.leader() {
-		if ck, err := transformer.LatestCheckpoint(t.o.RunDir); err == nil {
+		if ck, err := checkpoint.Latest(t.o.RunDir); err == nil {
 			e.latest = "latest still names " + filepath.Base(ck)
 		}
 	}

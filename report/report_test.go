@@ -1,4 +1,4 @@
-package metrics
+package report
 
 import (
 	"encoding/json"
@@ -10,18 +10,19 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 )
 
 func TestReportAnswersEveryQuestion(t *testing.T) {
 	dir := t.TempDir()
-	ri := RunInfo{Preset: "tiny", Params: 60880896, DModel: 512, WorldSize: 4, Hosts: []string{"a", "a", "b", "b"},
+	ri := metrics.RunInfo{Preset: "tiny", Params: 60880896, DModel: 512, WorldSize: 4, Hosts: []string{"a", "a", "b", "b"},
 		BatchTokens: 4096, LRPolicy: "transformer", LearningRate: 2, Warmup: 8000, LinkGbps: 1, LinkSource: "flag",
-		Dataset: Dataset{Name: "wmt16", MB: 1891.2, Lines: 4524868, SrcTokens: 1e8, TgtTokens: 1.1e8, Dropped: 12}}
-	if err := WriteRunInfo(dir, ri); err != nil {
+		Dataset: metrics.Dataset{Name: "wmt16", MB: 1891.2, Lines: 4524868, SrcTokens: 1e8, TgtTokens: 1.1e8, Dropped: 12}}
+	if err := metrics.WriteRunInfo(dir, ri); err != nil {
 		t.Fatal(err)
 	}
-	r, err := OpenRun(dir)
+	r, err := metrics.OpenRun(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestReportAnswersEveryQuestion(t *testing.T) {
 	os.WriteFile(filepath.Join(ck, "state.json"), []byte("{}"), 0o644)
 	os.WriteFile(filepath.Join(dir, "latest"), []byte("ckpt-2000\n"), 0o644)
 
-	path, err := WriteReport(dir, nil)
+	path, err := Write(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,22 +82,22 @@ func TestReportAnswersEveryQuestion(t *testing.T) {
 func TestReportDevices(t *testing.T) {
 	for _, gpu := range []bool{false, true} {
 		dir := t.TempDir()
-		ri := RunInfo{Preset: "tiny", WorldSize: 1, Device: "cpu", CPUModel: "AMD EPYC 7B13", CPUs: 8, Threads: 8}
+		ri := metrics.RunInfo{Preset: "tiny", WorldSize: 1, Device: "cpu", CPUModel: "AMD EPYC 7B13", CPUs: 8, Threads: 8}
 		vals := map[string]float64{"loss": 1, "loss_raw": 1, "step_time_s": 1, "cpu_util_pct": 90, "compute_s": 1}
 		if gpu {
 			ri.Device = "cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)"
 			vals["gpu_util_pct"], vals["gpu_mem_used_MiB"], vals["gpu_mem_peak_MiB"] = 87, 20480, 15000
 		}
-		if err := WriteRunInfo(dir, ri); err != nil {
+		if err := metrics.WriteRunInfo(dir, ri); err != nil {
 			t.Fatal(err)
 		}
-		r, err := OpenRun(dir)
+		r, err := metrics.OpenRun(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		r.Log("train", 10, vals, nil)
 		r.Close()
-		path, err := WriteReport(dir, nil)
+		path, err := Write(dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,25 +125,25 @@ func transformerLR(step int) float64 {
 	return 2 / math.Sqrt(64) * math.Min(s*math.Pow(200, -1.5), 1/math.Sqrt(s))
 }
 
-// reportFixture copies the fixture testdata/report/name into a new
+// reportFixture copies the fixture testdata/name into a new
 // directory, lets edit change its run.json and records, and writes its
 // report there; it returns the report.
-func reportFixture(t *testing.T, name string, lr Schedule, edit func(*RunInfo, []Record)) string {
+func reportFixture(t *testing.T, name string, lr Schedule, edit func(*metrics.RunInfo, []metrics.Record)) string {
 	t.Helper()
 	dir := t.TempDir()
-	src := filepath.Join("testdata", "report", name)
-	ri, err := ReadRunInfo(src)
+	src := filepath.Join("testdata", name)
+	ri, err := metrics.ReadRunInfo(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs, err := ReadJSONL(filepath.Join(src, "metrics.jsonl"))
+	recs, err := metrics.ReadJSONL(filepath.Join(src, "metrics.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if edit != nil {
 		edit(&ri, recs)
 	}
-	if err := WriteRunInfo(dir, ri); err != nil {
+	if err := metrics.WriteRunInfo(dir, ri); err != nil {
 		t.Fatal(err)
 	}
 	var b []byte
@@ -156,7 +157,7 @@ func reportFixture(t *testing.T, name string, lr Schedule, edit func(*RunInfo, [
 	if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	path, err := WriteReport(dir, lr)
+	path, err := Write(dir, lr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +169,7 @@ func reportFixture(t *testing.T, name string, lr Schedule, edit func(*RunInfo, [
 }
 
 // setValues sets values of the train records.
-func setValues(recs []Record, f func(v map[string]float64)) {
+func setValues(recs []metrics.Record, f func(v map[string]float64)) {
 	for _, r := range recs {
 		if r.Kind == "train" {
 			f(r.Values)
@@ -176,7 +177,7 @@ func setValues(recs []Record, f func(v map[string]float64)) {
 	}
 }
 
-// The report's sentences, from fixed run directories (testdata/report,
+// The report's sentences, from fixed run directories (testdata,
 // made to these numbers; each number below follows from them as the
 // comment says), for the cases the lab's students met: one host where
 // shared memory carries the gradients, a network-bound and a
@@ -209,7 +210,7 @@ func TestReportFixtures(t *testing.T) {
 	for _, c := range []struct {
 		name, fixture string
 		lr            Schedule
-		edit          func(*RunInfo, []Record)
+		edit          func(*metrics.RunInfo, []metrics.Record)
 		want, not     []string
 	}{{
 		// 2 ranks on host vm, step times 0.105 + 0.003 x (0,1,2,3,0,1,...)
@@ -248,7 +249,7 @@ func TestReportFixtures(t *testing.T) {
 		// the same with Transformer-base's parameters: on the lab's link
 		// its fp16 gradients need 0.974 s, more than the 0.103 s of compute
 		name: "one host, network-bound on the assumed link", fixture: "onehost-shm",
-		edit: func(ri *RunInfo, _ []Record) { ri.Params, ri.Buckets = 60880896, nil },
+		edit: func(ri *metrics.RunInfo, _ []metrics.Record) { ri.Params, ri.Buckets = 60880896, nil },
 		want: []string{
 			"verdict: network-bound",
 			fmt.Sprintf("- **Not here, but it would be across hosts**: on one host the ranks waited for communication 5.5 %% of the step (6.0 ms); on the assumed 1 Gbit/s link the fp16 gradients would take %.3f s by gorun's cost model (at least %.3f s at the link's rate), longer than the 0.103 s a step computes",
@@ -258,7 +259,7 @@ func TestReportFixtures(t *testing.T) {
 	}, {
 		// shared memory off: the same bytes over loopback sockets
 		name: "one host, shared memory off", fixture: "onehost-shm",
-		edit: func(_ *RunInfo, recs []Record) {
+		edit: func(_ *metrics.RunInfo, recs []metrics.Record) {
 			setValues(recs, func(v map[string]float64) {
 				v["net_out_MBps"], v["net_in_MBps"], v["shm_out_MBps"], v["shm_in_MBps"] = v["shm_out_MBps"], v["shm_in_MBps"], 0, 0
 			})
@@ -324,7 +325,7 @@ func TestReportFixtures(t *testing.T) {
 		// the same with 500 ms exposed and 1.7 s of compute: the network
 		// is fast enough (277 ms for the gradients), yet the ranks wait
 		name: "compute-bound, but waiting", fixture: "compute-bound",
-		edit: func(_ *RunInfo, recs []Record) {
+		edit: func(_ *metrics.RunInfo, recs []metrics.Record) {
 			setValues(recs, func(v map[string]float64) { v["comm_exposed_ms"], v["compute_s"] = 500, 1.7 })
 		},
 		want: []string{fmt.Sprintf("- **Not the network's speed** (compute-bound), yet the ranks waited for communication 25.3 %% of the step (500.0 ms), more than the %.1f ms gorun's cost model gives the fp16 gradients on the 10 Gbit/s link (%.0f %% of the compute time): the rest is latency, synchronization",
@@ -335,7 +336,7 @@ func TestReportFixtures(t *testing.T) {
 		// 1.7 s of compute; the ranks wait 1000 ms: the transfer itself,
 		// not hidden
 		name: "compute-bound, the transfer not hidden", fixture: "compute-bound",
-		edit: func(ri *RunInfo, recs []Record) {
+		edit: func(ri *metrics.RunInfo, recs []metrics.Record) {
 			ri.LinkGbps = 1
 			setValues(recs, func(v map[string]float64) { v["comm_exposed_ms"], v["compute_s"] = 1000, 1.7 })
 		},
@@ -402,7 +403,7 @@ func TestReportFixtures(t *testing.T) {
 		// the same without its log lines: the stops alone give the steps
 		// and the time
 		name: "stopped before any log line", fixture: "stopped-between-logs",
-		edit: func(_ *RunInfo, recs []Record) {
+		edit: func(_ *metrics.RunInfo, recs []metrics.Record) {
 			for i := range recs {
 				if recs[i].Kind == "train" {
 					recs[i].Kind = "removed"
@@ -437,7 +438,7 @@ func TestReportFixtures(t *testing.T) {
 		// a run too short to measure gets report.md's "not enough data" for
 		// the PowerSGD prediction too (the same rule as the what-if lines)
 		name: "network-bound, too short to predict PowerSGD from", fixture: "three-steps",
-		edit: func(ri *RunInfo, _ []Record) { ri.Params, ri.Buckets = 60880896, nil },
+		edit: func(ri *metrics.RunInfo, _ []metrics.Record) { ri.Params, ri.Buckets = 60880896, nil },
 		want: []string{
 			"verdict: network-bound",
 			"- *Prediction* with `--compression powersgd` at the default rank 16: **not enough data**: 3 step(s) timed; a prediction needs at least 8 (a longer run: --max-steps).",
@@ -472,7 +473,7 @@ func TestReportFixtures(t *testing.T) {
 		// PowerSGD's numbers (the mean of the other 15 intervals: 750
 		// steps)
 		name: "a PowerSGD run whose start step falls inside an interval", fixture: "powersgd-fabricated",
-		edit: func(ri *RunInfo, recs []Record) {
+		edit: func(ri *metrics.RunInfo, recs []metrics.Record) {
 			ri.PowerSGDStartStep = 240
 			for _, r := range recs {
 				if r.Kind == "train" && r.Step == 250 {
@@ -488,14 +489,14 @@ func TestReportFixtures(t *testing.T) {
 		// the same run's compressor not logged: the planner's count of the
 		// matrices' fp16 bytes stands in
 		name: "a PowerSGD run without its fp16 bytes and compute logged", fixture: "powersgd-fabricated",
-		edit: func(_ *RunInfo, recs []Record) {
+		edit: func(_ *metrics.RunInfo, recs []metrics.Record) {
 			setValues(recs, func(v map[string]float64) { delete(v, "powersgd_fp16_bytes"); delete(v, "powersgd_compute_ms") })
 		},
 		want: []string{"where fp16 sends 121.635 MB for them (the planner's count of them): 118.940 MB a step saved", "; its compute was not logged (powersgd_compute_ms)."},
 	}, {
 		// three steps with PowerSGD on: too few to say what it saved
 		name: "a PowerSGD run too short to measure", fixture: "three-steps",
-		edit: func(ri *RunInfo, recs []Record) {
+		edit: func(ri *metrics.RunInfo, recs []metrics.Record) {
 			ri.Compression = "powersgd"
 			setValues(recs, func(v map[string]float64) {
 				v["powersgd_bytes"], v["powersgd_fp16_bytes"], v["powersgd_compute_ms"] = 38912, 480256, 1.5

@@ -1,4 +1,4 @@
-package transformer
+package checkpoint
 
 import (
 	"math"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/transformer"
 )
 
 // layoutFixture is a checkpoint of microConfig written by the code of
@@ -23,7 +24,7 @@ const layoutFixture = "testdata/layout-2026-11-28/ckpt-3"
 // training step (backward and LazyAdam from the checkpoint's moments).
 var layoutLosses = [3]float64{layoutEval, layoutTrain, layoutAfterStep}
 
-func layoutRun(t *testing.T, m *Model, opt *Adam) [3]float64 {
+func layoutRun(t *testing.T, m *transformer.Model, opt *transformer.Adam) [3]float64 {
 	t.Helper()
 	b := microBatch()
 	var out [3]float64
@@ -57,16 +58,16 @@ func TestCheckpointLayoutFixture(t *testing.T) {
 	if os.Getenv("GORUN_WRITE_LAYOUT_FIXTURE") == "1" {
 		dir := filepath.Dir(layoutFixture)
 		os.RemoveAll(dir)
-		m, _ := New(microConfig(), cpu.New(), 21)
-		opt := NewLazyAdam(m)
+		m, _ := transformer.New(microConfig(), cpu.New(), 21)
+		opt := transformer.NewLazyAdam(m)
 		microTrain(t, m, opt, microBatch(), 0, 3)
-		if _, err := SaveRunCheckpoint(dir, "fixture", 3, m, opt, "vocab-fixture", nil); err != nil {
+		if _, err := Save(dir, "fixture", 3, m, opt, "vocab-fixture", nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m, _ := New(microConfig(), cpu.New(), 99)
-	opt := NewAdam(m, 0.5, 0.5, 1)
-	if _, err := LoadCheckpoint(layoutFixture, m, opt, "vocab-fixture"); err != nil {
+	m, _ := transformer.New(microConfig(), cpu.New(), 99)
+	opt := transformer.NewAdam(m, 0.5, 0.5, 1)
+	if _, err := Load(layoutFixture, m, opt, "vocab-fixture"); err != nil {
 		t.Fatal(err)
 	}
 	got := layoutRun(t, m, opt)

@@ -1,20 +1,22 @@
-package metrics
+package report
 
 import (
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/metrics"
 )
 
 // tornRun writes a run directory of 4 train records and returns it.
 func tornRun(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	if err := WriteRunInfo(dir, RunInfo{Preset: "tiny", DModel: 64, WorldSize: 1, LRPolicy: "transformer", LearningRate: 2, Warmup: 10, Vocab: 411}); err != nil {
+	if err := metrics.WriteRunInfo(dir, metrics.RunInfo{Preset: "tiny", DModel: 64, WorldSize: 1, LRPolicy: "transformer", LearningRate: 2, Warmup: 10, Vocab: 411}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := OpenRun(dir)
+	r, err := metrics.OpenRun(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +47,7 @@ func TestReportTornLastLine(t *testing.T) {
 	if err := os.WriteFile(path, cut, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := WriteReport(dir, nil)
+	rep, err := Write(dir, nil)
 	if err != nil {
 		t.Fatalf("report of a torn metrics.jsonl: %v", err)
 	}
@@ -55,7 +57,7 @@ func TestReportTornLastLine(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, b)
 		}
 	}
-	if recs, err := ReadJSONL(path); err != nil || len(recs) != 4 {
+	if recs, err := metrics.ReadJSONL(path); err != nil || len(recs) != 4 {
 		t.Errorf("ReadJSONL of the torn file: %d records, %v", len(recs), err)
 	}
 	lines := strings.SplitAfter(string(whole), "\n")
@@ -69,7 +71,7 @@ func TestReportTornLastLine(t *testing.T) {
 		if err := os.WriteFile(path, []byte(c.text), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := WriteReport(dir, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := Write(dir, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error naming %q", c.what, err, c.want)
 		}
 	}
@@ -77,7 +79,7 @@ func TestReportTornLastLine(t *testing.T) {
 	if err := os.WriteFile(path, whole, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err = WriteReport(dir, nil)
+	rep, err = Write(dir, nil)
 	if b, _ := os.ReadFile(rep); err != nil || strings.Contains(string(b), "cut short") {
 		t.Errorf("whole file: %v\n%s", err, b)
 	}
@@ -104,10 +106,10 @@ func TestReportDivergedLoss(t *testing.T) {
 	} {
 		t.Run(c.what, func(t *testing.T) {
 			dir := t.TempDir()
-			if err := WriteRunInfo(dir, RunInfo{Preset: "tiny", DModel: 64, WorldSize: 1, Vocab: 411}); err != nil {
+			if err := metrics.WriteRunInfo(dir, metrics.RunInfo{Preset: "tiny", DModel: 64, WorldSize: 1, Vocab: 411}); err != nil {
 				t.Fatal(err)
 			}
-			r, err := OpenRun(dir)
+			r, err := metrics.OpenRun(dir)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +121,7 @@ func TestReportDivergedLoss(t *testing.T) {
 				r.Log("train", int64(10*(i+1)), vals, nil)
 			}
 			r.Close()
-			rep, err := WriteReport(dir, nil)
+			rep, err := Write(dir, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package metrics
+package report
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 )
 
@@ -57,7 +58,7 @@ type Bottleneck struct {
 	// St is what the run measured (PowerSGD's logged bytes and compute).
 	St StepTimes
 	// ri is the run (its PowerSGD rank and start step).
-	ri RunInfo
+	ri metrics.RunInfo
 }
 
 // AnalyzeBottleneck asks the planner how long the run's gradients take on
@@ -66,7 +67,7 @@ type Bottleneck struct {
 // host is asked what a link between hosts would have done: a host per
 // rank. An unknown link (0 Gbit/s) is the lab's, said to be assumed
 // (LinkSource "").
-func AnalyzeBottleneck(ri RunInfo, st StepTimes) Bottleneck {
+func AnalyzeBottleneck(ri metrics.RunInfo, st StepTimes) Bottleneck {
 	if ri.LinkGbps <= 0 {
 		ri.LinkGbps, ri.LinkSource = LabLinkGbps, ""
 	}

@@ -1,4 +1,4 @@
-package metrics
+package report
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/transformer"
 )
@@ -44,7 +45,7 @@ type StepTimes struct {
 // trainer averages an interval's values over all its steps, so an
 // interval that straddles --powersgd-start-step logs less, and
 // compressed leaves it out of PowerSGD's numbers.
-func powerSGDFull(recs []Record) float64 {
+func powerSGDFull(recs []metrics.Record) float64 {
 	m := 0.0
 	for _, r := range recs {
 		if r.Kind == "train" {
@@ -84,7 +85,7 @@ func (s StepTimes) Own() float64 { return s.Compute - s.Sync }
 
 // MeasureSteps averages the train records of a run of world ranks from
 // the from-th on (1 leaves the first interval, the warm-up, out).
-func MeasureSteps(recs []Record, world, from int) StepTimes {
+func MeasureSteps(recs []metrics.Record, world, from int) StepTimes {
 	st := StepTimes{Skipped: from}
 	full := powerSGDFull(recs)
 	var owns, sds []float64
@@ -147,7 +148,7 @@ func MeasureSteps(recs []Record, world, from int) StepTimes {
 // first (its steps warm up: allocation, the first batches) when there are
 // three or more, else all of them. WhyNotEnough says whether they
 // suffice.
-func MeasureRun(recs []Record, world int) StepTimes {
+func MeasureRun(recs []metrics.Record, world int) StepTimes {
 	trains := 0
 	for _, r := range recs {
 		if r.Kind == "train" {
@@ -191,7 +192,7 @@ func (st StepTimes) WhyNotEnough() string {
 // and as its compute the run's less the compressor's, which the plan
 // adds back as PowerSGD's (the trainer's compute_s is taken to include
 // the compressor's work, which runs on the training cores or device).
-func RunWorkload(ri RunInfo, st StepTimes) (plan.Workload, error) {
+func RunWorkload(ri metrics.RunInfo, st StepTimes) (plan.Workload, error) {
 	w := plan.Workload{Params: ri.Params, Buckets: ri.Buckets, HeadBytes: 4 * ri.Vocab * ri.DModel,
 		ComputeS: st.Own(), ComputeSD: st.OwnSD, BackwardS: st.Backward, Threads: ri.Threads,
 		TokensPerRank: st.Tokens, Wire: WireType(ri.Compression), Overlap: ri.Overlap == nil || *ri.Overlap}
@@ -218,7 +219,7 @@ func RunWorkload(ri RunInfo, st StepTimes) (plan.Workload, error) {
 // registers them: its preset with its vocabulary (run.json's, or for a
 // run from before it was recorded the one that gives its parameter
 // count).
-func RunShapes(ri RunInfo) ([][]int, error) {
+func RunShapes(ri metrics.RunInfo) ([][]int, error) {
 	count := func(cfg transformer.Config) ([]transformer.Param, int64, error) {
 		ps, err := transformer.ParamList(cfg)
 		n := int64(0)
@@ -265,7 +266,7 @@ func RunShapes(ri RunInfo) ([][]int, error) {
 // 6 x parameters x the padded batch tokens, or the target tokens of a run
 // that did not record them), a lower bound (plan.ComputeFromFLOPs). how
 // says which, for the reader.
-func RunPowerSGD(ri RunInfo, w plan.Workload, st StepTimes, r int) (*plan.PowerSGD, string, error) {
+func RunPowerSGD(ri metrics.RunInfo, w plan.Workload, st StepTimes, r int) (*plan.PowerSGD, string, error) {
 	if r <= 0 {
 		r = ri.PowerSGDRank
 	}
@@ -314,7 +315,7 @@ func WireType(compression string) collective.DType {
 // (flat, a host per rank, when the hosts hold different numbers), its
 // link (LabLinkGbps when unknown), the cores of rank 0's host and the
 // threads per rank, a GPU when it trained on one.
-func RunCluster(ri RunInfo) plan.Cluster {
+func RunCluster(ri metrics.RunInfo) plan.Cluster {
 	hosts := UniqueHosts(ri.Hosts)
 	c := plan.Cluster{Hosts: max(1, ri.WorldSize), PerHost: 1, LinkGbps: ri.LinkGbps, CoresPerHost: ri.CPUs,
 		ThreadsPerRank: ri.Threads, Transport: "auto", GPU: strings.HasPrefix(ri.Device, "cuda")}
@@ -340,7 +341,7 @@ func RunCluster(ri RunInfo) plan.Cluster {
 // WhatIf is the report's closing predictions: the run as the planner
 // models it, beside what it measured, then twice the hosts, then a link
 // ten times faster. Each line says it is a prediction.
-func WhatIf(ri RunInfo, st StepTimes) []string {
+func WhatIf(ri metrics.RunInfo, st StepTimes) []string {
 	if why := st.WhyNotEnough(); why != "" {
 		return []string{"Predictions: **not enough data**: " + why + "."}
 	}

@@ -1,24 +1,23 @@
-package transformer
+package checkpoint
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/gorun/gorun/kernels/cpu"
+	"github.com/gorun/gorun/transformer"
 )
 
-func savedCheckpoint(t *testing.T, trainer map[string]json.RawMessage) (string, *Model, *Adam) {
+func savedCheckpoint(t *testing.T, trainer map[string]json.RawMessage) (string, *transformer.Model, *transformer.Adam) {
 	t.Helper()
-	m, _ := New(microConfig(), cpu.New(), 1)
-	opt := NewLazyAdam(m)
+	m, _ := transformer.New(microConfig(), cpu.New(), 1)
+	opt := transformer.NewLazyAdam(m)
 	opt.T = 25
-	path, err := SaveRunCheckpoint(t.TempDir(), "r", 30, m, opt, "v1", trainer)
+	path, err := Save(t.TempDir(), "r", 30, m, opt, "v1", trainer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +48,7 @@ func TestCheckpointChecksums(t *testing.T) {
 			t.Fatalf("SHA256SUMS lacks %s:\n%s", f, sums)
 		}
 	}
-	if _, err := LoadCheckpoint(path, m, opt, "v1"); err != nil {
+	if _, err := Load(path, m, opt, "v1"); err != nil {
 		t.Fatalf("intact checkpoint: %v", err)
 	}
 	for _, f := range []string{"model.safetensors", "optimizer.safetensors", "state.json"} {
@@ -60,7 +59,7 @@ func TestCheckpointChecksums(t *testing.T) {
 			// closing lines (whitespace and brace: "}\n" → "|\n" breaks it)
 			flipByte(t, filepath.Join(p, f), 5)
 			before := append([]float32(nil), m.Weights.F32...)
-			_, err := LoadCheckpoint(p, m, opt, "v1")
+			_, err := Load(p, m, opt, "v1")
 			want := filepath.Join(filepath.Base(p), f) + ": checksum mismatch"
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Fatalf("tampered %s: %v, want an error containing %q", f, err, want)
@@ -77,7 +76,7 @@ func TestCheckpointChecksums(t *testing.T) {
 	if err := os.Remove(filepath.Join(p, "SHA256SUMS")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadCheckpoint(p, m2, opt2, "v1"); err != nil {
+	if _, err := Load(p, m2, opt2, "v1"); err != nil {
 		t.Fatalf("checkpoint without SHA256SUMS: %v", err)
 	}
 }
@@ -125,7 +124,7 @@ func TestCheckpointStateRanges(t *testing.T) {
 			os.WriteFile(sp, []byte(strings.Replace(string(b), c.from, c.to, 1)), 0o644)
 			// without checksums, the range check refuses it
 			os.Remove(filepath.Join(p, "SHA256SUMS"))
-			_, err := LoadCheckpoint(p, m, opt, "v1")
+			_, err := Load(p, m, opt, "v1")
 			if err == nil || !strings.Contains(err.Error(), sp) || !strings.Contains(err.Error(), c.field) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("%s: %v, want one line naming %s and %q", c.to, err, sp, c.field)
 			}
@@ -136,7 +135,7 @@ func TestCheckpointStateRanges(t *testing.T) {
 	}
 	// the unmodified state passes
 	p, m, opt := savedCheckpoint(t, trainer)
-	if _, err := LoadCheckpoint(p, m, opt, "v1"); err != nil {
+	if _, err := Load(p, m, opt, "v1"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -176,7 +175,7 @@ func TestCheckpointSumsTampered(t *testing.T) {
 			before := append([]float32(nil), m.Weights.F32...)
 			m.Weights.F32[0]++ // the checkpoint holds other weights than the model
 			before[0]++
-			_, err := LoadCheckpoint(p, m, opt, "v1")
+			_, err := Load(p, m, opt, "v1")
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("SHA256SUMS %s: %v, want an error containing %q", c.name, err, c.want)
 			}
@@ -191,24 +190,37 @@ func TestCheckpointSumsTampered(t *testing.T) {
 
 // rewriteModel rewrites ckpt/model.safetensors through edit (its tensors
 // in file order and metadata) and removes SHA256SUMS, as a checkpoint of a
-// version before checksums: what the other checks must catch alone.
-func rewriteModel(t *testing.T, ckpt string, edit func([]STensor, map[string]string) []STensor) {
+// version before checksums: what the other checks must catch alone. The
+// checkpoint is of microConfig (savedCheckpoint).
+func rewriteModel(t *testing.T, ckpt string, edit func([]transformer.STensor, map[string]string) []transformer.STensor) {
 	t.Helper()
 	path := filepath.Join(ckpt, "model.safetensors")
-	f, err := ReadSafetensors(path)
+	f, err := transformer.ReadSafetensors(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ts []STensor
+	params, err := transformer.ParamList(microConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	shapes := map[string][]int{}
+	for _, p := range params {
+		shapes[p.Name] = p.Shape
+	}
+	var ts []transformer.STensor
 	for _, n := range f.Names() {
-		e := f.entries[n]
-		d := make([]float32, (e.Offsets[1]-e.Offsets[0])/4)
-		if err := f.Read(n, e.Shape, d); err != nil {
+		shape := shapes[n]
+		size := 1
+		for _, s := range shape {
+			size *= s
+		}
+		d := make([]float32, size)
+		if err := f.Read(n, shape, d); err != nil {
 			t.Fatal(err)
 		}
-		ts = append(ts, STensor{Name: n, Shape: e.Shape, Data: d})
+		ts = append(ts, transformer.STensor{Name: n, Shape: shape, Data: d})
 	}
-	if _, err := writeSafetensors(path, edit(ts, f.Metadata), f.Metadata); err != nil {
+	if _, err := transformer.WriteSafetensors(path, edit(ts, f.Metadata), f.Metadata); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(filepath.Join(ckpt, "SHA256SUMS")); err != nil {
@@ -219,20 +231,20 @@ func rewriteModel(t *testing.T, ckpt string, edit func([]STensor, map[string]str
 // A model.safetensors that does not match state.json or the model is
 // refused even without checksums: another vocabulary hash in its metadata,
 // a tensor more than the model has, a tensor of another shape of the same
-// size. Each error wraps ErrMismatch.
+// size. Each error wraps transformer.ErrMismatch.
 func TestCheckpointModelFileMismatch(t *testing.T) {
 	for _, c := range []struct {
 		name, want string
-		edit       func([]STensor, map[string]string) []STensor
+		edit       func([]transformer.STensor, map[string]string) []transformer.STensor
 	}{
-		{"vocabulary hash", `vocabulary hash "v2" differs from state.json's "v1"`, func(ts []STensor, meta map[string]string) []STensor {
+		{"vocabulary hash", `vocabulary hash "v2" differs from state.json's "v1"`, func(ts []transformer.STensor, meta map[string]string) []transformer.STensor {
 			meta["vocab_hash"] = "v2"
 			return ts
 		}},
-		{"extra tensor", "the model has", func(ts []STensor, meta map[string]string) []STensor {
-			return append(ts, STensor{Name: "extra/weights", Shape: []int{2}, Data: []float32{1, 2}})
+		{"extra tensor", "the model has", func(ts []transformer.STensor, meta map[string]string) []transformer.STensor {
+			return append(ts, transformer.STensor{Name: "extra/weights", Shape: []int{2}, Data: []float32{1, 2}})
 		}},
-		{"transposed tensor", "the model needs", func(ts []STensor, meta map[string]string) []STensor {
+		{"transposed tensor", "the model needs", func(ts []transformer.STensor, meta map[string]string) []transformer.STensor {
 			for i, x := range ts {
 				if len(x.Shape) == 2 && x.Shape[0] != x.Shape[1] {
 					ts[i].Shape = []int{x.Shape[1], x.Shape[0]}
@@ -245,83 +257,17 @@ func TestCheckpointModelFileMismatch(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			p, m, opt := savedCheckpoint(t, nil)
 			rewriteModel(t, p, c.edit)
-			_, err := LoadCheckpoint(p, m, opt, "v1")
+			_, err := Load(p, m, opt, "v1")
 			if err == nil || !strings.Contains(err.Error(), "model.safetensors") || !strings.Contains(err.Error(), c.want) ||
-				!strings.Contains(err.Error(), ErrMismatch.Error()) || !errors.Is(err, ErrMismatch) {
+				!strings.Contains(err.Error(), transformer.ErrMismatch.Error()) || !errors.Is(err, transformer.ErrMismatch) {
 				t.Fatalf("%s: %v; want a mismatch naming model.safetensors and %q", c.name, err, c.want)
 			}
 		})
 	}
 	// the rewrite alone (same tensors, same metadata) loads
 	p, m, opt := savedCheckpoint(t, nil)
-	rewriteModel(t, p, func(ts []STensor, _ map[string]string) []STensor { return ts })
-	if _, err := LoadCheckpoint(p, m, opt, "v1"); err != nil {
+	rewriteModel(t, p, func(ts []transformer.STensor, _ map[string]string) []transformer.STensor { return ts })
+	if _, err := Load(p, m, opt, "v1"); err != nil {
 		t.Fatalf("model.safetensors rewritten unchanged: %v", err)
-	}
-}
-
-// rawSafetensors writes a safetensors file of the given header and data.
-func rawSafetensors(t *testing.T, header string, data int) string {
-	t.Helper()
-	for len(header)%8 != 0 {
-		header += " "
-	}
-	b := binary.LittleEndian.AppendUint64(nil, uint64(len(header)))
-	b = append(append(b, header...), make([]byte, data)...)
-	path := filepath.Join(t.TempDir(), "x.safetensors")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// The reader refuses headers whose tensors are not laid out as the format
-// requires (upstream refuses them too): offsets that disagree with the
-// shape, two tensors on the same bytes, a gap between tensors. The file
-// is the right size in each case.
-func TestSafetensorsBadLayout(t *testing.T) {
-	for _, c := range []struct {
-		name, header, want string
-		data               int
-	}{
-		{"offsets not the shape's size", `{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8]}}`, "do not match shape", 8},
-		{"overlapping tensors", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, "not contiguous", 8},
-		{"gap between tensors", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}`, "not contiguous", 24},
-	} {
-		path := rawSafetensors(t, c.header, c.data)
-		if _, err := ReadSafetensors(path); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), path) {
-			t.Errorf("%s: %v; want an error naming the file and %q", c.name, err, c.want)
-		}
-	}
-	// the same tensors laid out right are read
-	path := rawSafetensors(t, `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}`, 16)
-	if _, err := ReadSafetensors(path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// Read refuses a shape other than the tensor's, even of the same size.
-func TestSafetensorsReadShape(t *testing.T) {
-	f, err := ReadSafetensors(upstream("f32-zeros-2x2.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, shape := range [][]int{{4}, {1, 4}, {2, 2, 1}} {
-		if err := f.Read("test", shape, make([]float32, 4)); err == nil || !strings.Contains(err.Error(), "has shape [2 2]") {
-			t.Errorf("reading the [2 2] tensor as %v: %v", shape, err)
-		}
-	}
-}
-
-// A write that fails (the disk is full) is reported as such.
-func TestSafetensorsWriteError(t *testing.T) {
-	if f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0); err != nil {
-		t.Skipf("no /dev/full to write to: %v", err)
-	} else {
-		f.Close()
-	}
-	_, err := writeSafetensors("/dev/full", []STensor{{Name: "w", Shape: []int{2, 2}, Data: make([]float32, 4)}}, nil)
-	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "/dev/full") {
-		t.Fatalf("writing to a full disk: %v; want ENOSPC naming the file", err)
 	}
 }

@@ -1,7 +1,9 @@
-package metrics
+// Package report analyses a run directory that package metrics recorded:
+// report.md and the PNG plots it shows, the bottleneck verdict, and the
+// run as the planner's input (its what-if predictions).
+package report
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -11,88 +13,22 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gorun/gorun/metrics"
 )
-
-// RunInfo is run.json: what a run was asked to do and on what data. The
-// trainer writes it at start; the report reads it.
-type RunInfo struct {
-	Preset       string   `json:"preset"`
-	Params       int64    `json:"params"`
-	DModel       int      `json:"d_model"`
-	WorldSize    int      `json:"world_size"`
-	Hosts        []string `json:"hosts"`
-	Device       string   `json:"device"`
-	CPUModel     string   `json:"cpu_model,omitempty"` // rank 0's host's CPU
-	CPUs         int      `json:"cpus,omitempty"`      // logical CPUs of rank 0's host
-	Threads      int      `json:"threads_per_rank"`
-	BatchTokens  int      `json:"batch_tokens_per_rank"`
-	LRPolicy     string   `json:"lr_policy"`
-	LearningRate float64  `json:"learning_rate"`
-	Warmup       int      `json:"warmup_steps"`
-	MaxSteps     int      `json:"max_steps"`
-	LinkGbps     float64  `json:"link_gbps"`
-	LinkSource   string   `json:"link_source"` // "flag", "probe", "" (unknown)
-	Compression  string   `json:"compression"`
-	Dataset      Dataset  `json:"dataset"`
-	// Started is when the run's first segment started (unix seconds);
-	// each segment logs a "start" record.
-	Started       float64 `json:"started"`
-	CheckpointDir string  `json:"checkpoint_dir"`
-	// Vocab is the vocabulary's size (the embedding's rows).
-	Vocab int `json:"vocab,omitempty"`
-	// Overlap: the buckets were all-reduced while backward ran (nil: a
-	// run from before it was recorded).
-	Overlap *bool `json:"overlap,omitempty"`
-	// Buckets: the fusion buckets' float32 bytes in the order they leave
-	// (the layout the Bucketer cuts with the run's caps).
-	Buckets []int `json:"buckets,omitempty"`
-	// PowerSGDRank and PowerSGDStartStep: --powersgd-rank and
-	// --powersgd-start-step of a run whose Compression is "powersgd" (0:
-	// not recorded; the rank is then plan.DefaultPowerSGDRank).
-	PowerSGDRank      int `json:"powersgd_rank,omitempty"`
-	PowerSGDStartStep int `json:"powersgd_start_step,omitempty"`
-}
-
-// Dataset describes the training set.
-type Dataset struct {
-	Name string `json:"name"`
-	// MB is the corpus' size: its files on disk, or, InMemory, the text
-	// made in memory.
-	MB        float64 `json:"mb"`
-	InMemory  bool    `json:"in_memory,omitempty"` // built at start (the synthetic corpus), no file
-	Lines     int64   `json:"lines"`
-	SrcTokens int64   `json:"src_tokens"`
-	TgtTokens int64   `json:"tgt_tokens"`
-	Dropped   int64   `json:"dropped"`
-}
-
-// WriteRunInfo writes dir/run.json.
-func WriteRunInfo(dir string, ri RunInfo) error {
-	b, err := json.MarshalIndent(ri, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "run.json"), append(b, '\n'), 0o644)
-}
-
-// ReadRunInfo reads dir/run.json.
-func ReadRunInfo(dir string) (RunInfo, error) {
-	var ri RunInfo
-	b, err := os.ReadFile(filepath.Join(dir, "run.json"))
-	if err != nil {
-		return ri, err
-	}
-	if err := json.Unmarshal(b, &ri); err != nil {
-		return ri, fmt.Errorf("%s: %v", filepath.Join(dir, "run.json"), err)
-	}
-	return ri, nil
-}
 
 // Schedule is a run's learning-rate policy: the rate of the step with
 // 0-based index step (the step the log calls step+1).
 type Schedule func(step int) float64
 
-func series(recs []Record, kind, name string) []Point {
+// Point is one sample of a series.
+type Point struct {
+	Step int64
+	Time float64
+	V    float64
+}
+
+func series(recs []metrics.Record, kind, name string) []Point {
 	var out []Point
 	for _, r := range recs {
 		if r.Kind != kind {
@@ -107,7 +43,7 @@ func series(recs []Record, kind, name string) []Point {
 
 // perRank returns the series name_rankR of every rank R that has one, by
 // rank.
-func perRank(recs []Record, kind, name string) [][]Point {
+func perRank(recs []metrics.Record, kind, name string) [][]Point {
 	n := 0
 	for _, r := range recs {
 		if r.Kind != kind {
@@ -290,8 +226,8 @@ func notEnough(n int, unit, use, remedy string) string {
 // report is one report being written: the run's records and run.json.
 type report struct {
 	dir  string
-	ri   RunInfo
-	recs []Record
+	ri   metrics.RunInfo
+	recs []metrics.Record
 	lr   Schedule
 	b    strings.Builder
 	// the train records' series
@@ -314,17 +250,17 @@ func (r *report) plot(name, title, y string, lines ...Line) string {
 	return fmt.Sprintf("![%s](%s)", title, name)
 }
 
-// WriteReport reads a run directory and writes report.md and the PNG plots
+// Write reads a run directory and writes report.md and the PNG plots
 // it refers to, answering the lab's questions from the run's own numbers,
 // each answer with the evidence it rests on. lr is the run's learning-rate
 // policy (nil: only the logged rates are shown). It returns the report's
 // path.
-func WriteReport(dir string, lr Schedule) (string, error) {
-	ri, err := ReadRunInfo(dir)
+func Write(dir string, lr Schedule) (string, error) {
+	ri, err := metrics.ReadRunInfo(dir)
 	if err != nil {
 		return "", fmt.Errorf("%s is not a run directory: %v", dir, err)
 	}
-	recs, torn, err := ReadJSONLTorn(filepath.Join(dir, "metrics.jsonl"))
+	recs, torn, err := metrics.ReadJSONLTorn(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
 		return "", err
 	}
@@ -395,7 +331,7 @@ type segment struct {
 // form a segment that began at started, when known. A segment ends with
 // its last record: a stop on a signal (its checkpoint holds the steps
 // made since the last log line, and their time) or its last log line.
-func segmentsOf(recs []Record, started float64) []segment {
+func segmentsOf(recs []metrics.Record, started float64) []segment {
 	var segs []segment
 	for _, rec := range recs {
 		if rec.Kind == "start" {
@@ -962,7 +898,7 @@ func (r *report) datasetSection() {
 // describeInterruptions lists the stops on a signal ("stop" records) and
 // the restarts after a failure ("restart" records) of a run, one bullet
 // each; "" when it ran in one go.
-func describeInterruptions(recs []Record) string {
+func describeInterruptions(recs []metrics.Record) string {
 	var b strings.Builder
 	for _, r := range recs {
 		switch r.Kind {
