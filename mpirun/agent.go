@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -33,6 +34,7 @@ import (
 // Its stdin is the control channel from the launcher: the first line is the
 // job secret (so it never appears in a command line); the lines after it are
 //
+//	m ADDR PORT  MASTER_ADDR and MASTER_PORT, picked on rank 0's host (below)
 //	s R N      send signal N to rank R's process group (R = -1: every rank)
 //	i R BASE64 bytes for rank R's stdin (only the --agent-stdin rank)
 //	e R        end of rank R's stdin
@@ -44,6 +46,7 @@ import (
 // Its stdout carries frames to the launcher:
 //
 //	hello PID          the agent runs (first frame)
+//	master ADDR PORT   MASTER_ADDR and MASTER_PORT picked here (below)
 //	started R PID      rank R runs as PID
 //	error R MESSAGE    rank R could not be started
 //	o R N\n<N bytes>   output of rank R on stdout
@@ -52,6 +55,17 @@ import (
 //	signal R N         rank R died of signal N (after all its output)
 //
 // Its own stderr is for ssh's, the shell's and its own complaints.
+//
+// The variables of torchrun and OpenMPI that gorun gives every rank
+// (ForeignVars) come in the host's environment, those that differ between
+// its ranks as placeholders the agent fills in for each (RANK=@rank@,
+// LOCAL_RANK=@local-rank@, and OMPI_COMM_WORLD_RANK, _LOCAL_RANK the same).
+// MASTER_ADDR and MASTER_PORT, when gorun could not know them (rank 0 is
+// on a remote host), come as @master-addr@ and @master-port@: the agent on
+// rank 0's host picks them before starting its ranks and writes the frame
+// "master ADDR PORT"; gorun sends "m ADDR PORT" to every other agent, which
+// waits for it before starting its ranks, and starts its own local ranks.
+// A new start (--max-restarts) is new agents, and a new pick.
 
 // AgentFlag is the hidden command-line flag that makes gorun the remote agent.
 const AgentFlag = "internal-remote-agent"
@@ -132,14 +146,14 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 	secret, err := br.ReadString('\n')
 	secret = strings.TrimSpace(secret)
 	if err != nil {
-		fmt.Fprintln(stderr, "gorun agent: no job secret on stdin (the remote agent is started by gorun, not by hand)")
+		fmt.Fprintln(stderr, "gorun agent: no job secret on stdin (the remote agent is started by gorun, not by hand; a --launch-agent must pass gorun's stdin on, as ssh does and kubectl exec does with -i)")
 		return 127
 	}
 	if b, err := hex.DecodeString(secret); err != nil || len(b) < 16 {
 		fmt.Fprintln(stderr, "gorun agent: malformed job secret on stdin")
 		return 127
 	}
-	ag := &agent{cfg: cfg, out: &frameWriter{w: stdout}, ranks: map[int]*agentRank{}}
+	ag := &agent{cfg: cfg, out: &frameWriter{w: stdout}, stderr: stderr, ranks: map[int]*agentRank{}}
 	ag.out.line("hello %d", os.Getpid())
 
 	sigs := make(chan os.Signal, 4)
@@ -153,15 +167,31 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 			defer ag.rp.done()
 		}
 	}
+	// gorun's control lines, read from here on by one goroutine
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			lines <- l
+		}
+	}()
+	master, ok := ag.master(lines, sigs)
+	if !ok {
+		return 0
+	}
 	host, _ := os.Hostname()
 	gpus := HostGPUs()
 	for _, ar := range cfg.Ranks {
-		if a := ag.start(ar, secret, host, gpus); a != nil {
+		if a := ag.start(ar, secret, host, gpus, master); a != nil {
 			ag.ranks[ar.Rank] = a
 			ag.all = append(ag.all, a)
 		}
 	}
-	go ag.control(br)
+	go ag.control(lines)
 	go func() {
 		for s := range sigs {
 			ag.stopAll(s.(syscall.Signal))
@@ -184,6 +214,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 type agent struct {
 	cfg      AgentConfig
 	out      *frameWriter
+	stderr   io.Writer // the agent's own complaints (gorun shows them)
 	rp       *reaper
 	mu       sync.Mutex // guards ranks' cmd.Process use against the waiters
 	ranks    map[int]*agentRank
@@ -191,12 +222,153 @@ type agent struct {
 	stopOnce sync.Once
 }
 
+// master returns the values of MASTER_ADDR and MASTER_PORT for the
+// placeholders gorun left in the host's environment (none when gorun
+// knew them, or the user set them): the agent on rank 0's host picks them
+// (an address of this host that routes to gorun's rendezvous, or the one
+// GORUN_IFACE names; a free TCP port, in GORUN_PORT_RANGE if set) and says
+// them to gorun in a "master ADDR PORT" frame before its ranks start; the
+// other agents wait for gorun's "m ADDR PORT" line. A value that could not
+// be picked is "-" (masterNone), with a warning on the agent's stderr
+// (gorun shows it): the ranks get no such variable, and gorun's own ranks,
+// which do not need it, run. ok is false when the ranks must not start:
+// gorun went away or stopped the job while this agent waited (each rank
+// reported as ended by the signal).
+func (ag *agent) master(lines <-chan string, sigs <-chan os.Signal) (m map[string]string, ok bool) {
+	needAddr := os.Getenv(EnvMasterAddr) == masterAddrPlaceholder
+	needPort := os.Getenv(EnvMasterPort) == masterPortPlaceholder
+	if !needAddr && !needPort {
+		return nil, true
+	}
+	for _, ar := range ag.cfg.Ranks {
+		if ar.Rank != 0 {
+			continue
+		}
+		addr, port, warnings := pickMasterHere(needAddr, needPort)
+		for _, w := range warnings {
+			fmt.Fprintln(ag.stderr, "warning: "+w)
+		}
+		ag.out.line("master %s %s", addr, port)
+		return map[string]string{EnvMasterAddr: addr, EnvMasterPort: port}, true
+	}
+	stopped := func(sig int) (map[string]string, bool) {
+		for _, ar := range ag.cfg.Ranks {
+			ag.out.line("signal %d %d", ar.Rank, sig)
+		}
+		return nil, false
+	}
+	for {
+		select {
+		case l, open := <-lines:
+			if !open {
+				return nil, false // gorun is gone
+			}
+			f := strings.Fields(l)
+			switch {
+			case len(f) == 3 && f[0] == "m":
+				return map[string]string{EnvMasterAddr: f[1], EnvMasterPort: f[2]}, true
+			case len(f) == 3 && f[0] == "s":
+				if n, err := strconv.Atoi(f[2]); err == nil && n > 0 && n < 65 {
+					return stopped(n)
+				}
+			}
+		case s := <-sigs:
+			sig, _ := s.(syscall.Signal)
+			return stopped(int(sig))
+		}
+	}
+}
+
+// pickMasterHere picks, on rank 0's host, what MASTER_ADDR and MASTER_PORT
+// need ("-" for what is not needed, or could not be picked, said in
+// warnings): the address this host's ranks would bind (GORUN_IFACE's, or
+// the one that routes to gorun's rendezvous, which the other hosts reach
+// it by), and a free TCP port (PickMasterPort within GORUN_PORT_RANGE).
+func pickMasterHere(needAddr, needPort bool) (addr, port string, warnings []string) {
+	addr, port = masterNone, masterNone
+	host, _ := os.Hostname()
+	if h := os.Getenv(rank.EnvHost); h != "" {
+		host = h
+	}
+	if needAddr {
+		if a, err := masterAddrHere(); err != nil {
+			warnings = append(warnings, fmt.Sprintf("MASTER_ADDR on %s (rank 0's host): %v: the ranks get no MASTER_ADDR (torch.distributed's env:// needs it); set MASTER_ADDR", host, err))
+		} else {
+			addr = a
+		}
+	}
+	if needPort {
+		pr, err := rank.ParsePortRange(os.Getenv(rank.EnvPortRange))
+		var n int
+		if err == nil {
+			n, err = PickMasterPort(pr)
+		}
+		if err != nil {
+			warnings = append(warnings, masterPortWarning(host, err))
+		} else {
+			port = strconv.Itoa(n)
+		}
+	}
+	return addr, port, warnings
+}
+
+// masterAddrHere is the address of this host for MASTER_ADDR.
+func masterAddrHere() (string, error) {
+	rdv := os.Getenv(rank.EnvRendezvous)
+	rdvHost, _, err := net.SplitHostPort(rdv)
+	if err != nil {
+		return "", fmt.Errorf("%s=%q: %w", rank.EnvRendezvous, rdv, err)
+	}
+	route := func() (string, error) { return routeSource(rdvHost) }
+	iface := os.Getenv(rank.EnvIface)
+	if iface == "" {
+		addr, err := route()
+		if err != nil {
+			return "", fmt.Errorf("no route to gorun's rendezvous %s: %w", rdvHost, err)
+		}
+		return addr, nil
+	}
+	spec, err := rank.ParseIfaceSpec(iface)
+	if err != nil {
+		return "", fmt.Errorf("%s=%w", rank.EnvIface, err)
+	}
+	addr, err := spec.Resolve(route)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w", rank.EnvIface, iface, err)
+	}
+	return addr, nil
+}
+
+// rankEnv is the agent's environment as rank ar sees it: the placeholders
+// gorun left for the rank's own values (foreignPerRank) and for MASTER_ADDR
+// and MASTER_PORT (master; masterNone: left out) filled in.
+func rankEnv(ar AgentRank, master map[string]string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		switch local, perRank := foreignPerRank[k]; {
+		case perRank && v == rankPlaceholder && !local:
+			kv = k + "=" + strconv.Itoa(ar.Rank)
+		case perRank && v == localRankPlaceholder && local:
+			kv = k + "=" + strconv.Itoa(ar.Local)
+		case k == EnvMasterAddr && v == masterAddrPlaceholder && master != nil,
+			k == EnvMasterPort && v == masterPortPlaceholder && master != nil:
+			if master[k] == masterNone {
+				continue
+			}
+			kv = k + "=" + master[k]
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
 // start starts rank ar with its own variables and pumps its output to
 // gorun; it reports a rank it cannot start to gorun and returns nil.
-func (ag *agent) start(ar AgentRank, secret, host string, gpus int) *agentRank {
+func (ag *agent) start(ar AgentRank, secret, host string, gpus int, master map[string]string) *agentRank {
 	cfg, out := ag.cfg, ag.out
 	a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
-	env := append(os.Environ(),
+	env := append(rankEnv(ar, master),
 		rank.EnvRank+"="+strconv.Itoa(ar.Rank),
 		rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
 		EnvSignalNotices+"="+strconv.Itoa(noticeFD),
@@ -287,10 +459,10 @@ func (ag *agent) stopAll(sig syscall.Signal) {
 
 // control reads gorun's requests (signal a rank, its stdin, the end of its
 // stdin) until gorun goes away, and then stops every rank.
-func (ag *agent) control(br *bufio.Reader) {
+func (ag *agent) control(lines <-chan string) {
 	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
+		line, ok := <-lines
+		if !ok {
 			ag.stopAll(syscall.SIGTERM)
 			for _, a := range ag.all {
 				if a.stdin != nil {

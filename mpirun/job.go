@@ -146,6 +146,19 @@ type plan struct {
 	failure  string        // set by run: the failure of a rank that stopped the job
 	pl       *progressLine // gorun's stdout is a terminal (nil: it is not)
 	plErr    bool          // gorun's stderr is the same terminal
+
+	// The variables of torchrun and OpenMPI (ForeignVars) that gorun
+	// sets; the others the user set. userMaster: MASTER_ADDR and
+	// MASTER_PORT as set in gorun's environment, for the remote ranks.
+	foreign    map[string]bool
+	userMaster []string
+	// rank0Local: rank 0 runs on this machine, so gorun picks MASTER_PORT
+	// (and MASTER_ADDR is the rendezvous address); otherwise the agent on
+	// rank 0's host picks them and says so (agent.go), and gorun passes
+	// them on before the other ranks start. masterAddr, masterPort: this
+	// start's values, once known ("" before).
+	rank0Local             bool
+	masterAddr, masterPort string
 }
 
 // contractVars are set by gorun itself; -x may not override them.
@@ -197,6 +210,10 @@ func prepare(cfg Config) (*plan, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	ompiNotes, err := cfg.fromOMPIEnv()
+	if err != nil {
+		return nil, err
+	}
 	slots, hostList, err := placeRanks(cfg)
 	if err != nil {
 		return nil, err
@@ -238,6 +255,7 @@ func prepare(cfg Config) (*plan, error) {
 	}
 	p := &plan{cfg: cfg, secret: rank.NewSecret(), jobID: rank.NewJobID(), prog: prog, hosts: len(local), rdvPort: "0", hostList: hostList}
 	p.pl, p.plErr = newProgressLine(cfg.Stdout, cfg.Stderr)
+	p.notes = append(p.notes, ompiNotes...)
 	for _, m := range cfg.MCA {
 		if !isIfaceMCA(m.Key) {
 			p.notes = append(p.notes, fmt.Sprintf("%s ignored: it sets an OpenMPI parameter, and gorun is not OpenMPI", m))
@@ -256,6 +274,8 @@ func prepare(cfg Config) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.rank0Local = local[slots[0].Host]
+	p.chooseForeign(exports)
 	if err := p.checkPortRange(slots, local); err != nil {
 		return nil, err
 	}
@@ -331,6 +351,63 @@ func (cfg *Config) check() error {
 	return nil
 }
 
+// OpenMPI's MCA parameters in the environment that concern the launcher.
+// Kubeflow's MPIJob sets the first and third on its launcher pod (with
+// OMPI_MCA_orte_keep_fqdn_hostnames, which gorun's habit already is: host
+// names are used as written), its v1 API the second, a kubexec.sh script
+// called as "kubexec.sh POD COMMAND", gorun's --launch-agent convention.
+const (
+	EnvOMPIHostfile = "OMPI_MCA_orte_default_hostfile"
+	EnvOMPIRSHAgent = "OMPI_MCA_plm_rsh_agent"
+	EnvOMPIRSHArgs  = "OMPI_MCA_plm_rsh_args"
+)
+
+// fromOMPIEnv takes what OpenMPI's mpirun would take from its MCA
+// parameters in the environment, where the command line says nothing:
+// the hosts from OMPI_MCA_orte_default_hostfile, the launch agent from
+// OMPI_MCA_plm_rsh_agent (OpenMPI's default "ssh : rsh" is ssh), and more
+// ssh arguments from OMPI_MCA_plm_rsh_args, after --ssh-args (ssh keeps
+// the first value of an option, so the command line's win). It returns
+// gorun's notes on what it took.
+func (cfg *Config) fromOMPIEnv() ([]string, error) {
+	var notes []string
+	if hf := os.Getenv(EnvOMPIHostfile); hf != "" && len(cfg.Hosts) == 0 {
+		hosts, err := ReadHostfile(hf)
+		if err != nil {
+			return nil, usagef("%s=%s: %v", EnvOMPIHostfile, hf, err)
+		}
+		if len(hosts) == 0 {
+			return nil, usagef("%s=%s: no hosts in the file", EnvOMPIHostfile, hf)
+		}
+		cfg.Hosts = hosts
+		notes = append(notes, fmt.Sprintf("hosts from %s=%s (as mpirun reads it; Kubeflow's MPIJob sets it)", EnvOMPIHostfile, hf))
+	}
+	ssh := true
+	if a := strings.TrimSpace(os.Getenv(EnvOMPIRSHAgent)); a != "" && cfg.LaunchAgent == "" {
+		// a list of alternatives, "ssh : rsh": the first
+		first, _, _ := strings.Cut(a, " : ")
+		first = strings.TrimSpace(first)
+		words, err := splitWords(first)
+		if err != nil || len(words) == 0 {
+			return nil, usagef("%s=%q: not a command", EnvOMPIRSHAgent, a)
+		}
+		if filepath.Base(words[0]) == "ssh" {
+			cfg.SSH = words[0]
+			cfg.SSHArgs = strings.TrimSpace(cfg.SSHArgs + " " + shellJoin(words[1:]))
+		} else {
+			cfg.LaunchAgent, ssh = first, false
+			notes = append(notes, fmt.Sprintf("remote hosts through %s=%s, called as: %s HOST COMMAND (it must pass gorun's stdin on, as kubectl exec -i does)", EnvOMPIRSHAgent, a, first))
+		}
+	}
+	if a := strings.TrimSpace(os.Getenv(EnvOMPIRSHArgs)); a != "" && ssh && cfg.LaunchAgent == "" {
+		if _, err := splitWords(a); err != nil {
+			return nil, usagef("%s=%q: %v", EnvOMPIRSHArgs, a, err)
+		}
+		cfg.SSHArgs = strings.TrimSpace(cfg.SSHArgs + " " + a)
+	}
+	return notes, nil
+}
+
 // mapByPPR reads --map-by ppr:N:node (OpenMPI's N processes per node, as
 // -N N); ok is false for any other policy. ppr over sockets, NUMA
 // nodes or cores is an error: gorun sees hosts only.
@@ -372,6 +449,9 @@ func (p *plan) checkPortRange(slots []Slot, local map[string]bool) error {
 	for _, h := range p.hostList {
 		n := perHost[h.Name]
 		w := fmt.Sprintf("host %s runs %s, each with a UDP and a TCP port", h.Name, plural(n, "rank"))
+		// (MASTER_PORT needs no port of its own: a program listens either
+		// on it, as torch.distributed does, or on the ports of gorun's
+		// mesh, as gorun's own ranks do, not on both)
 		if local[h.Name] && rdv > 0 {
 			n++
 			w += ", and gorun's rendezvous takes one more UDP port there"
@@ -550,7 +630,7 @@ func (p *plan) localEnv(s Slot, np int, exports []string, iface rdvIface, cudaLo
 		env = append(env, rank.EnvPortRange+"="+p.cfg.PortRange.String())
 	}
 	env = append(env, rank.EnvRank+"="+strconv.Itoa(s.Rank), rank.EnvLocalRank+"="+strconv.Itoa(s.LocalRank))
-	env = append(env, p.jobEnv(np, s.LocalSize, s.NodeRank, s.Host)...)
+	env = append(env, p.jobEnv(np, s.LocalSize, s.NodeRank, s.Host, strconv.Itoa(s.Rank), strconv.Itoa(s.LocalRank))...)
 	if cudaLocal {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+visibleDevice(s.LocalRank, localGPUs))
 	}
@@ -562,17 +642,140 @@ func (p *plan) localEnv(s Slot, np int, exports []string, iface rdvIface, cudaLo
 
 // jobEnv is what every rank on host is told of the job and its host: the
 // world size, the ranks on the host and the host's index, where the
-// rendezvous is, the job's ID, and which start this is.
-func (p *plan) jobEnv(np, localSize, nodeRank int, host string) []string {
-	return []string{
+// rendezvous is, the job's ID, the same in torchrun's and OpenMPI's words
+// (foreignEnv, with rankWord and localWord for the rank and local rank),
+// and which start this is.
+func (p *plan) jobEnv(np, localSize, nodeRank int, host, rankWord, localWord string) []string {
+	env := []string{
 		rank.EnvSize + "=" + strconv.Itoa(np),
 		rank.EnvLocalSize + "=" + strconv.Itoa(localSize),
 		rank.EnvNodeRank + "=" + strconv.Itoa(nodeRank),
 		rank.EnvRendezvous + "=" + net.JoinHostPort(p.rdvIP, rdvPortPlaceholder),
 		rank.EnvJobID + "=" + p.jobID,
-		rank.EnvHost + "=" + host,
-		rank.EnvRestart + "=" + restartPlaceholder,
 	}
+	env = append(env, p.foreignEnv(np, localSize, nodeRank, rankWord, localWord)...)
+	return append(env, rank.EnvHost+"="+host, rank.EnvRestart+"="+restartPlaceholder)
+}
+
+// ForeignVars are the variables that torchrun and OpenMPI's mpirun give
+// their ranks, which gorun gives every rank too, so that programs written
+// for those launchers (PyTorch's init_process_group("env://"), mpi4py
+// scripts reading their rank) run unchanged: each unless the user set it
+// (with -x; MASTER_ADDR and MASTER_PORT also in gorun's environment).
+// gorun's own ranks read GORUN_* first (rank.FromEnv), so these change
+// nothing for them.
+var ForeignVars = []string{
+	"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", EnvMasterAddr, EnvMasterPort,
+	"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+}
+
+// MASTER_ADDR and MASTER_PORT: where rank 0's host can be reached, and a
+// TCP port free there (torch.distributed's store listens on it).
+const (
+	EnvMasterAddr = "MASTER_ADDR"
+	EnvMasterPort = "MASTER_PORT"
+)
+
+// foreignPerRank are the ForeignVars that differ between the ranks of a
+// host: the remote agent fills them in for each rank (local: the local
+// rank; else the rank).
+var foreignPerRank = map[string]bool{"RANK": false, "OMPI_COMM_WORLD_RANK": false, "LOCAL_RANK": true, "OMPI_COMM_WORLD_LOCAL_RANK": true}
+
+// chooseForeign works out which ForeignVars gorun sets: every one the
+// user did not set with -x. MASTER_ADDR and MASTER_PORT set in gorun's
+// environment are the user's too, and go to every rank, remote ones
+// included. The others found in gorun's environment were left there by a
+// launcher that started gorun (torchrun, mpirun, a PyTorchJob's pod): one
+// value for every rank would be wrong, so each rank gets its own, with a
+// note. Inside a rank of a gorun job (GORUN_RANK set) all of them are
+// that job's and are replaced without a word, as its GORUN_* are.
+func (p *plan) chooseForeign(exports []string) {
+	_, enclosing := os.LookupEnv(rank.EnvRank)
+	p.foreign = map[string]bool{}
+	var replaced []string
+	for _, k := range ForeignVars {
+		if hasVar(exports, k) {
+			continue
+		}
+		if v, ok := os.LookupEnv(k); ok && !enclosing {
+			if k == EnvMasterAddr || k == EnvMasterPort {
+				p.userMaster = append(p.userMaster, k+"="+v)
+				continue
+			}
+			replaced = append(replaced, k+"="+v)
+		}
+		p.foreign[k] = true
+	}
+	if len(replaced) > 0 {
+		p.notes = append(p.notes, fmt.Sprintf("%s in gorun's environment (from the launcher that started gorun?): each rank gets its own value instead (-x NAME=VALUE gives every rank one value)", strings.Join(replaced, " ")))
+	}
+}
+
+// foreignEnv is what gorun sets of ForeignVars for a rank: rankWord and
+// localWord are its rank and local rank, or the placeholders the remote
+// agent fills in. MASTER_ADDR is the rendezvous address when rank 0 runs
+// here (the address the other hosts reach this one by); otherwise, and
+// for MASTER_PORT always, a placeholder filled in when the job starts.
+func (p *plan) foreignEnv(np, localSize, nodeRank int, rankWord, localWord string) []string {
+	addr := masterAddrPlaceholder
+	if p.rank0Local {
+		addr = p.rdvIP
+	}
+	vals := map[string]string{
+		"RANK": rankWord, "OMPI_COMM_WORLD_RANK": rankWord, "LOCAL_RANK": localWord, "OMPI_COMM_WORLD_LOCAL_RANK": localWord,
+		"WORLD_SIZE": strconv.Itoa(np), "OMPI_COMM_WORLD_SIZE": strconv.Itoa(np),
+		"LOCAL_WORLD_SIZE": strconv.Itoa(localSize), "OMPI_COMM_WORLD_LOCAL_SIZE": strconv.Itoa(localSize),
+		"GROUP_RANK": strconv.Itoa(nodeRank), EnvMasterAddr: addr, EnvMasterPort: masterPortPlaceholder,
+	}
+	var env []string
+	for _, k := range ForeignVars {
+		if p.foreign[k] {
+			env = append(env, k+"="+vals[k])
+		}
+	}
+	return env
+}
+
+// masterNone is the value of MASTER_ADDR or MASTER_PORT that could not be
+// picked: the ranks get no such variable.
+const masterNone = "-"
+
+// masterPortWarning is gorun's (or the agent's) line when no port for
+// MASTER_PORT is free on host.
+func masterPortWarning(host string, err error) string {
+	return fmt.Sprintf("MASTER_PORT on %s (rank 0's host): %v: the ranks get no MASTER_PORT (torch.distributed's env:// needs it); widen --port-range (%s), or set MASTER_PORT", host, err, rank.EnvPortRange)
+}
+
+// pickMaster says whether MASTER_ADDR or MASTER_PORT is gorun's to pick
+// at each start (the user set neither, or one of them).
+func (p *plan) pickMaster() bool { return p.foreign[EnvMasterAddr] || p.foreign[EnvMasterPort] }
+
+// PickMasterPort returns a TCP port that is free on every address of this
+// host, for MASTER_PORT: the highest free port of pr, or with the zero
+// range one the kernel picks. The ranks of gorun's own mesh take the
+// lowest ports of the range; a program listens on those or on
+// MASTER_PORT (torch.distributed's store), not on both, so the range needs
+// no port for it. It is closed again for the rank 0 that listens on it;
+// like torchrun's own pick, another program could take it in between.
+func PickMasterPort(pr rank.PortRange) (int, error) {
+	try := func(port int) (int, error) {
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+		if err != nil {
+			return 0, err
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port, nil
+	}
+	if pr.IsZero() {
+		return try(0)
+	}
+	for port := pr.Hi; port >= pr.Lo; port-- {
+		n, err := try(port)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return n, err
+		}
+	}
+	return 0, &rank.PortsTakenError{Proto: "TCP", Range: pr}
 }
 
 // remoteEnv is the environment the agent on remote host hs starts with
@@ -594,7 +797,8 @@ func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface,
 	if !p.cfg.PortRange.IsZero() && !hasVar(exports, rank.EnvPortRange) {
 		env = append(env, rank.EnvPortRange+"="+p.cfg.PortRange.String())
 	}
-	env = append(env, p.jobEnv(np, first.LocalSize, first.NodeRank, hs.name)...)
+	env = append(env, p.userMaster...)
+	env = append(env, p.jobEnv(np, first.LocalSize, first.NodeRank, hs.name, rankPlaceholder, localRankPlaceholder)...)
 	if p.cfg.MaxRestarts > 0 {
 		env = append(env, causePlaceholder) // the whole word: none on the first start
 	}
@@ -661,6 +865,14 @@ const (
 	rdvPortPlaceholder = "<port>"
 	restartPlaceholder = "@restart@" // shell-safe: the word stays unquoted
 	causePlaceholder   = "@cause@"   // in a remote command: GORUN_RESTART_CAUSE=the cause, shell-quoted, on a restart; nothing on the first start
+	// In a remote host's command, the agent fills these in for each rank
+	// (agent.go): the rank and the local rank.
+	rankPlaceholder      = "@rank@"
+	localRankPlaceholder = "@local-rank@"
+	// MASTER_ADDR and MASTER_PORT, picked when the job starts: by gorun
+	// when rank 0 runs here, else by the agent on rank 0's host.
+	masterAddrPlaceholder = "@master-addr@"
+	masterPortPlaceholder = "@master-port@"
 )
 
 func hasVar(env []string, name string) bool {
@@ -789,7 +1001,9 @@ func launcherWords(cfg Config) ([]string, error) {
 func (p *plan) commandLine(sp rankSpec, port string) string {
 	words := []string{"env"}
 	for _, kv := range sp.env {
-		words = append(words, p.fill(kv, port))
+		if kv = p.fill(kv, port); kv != "" {
+			words = append(words, kv)
+		}
 	}
 	words = append(words, rank.EnvSecret+"=<redacted>")
 	words = append(words, sp.argv...)
@@ -805,10 +1019,23 @@ func (p *plan) hostCommandLine(hs *hostSpec, port string) string {
 	return shellJoin(w) + "   # job secret on stdin"
 }
 
-// fill puts the rendezvous port and the number of this start into a
-// word of a rank's environment or command.
+// fill puts the rendezvous port, the number of this start and, once
+// known, MASTER_ADDR and MASTER_PORT into a word of a rank's environment or
+// command.
 func (p *plan) fill(s, port string) string {
 	s = strings.ReplaceAll(strings.ReplaceAll(s, rdvPortPlaceholder, port), restartPlaceholder, strconv.Itoa(p.restart))
+	for _, m := range [2][3]string{{EnvMasterAddr, masterAddrPlaceholder, p.masterAddr}, {EnvMasterPort, masterPortPlaceholder, p.masterPort}} {
+		switch name, ph, v := m[0], m[1], m[2]; v {
+		case "": // not known yet
+		case masterNone: // none: the variable is left out ("" for a whole word)
+			if s == name+"="+ph {
+				return ""
+			}
+			s = strings.ReplaceAll(s, " "+name+"="+ph+" ", " ")
+		default:
+			s = strings.ReplaceAll(s, ph, v)
+		}
+	}
 	cause := ""
 	if p.restart > 0 {
 		cause = rank.EnvRestartCause + "=" + shellQuote(p.cause)
@@ -927,6 +1154,25 @@ func (p *plan) run() (int, error) {
 	defer rdv.Close()
 	_, port, _ := net.SplitHostPort(rdv.Addr())
 	p.rdvPort = port
+	// MASTER_ADDR and MASTER_PORT, afresh at every start: picked here when
+	// rank 0 runs here; else by the agent on rank 0's host, which says
+	// them in its "master" frame, before the ranks elsewhere start.
+	p.masterAddr, p.masterPort = "", ""
+	var masterCh chan [2]string
+	if p.pickMaster() {
+		if !p.rank0Local {
+			masterCh = make(chan [2]string, 1)
+		} else if p.foreign[EnvMasterPort] {
+			// Not fatal: gorun's own ranks do not need it (and say
+			// themselves when the range is full for them too)
+			if mp, err := PickMasterPort(cfg.PortRange); err != nil {
+				fmt.Fprintf(cfg.Stderr, "gorun: warning: %s\n", masterPortWarning(p.specs[0].slot.Host, err))
+				p.masterPort = masterNone
+			} else {
+				p.masterPort = strconv.Itoa(mp)
+			}
+		}
+	}
 
 	// gorun's stdout or stderr closed by its reader stops the job (a
 	// terminal is never such a pipe).
@@ -976,27 +1222,46 @@ func (p *plan) run() (int, error) {
 		}
 		return ExitSetup, err
 	}
-	for _, sp := range p.specs {
-		if sp.remote {
-			continue
+	// startLocals starts the ranks on this machine; on an error, those
+	// it started are in procs, and the error is returned.
+	startLocals := func() error {
+		for _, sp := range p.specs {
+			if sp.remote {
+				continue
+			}
+			pr, err := p.startLocal(sp, port, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			pr.reaper = rp
+			rp.send("g", pr.cmd.Process.Pid)
+			if cfg.ReportBindings {
+				stderr.writeLine([]byte(bindingLine(sp.slot, pr.pid)))
+			}
+			procs = append(procs, pr)
+			go pr.wait(results)
 		}
-		pr, err := p.startLocal(sp, port, stdout, stderr)
-		if err != nil {
-			return abort(err)
-		}
-		pr.reaper = rp
-		rp.send("g", pr.cmd.Process.Pid)
-		if cfg.ReportBindings {
-			stderr.writeLine([]byte(bindingLine(sp.slot, pr.pid)))
-		}
-		procs = append(procs, pr)
-		go pr.wait(results)
+		return nil
 	}
+	// localsWait: the local ranks wait for MASTER_ADDR and MASTER_PORT
+	// from the agent on rank 0's host (then so do the other agents).
+	localsWait := masterCh != nil
+	if !localsWait {
+		if err := startLocals(); err != nil {
+			return abort(err)
+		}
+	}
+	hostOf := map[*hostSpec]*remoteHost{}
 	for _, hs := range p.remote {
-		h, hprocs, err := p.startHost(hs, port, stdout, stderr, results, rp)
+		var mc chan [2]string
+		if hs.ranks[0] == 0 {
+			mc = masterCh
+		}
+		h, hprocs, err := p.startHost(hs, port, stdout, stderr, results, rp, mc)
 		if err != nil {
 			return abort(err)
 		}
+		hostOf[hs] = h
 		procs = append(procs, hprocs...)
 		go h.wait()
 	}
@@ -1035,8 +1300,30 @@ func (p *plan) run() (int, error) {
 			grace = time.After(cfg.Grace)
 		}
 	}
-	for len(done) < len(procs) {
+	startErr := false // the local ranks could not start after MASTER_PORT came
+	for len(done) < len(procs) || localsWait && !stopping {
 		select {
+		case m := <-masterCh:
+			if !localsWait || stopping {
+				continue
+			}
+			localsWait = false
+			if p.foreign[EnvMasterAddr] {
+				p.masterAddr = m[0]
+			}
+			if p.foreign[EnvMasterPort] {
+				p.masterPort = m[1]
+			}
+			for _, hs := range p.remote {
+				if hs.ranks[0] != 0 {
+					hostOf[hs].ctl.send("m " + m[0] + " " + m[1])
+				}
+			}
+			if err := startLocals(); err != nil {
+				fmt.Fprintln(cfg.Stderr, "gorun: "+err.Error())
+				startErr, status, p.failure = true, ExitSetup, ""
+				stopAll(syscall.SIGTERM)
+			}
 		case r := <-results:
 			done[r.p] = true
 			if killing[r.p] && (r.signal == int(syscall.SIGKILL) || r.fail != "") {
@@ -1104,6 +1391,9 @@ func (p *plan) run() (int, error) {
 			status = ExitKilled
 		}
 	}
+	if startErr {
+		return ExitSetup, nil
+	}
 	return status, nil
 }
 
@@ -1158,9 +1448,23 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 	cmd := exec.Command(sp.argv[0], sp.argv[1:]...)
 	cmd.Dir = cfg.Dir
 	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
-	env := cleanEnviron()
+	// gorun's environment, less what gorun sets for the rank (RANK left
+	// there by another launcher, say), then the rank's own
+	own := map[string]bool{}
 	for _, kv := range sp.env {
-		env = append(env, p.fill(kv, port))
+		k, _, _ := strings.Cut(kv, "=")
+		own[k] = true
+	}
+	var env []string
+	for _, kv := range cleanEnviron() {
+		if k, _, _ := strings.Cut(kv, "="); !own[k] {
+			env = append(env, kv)
+		}
+	}
+	for _, kv := range sp.env {
+		if kv = p.fill(kv, port); kv != "" {
+			env = append(env, kv)
+		}
 	}
 	if p.restart > 0 {
 		env = append(env, rank.EnvRestartCause+"="+p.cause)

@@ -29,6 +29,9 @@ type remoteHost struct {
 	readers sync.WaitGroup
 	// bindings: say each rank's binding line when it starts (--report-bindings)
 	bindings bool
+	// master gets MASTER_ADDR and MASTER_PORT as the agent picked them
+	// (nil: this agent picks none)
+	master chan<- [2]string
 
 	mu       sync.Mutex
 	hello    bool
@@ -37,9 +40,11 @@ type remoteHost struct {
 }
 
 // startHost starts the remote agent on one host, for all of its ranks.
-func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, results chan<- outcome, rp *reaper) (*remoteHost, []*proc, error) {
+// master, for rank 0's host when its agent picks MASTER_ADDR and
+// MASTER_PORT, gets them from the agent's "master" frame.
+func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, results chan<- outcome, rp *reaper, master chan<- [2]string) (*remoteHost, []*proc, error) {
 	h := &remoteHost{spec: hs, procs: map[int]*proc{}, results: results, reaper: rp, stderr: stderr, reported: map[int]bool{},
-		bindings: p.cfg.ReportBindings}
+		bindings: p.cfg.ReportBindings, master: master}
 	var procs []*proc
 	fail := func(err error) (*remoteHost, []*proc, error) {
 		for _, pr := range procs {
@@ -119,6 +124,7 @@ func (h *remoteHost) report(o outcome) {
 func (h *remoteHost) readFrames(r io.Reader) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var buf []byte
+	masterSeen := false // the agent said MASTER_ADDR and MASTER_PORT
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {
@@ -136,6 +142,16 @@ func (h *remoteHost) readFrames(r io.Reader) {
 		hello := h.hello
 		h.mu.Unlock()
 		if !hello { // a login script's output, not the agent's
+			continue
+		}
+		if f[0] == "master" {
+			masterSeen = true
+			if len(f) == 3 && h.master != nil {
+				select {
+				case h.master <- [2]string{f[1], f[2]}:
+				default: // said once; a second is not the agent's
+				}
+			}
 			continue
 		}
 		rk, err := strconv.Atoi(f[1])
@@ -168,6 +184,12 @@ func (h *remoteHost) readFrames(r io.Reader) {
 				pr.mu.Unlock()
 				if h.bindings {
 					h.stderr.writeLine([]byte(bindingLine(pr.spec.slot, pid)))
+				}
+				if h.master != nil && !masterSeen {
+					// an agent that does not know the "master" frame
+					// (another gorun there): the other ranks would wait
+					h.report(outcome{p: pr, fail: fmt.Sprintf("rank %d (host %s, pid %d): the agent there started it without picking MASTER_ADDR and MASTER_PORT: is the gorun there (--remote-gorun) an older one than this?", rk, h.spec.name, pid)})
+					h.signal(rk, syscall.SIGTERM) // reported: the job's stop passes it by
 				}
 			}
 		case "exit", "signal":
