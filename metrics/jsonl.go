@@ -136,7 +136,7 @@ func ReadJSONLTorn(path string) ([]Record, int, error) {
 			if rest == nil { // the last line, and no newline after it: torn
 				return out, line, nil
 			}
-			return nil, 0, fmt.Errorf("%s:%d: %v", path, line, err)
+			return nil, 0, fmt.Errorf("%s:%d: %w", path, line, err)
 		}
 		out = append(out, r)
 	}

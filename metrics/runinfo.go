@@ -77,7 +77,7 @@ func ReadRunInfo(dir string) (RunInfo, error) {
 		return ri, err
 	}
 	if err := json.Unmarshal(b, &ri); err != nil {
-		return ri, fmt.Errorf("%s: %v", filepath.Join(dir, "run.json"), err)
+		return ri, fmt.Errorf("%s: %w", filepath.Join(dir, "run.json"), err)
 	}
 	return ri, nil
 }

@@ -232,21 +232,21 @@ func RunShapes(ri metrics.RunInfo) ([][]int, error) {
 	if vocab <= 0 {
 		probe, err := transformer.Preset(ri.Preset, 1000)
 		if err != nil {
-			return nil, fmt.Errorf("the parameters' shapes: %v", err)
+			return nil, fmt.Errorf("the parameters' shapes: %w", err)
 		}
 		_, n, err := count(probe)
 		if err != nil {
-			return nil, fmt.Errorf("the parameters' shapes: %v", err)
+			return nil, fmt.Errorf("the parameters' shapes: %w", err)
 		}
 		vocab = int((ri.Params - (n - int64(1000*probe.DModel))) / int64(probe.DModel))
 	}
 	cfg, err := transformer.Preset(ri.Preset, vocab)
 	if err != nil {
-		return nil, fmt.Errorf("the parameters' shapes: %v", err)
+		return nil, fmt.Errorf("the parameters' shapes: %w", err)
 	}
 	ps, n, err := count(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("the parameters' shapes: %v", err)
+		return nil, fmt.Errorf("the parameters' shapes: %w", err)
 	}
 	if ri.Params > 0 && n != ri.Params {
 		return nil, fmt.Errorf("the parameters' shapes: preset %s with %d ids has %d parameters, the run %d", ri.Preset, vocab, n, ri.Params)

@@ -55,7 +55,7 @@ func PlotPNG(file, title, ylabel string, lines ...Line) (bool, error) {
 		}
 		ln, err := plotter.NewLine(xy)
 		if err != nil {
-			return false, fmt.Errorf("plot %s: %v", file, err)
+			return false, fmt.Errorf("plot %s: %w", file, err)
 		}
 		ln.Color = palette[i%len(palette)]
 		ln.Width = vg.Points(1.5)
@@ -66,7 +66,7 @@ func PlotPNG(file, title, ylabel string, lines ...Line) (bool, error) {
 		if len(pts) <= markedPoints {
 			sc, err := plotter.NewScatter(xy)
 			if err != nil {
-				return false, fmt.Errorf("plot %s: %v", file, err)
+				return false, fmt.Errorf("plot %s: %w", file, err)
 			}
 			sc.Color = ln.Color
 			sc.Shape = draw.CircleGlyph{}
@@ -90,7 +90,7 @@ func PlotPNG(file, title, ylabel string, lines ...Line) (bool, error) {
 	p.Y.Min, p.Y.Max = lo, hi+(0.05+0.08*float64(legend))*(hi-lo)
 	p.Legend.Top = true
 	if err := p.Save(7*vg.Inch, 4*vg.Inch, file); err != nil {
-		return false, fmt.Errorf("plot %s: %v", file, err)
+		return false, fmt.Errorf("plot %s: %w", file, err)
 	}
 	return true, nil
 }

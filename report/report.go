@@ -258,7 +258,7 @@ func (r *report) plot(name, title, y string, lines ...Line) string {
 func Write(dir string, lr Schedule) (string, error) {
 	ri, err := metrics.ReadRunInfo(dir)
 	if err != nil {
-		return "", fmt.Errorf("%s is not a run directory: %v", dir, err)
+		return "", fmt.Errorf("%s is not a run directory: %w", dir, err)
 	}
 	recs, torn, err := metrics.ReadJSONLTorn(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {

@@ -158,7 +158,7 @@ func ReadSafetensors(path string) (*SafetensorsFile, error) {
 	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(js, &raw); err != nil {
-		return nil, fmt.Errorf("%s: bad safetensors header: %v", path, err)
+		return nil, fmt.Errorf("%s: bad safetensors header: %w", path, err)
 	}
 	sf := &SafetensorsFile{Path: path, entries: map[string]stEntry{}}
 	end := 0
@@ -167,13 +167,13 @@ func ReadSafetensors(path string) (*SafetensorsFile, error) {
 	for k, v := range raw {
 		if k == "__metadata__" {
 			if err := json.Unmarshal(v, &sf.Metadata); err != nil {
-				return nil, fmt.Errorf("%s: bad __metadata__: %v", path, err)
+				return nil, fmt.Errorf("%s: bad __metadata__: %w", path, err)
 			}
 			continue
 		}
 		var e stEntry
 		if err := json.Unmarshal(v, &e); err != nil {
-			return nil, fmt.Errorf("%s: bad entry for %s: %v", path, k, err)
+			return nil, fmt.Errorf("%s: bad entry for %s: %w", path, k, err)
 		}
 		size, known := dtypeSize[e.DType]
 		if !known {

@@ -47,7 +47,7 @@ func readTextLines(name string, r io.Reader) ([]string, error) {
 		out = append(out, strings.TrimSuffix(string(b), "\r"))
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s:%d: %v", name, len(out)+1, err)
+		return nil, fmt.Errorf("%s:%d: %w", name, len(out)+1, err)
 	}
 	return out, nil
 }
@@ -67,20 +67,20 @@ func runBLEU(c *cli.Context) error {
 		hypName = c.Args().First()
 		f, err := os.Open(hypName)
 		if err != nil {
-			return fmt.Errorf("bleu: %v", err)
+			return fmt.Errorf("bleu: %w", err)
 		}
 		defer f.Close()
 		in = f
 	}
 	hyps, err := readTextLines(hypName, in)
 	if err != nil {
-		return fmt.Errorf("bleu: %v", err)
+		return fmt.Errorf("bleu: %w", err)
 	}
 	var refs [][]string
 	for _, p := range c.StringSlice("ref") {
 		r, err := data.ReadLines(p)
 		if err != nil {
-			return fmt.Errorf("bleu: %v", err)
+			return fmt.Errorf("bleu: %w", err)
 		}
 		if len(r) != len(hyps) {
 			return fmt.Errorf("bleu: %s has %d lines but %s has %d: one segment per line in both", p, len(r), hypName, len(hyps))

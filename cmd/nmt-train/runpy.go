@@ -121,7 +121,7 @@ func defaultOptions(extras map[string]string) (train.Options, error) {
 	}
 	for k, v := range extras {
 		if err := set.Set(k, v); err != nil {
-			return train.Options{}, fmt.Errorf("--%s=%s: %v", k, v, err)
+			return train.Options{}, fmt.Errorf("--%s=%s: %w", k, v, err)
 		}
 	}
 	c := cli.NewContext(nil, set, nil)
