@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
@@ -39,7 +40,11 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	be, why, err := device.Open(dev)
+	set, err := envconf.Device(os.LookupEnv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	be, why, err := device.Open(dev, set)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/mpirun"
@@ -190,14 +191,18 @@ func reportCommand() *cli.Command {
 
 // gpus says what GPUs --device cuda would find: their names, or why none.
 func gpus() string {
-	n, err := cuda.Count()
+	set, err := envconf.CUDA(os.LookupEnv)
+	if err != nil {
+		return "none usable: " + err.Error()
+	}
+	n, err := cuda.Count(set)
 	if err != nil {
 		return "none usable: " + err.Error()
 	}
 	if n == 0 {
 		return "none: the driver sees no GPU"
 	}
-	b, err := cuda.Open(0)
+	b, err := cuda.Open(0, set)
 	if err != nil {
 		return fmt.Sprintf("%d, but opening the first failed: %v", n, err)
 	}

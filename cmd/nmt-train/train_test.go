@@ -23,6 +23,7 @@ import (
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/cudaemu"
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/metrics"
@@ -736,7 +737,11 @@ func TestBadInput(t *testing.T) {
 		{[]string{"train", "--config", devCfg}, `"tpu"`},
 		{[]string{"translate", "--device", "bogus"}, `"bogus"`},
 	}
-	if cuda.Available() == nil {
+	set, err := envconf.CUDA(os.LookupEnv) // as the nmt-train started here reads them
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cuda.Available(set) == nil {
 		t.Log("a GPU is usable here: --device cuda is not an error to test")
 	} else {
 		// No GPU here: one line that names cuda (the rest is the backend's).

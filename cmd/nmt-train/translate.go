@@ -13,6 +13,7 @@ import (
 	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/data"
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/transformer"
@@ -43,7 +44,11 @@ func translateCommand() *cli.Command {
 			if err := translateArgs(c); err != nil {
 				return usage(err)
 			}
-			be, _, err := device.Open(c.String("device"))
+			dev, err := envconf.Device(os.LookupEnv)
+			if err != nil {
+				return err
+			}
+			be, _, err := device.Open(c.String("device"), dev)
 			if err != nil {
 				return err
 			}

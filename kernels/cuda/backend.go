@@ -10,7 +10,6 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
-	"os"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -50,13 +49,14 @@ type Backend struct {
 	module uintptr
 	sms    int
 
-	name   string
-	cc     [2]int
-	index  int
-	mem    *allocator
-	args   *argBlock
-	l      launch
-	gemmSc *[2]float32
+	name     string
+	cc       [2]int
+	index    int
+	settings Settings // as Open was given them (NewMonitor)
+	mem      *allocator
+	args     *argBlock
+	l        launch
+	gemmSc   *[2]float32
 
 	// small device buffer for reductions read back by the host, and the
 	// index checks' record (bounds.go)
@@ -83,11 +83,11 @@ type Backend struct {
 var _ kernels.Backend = (*Backend)(nil)
 var _ kernels.HostStaging = (*Backend)(nil)
 
-// Available reports whether a usable GPU is there: the driver loads,
-// initialises and sees at least one device. Its error says what is
-// missing, in one line.
-func Available() error {
-	d, err := loadDriver()
+// Available reports whether a usable GPU is there: the driver loads (from
+// where s says), initialises and sees at least one device. Its error says
+// what is missing, in one line.
+func Available(s Settings) error {
+	d, err := loadDriver(s)
 	if err != nil {
 		return err
 	}
@@ -96,15 +96,15 @@ func Available() error {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("cuda: the driver sees no GPU (CUDA_VISIBLE_DEVICES=%q)", os.Getenv("CUDA_VISIBLE_DEVICES"))
+		return fmt.Errorf("cuda: the driver sees no GPU (%s=%q)", EnvVisibleDevices, s.VisibleDevices)
 	}
 	return nil
 }
 
 // Open starts a backend on device index (as this process numbers them,
-// after CUDA_VISIBLE_DEVICES).
-func Open(index int) (*Backend, error) {
-	d, err := loadDriver()
+// after CUDA_VISIBLE_DEVICES), with the libraries and modes s gives.
+func Open(index int, s Settings) (*Backend, error) {
+	d, err := loadDriver(s)
 	if err != nil {
 		return nil, err
 	}
@@ -113,17 +113,9 @@ func Open(index int) (*Backend, error) {
 		return nil, err
 	}
 	if index < 0 || index >= n {
-		return nil, fmt.Errorf("cuda: no device %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%q)", index, n, os.Getenv("CUDA_VISIBLE_DEVICES"))
+		return nil, fmt.Errorf("cuda: no device %d: this process sees %d GPU(s) (%s=%q)", index, n, EnvVisibleDevices, s.VisibleDevices)
 	}
-	prof, err := profileOn()
-	if err != nil {
-		return nil, err
-	}
-	exact, err := exactAllocOn()
-	if err != nil {
-		return nil, err
-	}
-	b := &Backend{drv: d, index: index, args: newArgBlock(), gemmSc: new([2]float32), redOut: new(reductionOut),
+	b := &Backend{drv: d, index: index, settings: s, args: newArgBlock(), gemmSc: new([2]float32), redOut: new(reductionOut),
 		scalarsOut: new(deferredOut), staging: map[uintptr]*stage{}}
 	var dev int32
 	if err := d.check("cuDeviceGet", d.call(d.deviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(index))); err != nil {
@@ -148,7 +140,7 @@ func Open(index int) (*Backend, error) {
 	if err := b.loadModule(); err != nil {
 		return nil, err
 	}
-	b.blas, err = loadCublas()
+	b.blas, err = loadCublas(s)
 	if err != nil {
 		return nil, err
 	}
@@ -162,12 +154,12 @@ func Open(index int) (*Backend, error) {
 	if err := b.blas.check("cublasSetMathMode", b.blas.call(b.blas.setMathMode, b.blas.handle, cublasDefaultMath)); err != nil {
 		return nil, err
 	}
-	b.mem = newAllocator(b, exact)
+	b.mem = newAllocator(b, s.ExactAlloc)
 	b.redBuf = b.mem.alloc(redBufBytes)
 	b.memset(b.redBuf, redBufBytes)
 	b.scalars = b.mem.alloc(scalarBytes)
 	b.memset(b.scalars, scalarBytes)
-	if prof {
+	if s.Profile {
 		b.prof = &profiler{d: d, stream: b.stream, sums: map[string]*OpTime{}}
 	}
 	return b, nil
@@ -815,9 +807,10 @@ func VisibleIndex(localRank, count int) int {
 	return localRank % count
 }
 
-// Count is the number of GPUs this process sees.
-func Count() (int, error) {
-	d, err := loadDriver()
+// Count is the number of GPUs this process sees (the driver loaded from
+// where s says).
+func Count(s Settings) (int, error) {
+	d, err := loadDriver(s)
 	if err != nil {
 		return 0, err
 	}

@@ -110,9 +110,8 @@ func TestLaunchBoundsMatchPTX(t *testing.T) {
 // orthonormalization and error feedback. Read from a profiling backend,
 // which names every kernel it queues.
 func TestHotKernelsAreATrainingStep(t *testing.T) {
-	backend(t) // the driver loaded, before the variable below is set
-	t.Setenv(EnvProfile, "1")
-	b, err := Open(testIndex())
+	backend(t) // the driver loaded
+	b, err := Open(testIndex(), profiled())
 	if err != nil {
 		t.Fatal(err)
 	}

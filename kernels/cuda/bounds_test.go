@@ -176,8 +176,7 @@ func TestIndexRecordCost(t *testing.T) {
 	if setupErr != nil {
 		t.Fatal(setupErr)
 	}
-	t.Setenv(EnvProfile, "1")
-	b, err := Open(0)
+	b, err := Open(0, profiled())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,21 +55,21 @@ func (c *cublas) symbols() ([]string, []*uintptr) {
 var cublasSonames = []string{"libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}
 
 // cublasCandidates lists where cuBLAS is looked for: the library
-// directories (GORUN_CUDA_LIB_DIR first), the loader's own search, and the
+// directories (s.LibDir first), the loader's own search, and the
 // lib directories of pip's wheels (nvidia/cublas/lib up to CUDA 12,
 // nvidia/cu13/lib from 13: where PyTorch's cuBLAS is) found without
 // running Python.
-func cublasCandidates() []string {
-	dirs := append(libDirs(), pythonCUDALibDirs("cublas")...)
-	return candidates(dirs, cublasSonames...)
+func cublasCandidates(s Settings) []string {
+	dirs := append(libDirs(s), pythonCUDALibDirs(s, "cublas")...)
+	return candidates(s, dirs, cublasSonames...)
 }
 
 // loadCublas opens cuBLAS (with its cublasLt, openWithLt) from the first
 // candidate that loads; when none is there, from the wheels under the
 // sys.path of the python3 on PATH (pythonSysPath: asked only then).
-func loadCublas() (*cublas, error) {
+func loadCublas(s Settings) (*cublas, error) {
 	what := "cuBLAS (" + strings.Join(cublasSonames, ", ") + ")"
-	lib, err := openWithLt(what, cublasCandidates())
+	lib, err := openWithLt(what, cublasCandidates(s))
 	if errors.Is(err, errNotFound) {
 		if sp := pythonSysPath(); len(sp) > 0 {
 			var cands []string

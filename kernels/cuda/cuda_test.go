@@ -64,6 +64,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// envSettings is the Settings this test binary's environment asks for, as
+// internal/envconf.CUDA reads them for a program (it imports this package,
+// so these tests cannot call it): the emulator TestMain built or was
+// given, the libraries TestFindsCublas's children lay out, the modes the
+// ASan child and bench/gpu/run.sh set.
+func envSettings() Settings {
+	return Settings{LibDir: os.Getenv(EnvLibDir), CUDAHome: os.Getenv("CUDA_HOME"), CUDAPath: os.Getenv("CUDA_PATH"),
+		VirtualEnv: os.Getenv("VIRTUAL_ENV"), CondaPrefix: os.Getenv("CONDA_PREFIX"), PythonPath: os.Getenv("PYTHONPATH"),
+		VisibleDevices: os.Getenv(EnvVisibleDevices), ExactAlloc: os.Getenv(EnvExactAlloc) == "1", Profile: os.Getenv(EnvProfile) == "1"}
+}
+
+// profiled is envSettings with the profiler on.
+func profiled() Settings {
+	s := envSettings()
+	s.Profile = true
+	return s
+}
+
 // backend opens the device once for the whole test binary.
 func backend(t *testing.T) *Backend {
 	t.Helper()
@@ -71,7 +89,7 @@ func backend(t *testing.T) *Backend {
 		t.Fatal(setupErr)
 	}
 	beOnce.Do(func() {
-		testBE, testBEErr = Open(testIndex())
+		testBE, testBEErr = Open(testIndex(), envSettings())
 		if testBEErr == nil {
 			fmt.Fprintf(os.Stderr, "cuda tests on %s: %s\n", testMode, testBE.Describe())
 		}
@@ -382,21 +400,17 @@ func download(m *transformer.Model, t kernels.Tensor) []float32 {
 	return h
 }
 
-// With GORUN_CUDA_PROFILE=1 every operation queued on the compute stream
-// is timed and named (kernels by name, GEMMs by types and shape, memsets
-// and copies), TakeProfile sums them by name and starts again, and a
-// backend without it profiles nothing; another value is refused.
+// With Settings.Profile (GORUN_CUDA_PROFILE=1) every operation queued on
+// the compute stream is timed and named (kernels by name, GEMMs by types
+// and shape, memsets and copies), TakeProfile sums them by name and starts
+// again, and a backend without it profiles nothing. (internal/envconf's
+// tests check that another value of the variable is refused.)
 func TestProfileNamesEveryOp(t *testing.T) {
 	if setupErr != nil {
 		t.Fatal(setupErr)
 	}
-	shared := backend(t) // opened before the variable is set: no profiler
-	t.Setenv(EnvProfile, "yes")
-	if _, err := Open(0); err == nil || !strings.Contains(err.Error(), EnvProfile) {
-		t.Fatalf("%s=yes: Open's error %v, want one naming the variable", EnvProfile, err)
-	}
-	t.Setenv(EnvProfile, "1")
-	b, err := Open(0)
+	shared := backend(t) // opened without the profiler
+	b, err := Open(0, profiled())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,10 +89,11 @@ var (
 	drvErr  error
 )
 
-// loadDriver opens libcuda.so.1 once per process and runs cuInit.
-func loadDriver() (*driver, error) {
+// loadDriver opens libcuda.so.1 once per process, from where the first
+// call's s says, and runs cuInit.
+func loadDriver(s Settings) (*driver, error) {
 	drvOnce.Do(func() {
-		lib, err := openFirst("the NVIDIA driver library libcuda.so.1", candidates(libDirs(), "libcuda.so.1"))
+		lib, err := openFirst("the NVIDIA driver library libcuda.so.1", candidates(s, libDirs(s), "libcuda.so.1"))
 		if err != nil {
 			drvErr = err
 			return

@@ -17,9 +17,9 @@ import (
 )
 
 // EnvLibDir names a directory searched first for libcuda.so.1,
-// libcublas.so.* and libnvidia-ml.so.1 (the tests point it at the CPU
-// emulator; a user can point it at a driver or toolkit outside the usual
-// places).
+// libcublas.so.* and libnvidia-ml.so.1 (Settings.LibDir: the tests point
+// it at the CPU emulator; a user can point it at a driver or toolkit
+// outside the usual places).
 const EnvLibDir = "GORUN_CUDA_LIB_DIR"
 
 // library is a shared library opened with dlopen and its resolved symbols.
@@ -119,16 +119,16 @@ var systemLibDirs = []string{"/usr/local/nvidia/lib64", "/usr/local/cuda/lib64",
 var loaderSearch = true
 
 // libDirs lists the directories searched for NVIDIA libraries, most
-// specific first: $GORUN_CUDA_LIB_DIR, $CUDA_HOME (and CUDA_PATH) lib64,
+// specific first: s.LibDir, s.CUDAHome's (and s.CUDAPath's) lib64 and lib,
 // then systemLibDirs. The plain soname (the dynamic loader's own search) is
 // tried after the first of these.
-func libDirs() []string {
+func libDirs(s Settings) []string {
 	var dirs []string
-	if d := os.Getenv(EnvLibDir); d != "" {
-		dirs = append(dirs, d)
+	if s.LibDir != "" {
+		dirs = append(dirs, s.LibDir)
 	}
-	for _, v := range []string{"CUDA_HOME", "CUDA_PATH"} {
-		if d := os.Getenv(v); d != "" {
+	for _, d := range []string{s.CUDAHome, s.CUDAPath} {
+		if d != "" {
 			dirs = append(dirs, filepath.Join(d, "lib64"), filepath.Join(d, "lib"))
 		}
 	}
@@ -136,18 +136,18 @@ func libDirs() []string {
 }
 
 // candidates returns dir/name for every directory, with the bare name
-// (the dynamic loader's search) right after $GORUN_CUDA_LIB_DIR's entry.
-func candidates(dirs []string, names ...string) []string {
+// (the dynamic loader's search) right after s.LibDir's entry.
+func candidates(s Settings, dirs []string, names ...string) []string {
 	var out []string
 	for i, d := range dirs {
 		for _, n := range names {
 			out = append(out, filepath.Join(d, n))
 		}
-		if i == 0 && os.Getenv(EnvLibDir) != "" && loaderSearch {
+		if i == 0 && s.LibDir != "" && loaderSearch {
 			out = append(out, names...)
 		}
 	}
-	if os.Getenv(EnvLibDir) == "" && loaderSearch {
+	if s.LibDir == "" && loaderSearch {
 		out = append(names, out...)
 	}
 	return out
@@ -162,18 +162,18 @@ var systemSiteRoots = []string{"/usr/local/lib/python3*/dist-packages", "/usr/lo
 // pythonCUDALibDirs finds the lib directories of pip's NVIDIA wheels
 // (nvidia/<pkg>/lib inside a site-packages or dist-packages directory, up
 // to CUDA 12's wheels; nvidia/cu<N>/lib from CUDA 13's) in the active
-// virtual or conda environment, PYTHONPATH, the environment of the python3
-// on PATH, the user's and the system's Python installations: where a
-// machine with PyTorch keeps cuBLAS. It runs no Python (pythonSysPath
-// does, when these find nothing).
-func pythonCUDALibDirs(pkg string) []string {
+// virtual or conda environment, PYTHONPATH (as s gives them), the
+// environment of the python3 on PATH, the user's and the system's Python
+// installations: where a machine with PyTorch keeps cuBLAS. It runs no
+// Python (pythonSysPath does, when these find nothing).
+func pythonCUDALibDirs(s Settings, pkg string) []string {
 	var roots []string
-	for _, v := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
-		if d := os.Getenv(v); d != "" {
+	for _, d := range []string{s.VirtualEnv, s.CondaPrefix} {
+		if d != "" {
 			roots = append(roots, filepath.Join(d, "lib", "python3*", "site-packages"))
 		}
 	}
-	for _, d := range filepath.SplitList(os.Getenv("PYTHONPATH")) {
+	for _, d := range filepath.SplitList(s.PythonPath) {
 		if d != "" {
 			roots = append(roots, d)
 		}

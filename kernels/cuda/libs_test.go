@@ -34,7 +34,7 @@ func TestLibSearchChild(t *testing.T) {
 	if os.Getenv(envTestChild) != "libs" {
 		return
 	}
-	b, err := Open(0)
+	b, err := Open(0, envSettings())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestBlockingSyncFallback(t *testing.T) {
 	old := logf
 	logf = func(f string, a ...any) { lines = append(lines, fmt.Sprintf(f, a...)) }
 	defer func() { logf = old }()
-	b, err := Open(testIndex())
+	b, err := Open(testIndex(), envSettings())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,35 +2,24 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"unsafe"
 )
 
-// EnvExactAlloc, set to 1 when the backend opens, makes every device
-// allocation exactly the bytes asked for (one byte for an empty tensor)
-// and gives every Free back to the driver at once, after the queued work:
-// no size classes, no cache. A kernel that writes past its tensor then
+// EnvExactAlloc, set to 1, makes every device allocation exactly the
+// bytes asked for (one byte for an empty tensor) and gives every Free back
+// to the driver at once, after the queued work: no size classes, no cache
+// (Settings.ExactAlloc). A kernel that writes past its tensor then
 // leaves the allocation instead of landing in a size class's slack, where
 // the emulator's guard regions or its AddressSanitizer build
 // (internal/cudaemu) see it (on a GPU, so would compute-sanitizer's
 // memcheck: not tried); a tensor used
 // after its Free is no longer live memory. Every Alloc and Free is a
 // driver call and every Free waits for the GPU: for tests and debugging,
-// not for training. An environment variable, read once by Open like
-// GORUN_CUDA_PROFILE, so that the binaries (nmt-train, the GPU test
-// binaries of bench/gpu) run in the mode unchanged.
+// not for training. An environment variable, read at a program's start
+// like GORUN_CUDA_PROFILE (internal/envconf.CUDA), so that the binaries
+// (nmt-train, the GPU test binaries of bench/gpu) run in the mode
+// unchanged.
 const EnvExactAlloc = "GORUN_CUDA_EXACT_ALLOC"
-
-func exactAllocOn() (bool, error) {
-	switch v := os.Getenv(EnvExactAlloc); v {
-	case "", "0":
-		return false, nil
-	case "1":
-		return true, nil
-	default:
-		return false, fmt.Errorf("cuda: %s=%q: want 1 (every allocation its exact size, every Free to the driver) or 0", EnvExactAlloc, v)
-	}
-}
 
 // allocator caches device memory like PyTorch's caching allocator: Free
 // returns a block to a free list of its size class, and Alloc takes from
@@ -40,7 +29,7 @@ func exactAllocOn() (bool, error) {
 // ordered after every earlier use.
 type allocator struct {
 	b     *Backend
-	exact bool            // EnvExactAlloc: exact sizes, no cache
+	exact bool            // Settings.ExactAlloc: exact sizes, no cache
 	size  map[uintptr]int // live and cached blocks: their class size
 	cache map[int][]uintptr
 	inUse int64 // bytes handed out

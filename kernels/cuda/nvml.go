@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,9 +35,11 @@ var (
 	nvmlErr  error
 )
 
-func loadNVML() (*nvml, error) {
+// loadNVML opens libnvidia-ml.so.1 once per process, from where the
+// first call's s says, and runs nvmlInit.
+func loadNVML(s Settings) (*nvml, error) {
 	nvmlOnce.Do(func() {
-		lib, err := openFirst("NVML (libnvidia-ml.so.1)", candidates(libDirs(), "libnvidia-ml.so.1"))
+		lib, err := openFirst("NVML (libnvidia-ml.so.1)", candidates(s, libDirs(s), "libnvidia-ml.so.1"))
 		if err != nil {
 			nvmlErr = err
 			return
@@ -66,10 +67,10 @@ func (n *nvml) check(call string, r uintptr) error {
 }
 
 // nvmlIndex maps the process's CUDA device index to NVML's, which ignores
-// CUDA_VISIBLE_DEVICES: entry index of that list when it names devices by
-// number (as gorun sets it), else index itself.
-func nvmlIndex(index int) int {
-	v := strings.TrimSpace(os.Getenv("CUDA_VISIBLE_DEVICES"))
+// CUDA_VISIBLE_DEVICES (visible: its value): entry index of that list when
+// it names devices by number (as gorun sets it), else index itself.
+func nvmlIndex(index int, visible string) int {
+	v := strings.TrimSpace(visible)
 	if v == "" {
 		return index
 	}
@@ -90,12 +91,12 @@ type Monitor struct {
 
 // NewMonitor opens NVML for the backend's device.
 func (b *Backend) NewMonitor() (*Monitor, error) {
-	n, err := loadNVML()
+	n, err := loadNVML(b.settings)
 	if err != nil {
 		return nil, err
 	}
 	m := &Monitor{n: n}
-	if err := n.check("nvmlDeviceGetHandleByIndex_v2", callRet(n.handleByIndex, uintptr(nvmlIndex(b.index)), uintptr(unsafe.Pointer(&m.handle)))); err != nil {
+	if err := n.check("nvmlDeviceGetHandleByIndex_v2", callRet(n.handleByIndex, uintptr(nvmlIndex(b.index, b.settings.VisibleDevices)), uintptr(unsafe.Pointer(&m.handle)))); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -2,16 +2,16 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"unsafe"
 )
 
-// EnvProfile turns the backend's profiler on (1) or off (0, unset): every
-// operation queued on the compute stream (kernel, GEMM, memset, copy) is
-// timed on the GPU between two CUDA events, and Profile sums the times by
-// operation. It costs two event records per operation, so a profiled run
+// EnvProfile turns the backend's profiler on (1) or off (0, unset):
+// every operation queued on the compute stream (kernel, GEMM, memset,
+// copy) is timed on the GPU between two CUDA events, and Profile sums the
+// times by operation (Settings.Profile; a program reads the variable at
+// its start, internal/envconf.CUDA). It costs two event records per operation, so a profiled run
 // is for finding where the time goes, not for timing the whole.
 const EnvProfile = "GORUN_CUDA_PROFILE"
 
@@ -47,17 +47,6 @@ type mark struct {
 
 // collectEvery bounds the pairs kept before a collect that waits for them.
 const collectEvery = 1 << 14
-
-func profileOn() (bool, error) {
-	switch v := os.Getenv(EnvProfile); v {
-	case "", "0":
-		return false, nil
-	case "1":
-		return true, nil
-	default:
-		return false, fmt.Errorf("cuda: %s=%q: want 1 (time every operation on the GPU) or 0", EnvProfile, v)
-	}
-}
 
 func (p *profiler) event() uintptr {
 	if n := len(p.spare); n > 0 {

@@ -1,7 +1,6 @@
 package device
 
 import (
-	"os"
 	"strings"
 	"testing"
 
@@ -9,14 +8,14 @@ import (
 )
 
 // TestOpenCPUSgemmKernel: --device cpu runs the SGEMM micro-kernel that
-// GORUN_SGEMM_KERNEL names and says which in the log text; a name the CPU
-// cannot run is one error naming the variable; unset, the best kernel.
+// Settings.SgemmKernel (GORUN_SGEMM_KERNEL) names and says which in the
+// log text; a name the CPU cannot run is one error naming the variable;
+// empty, the kernel chosen before.
 func TestOpenCPUSgemmKernel(t *testing.T) {
 	defer cpu.SetSgemmKernel(cpu.SgemmKernel())
 	kernels := cpu.SgemmKernels()
 	for _, name := range kernels {
-		t.Setenv(cpu.EnvSgemmKernel, name)
-		be, why, err := Open("cpu")
+		be, why, err := Open("cpu", Settings{SgemmKernel: name})
 		if err != nil {
 			t.Fatalf("%s=%s: %v", cpu.EnvSgemmKernel, name, err)
 		}
@@ -31,18 +30,19 @@ func TestOpenCPUSgemmKernel(t *testing.T) {
 		}
 	}
 
-	t.Setenv(cpu.EnvSgemmKernel, "sse9")
-	_, _, err := Open("cpu")
+	_, _, err := Open("cpu", Settings{SgemmKernel: "sse9"})
 	if want := cpu.EnvSgemmKernel + `=sse9: sgemm: kernel "sse9" not available on this CPU`; err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("bad kernel name: %v, want %q...", err, want)
 	}
 
-	os.Unsetenv(cpu.EnvSgemmKernel) // t.Setenv restores it after the test
 	cpu.SetSgemmKernel("go")
-	if _, why, err := Open("cpu"); err != nil || cpu.SgemmKernel() != "go" || !strings.Contains(why, "micro-kernel go") {
-		t.Errorf("unset variable: the kernel chosen before must stay (%q, %v)", why, err)
+	if _, why, err := Open("cpu", Settings{}); err != nil || cpu.SgemmKernel() != "go" || !strings.Contains(why, "micro-kernel go") {
+		t.Errorf("no kernel named: the kernel chosen before must stay (%q, %v)", why, err)
 	}
-	if _, _, err := Open("tpu"); err == nil || err.Error() != `unknown --device "tpu" (want auto, cpu or cuda)` {
+	if _, why, err := Open("cpu", Settings{SgemmKernel: "auto"}); err != nil || cpu.SgemmKernel() != kernels[0] || !strings.Contains(why, "micro-kernel "+kernels[0]) {
+		t.Errorf("auto: the best kernel, %s (%q, %v)", kernels[0], why, err)
+	}
+	if _, _, err := Open("tpu", Settings{}); err == nil || err.Error() != `unknown --device "tpu" (want auto, cpu or cuda)` {
 		t.Errorf("Open(tpu): %v", err)
 	}
 }

@@ -20,7 +20,6 @@ import (
 
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/testenv"
-	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/transformer"
 )
@@ -575,7 +574,7 @@ func runHosts(t *testing.T, hosts []string, opts func(r int) Options) ([]string,
 			defer wg.Done()
 			id := rank.Identity{Rank: r, Size: n, LocalRank: r, LocalSize: n, Rendezvous: rdv, JobID: "cache-test",
 				Secret: secret, Launcher: "torchrun", ServeRendezvous: r == 0, Host: hosts[r]}
-			errs[r] = run(ctx, opt[r], &bufs[r], id, device.Open)
+			errs[r] = run(ctx, opt[r], &bufs[r], id, openDefault)
 		}()
 	}
 	wg.Wait()

@@ -14,7 +14,6 @@ import (
 	"github.com/gorun/gorun/fusion/fusiontest"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
-	"github.com/gorun/gorun/kernels/device"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/transformer"
 )
@@ -44,7 +43,7 @@ func modelSum(t *testing.T, ck string) string {
 // double). The per-step PowerSGD figures are logged from step 2 on.
 func TestPowerSGDResumeExact(t *testing.T) {
 	defer cpu.SetThreads(cpu.SetThreads(1))
-	onCPU := func(int) func(string) (kernels.Backend, string, error) { return device.Open }
+	onCPU := func(int) func(string) (kernels.Backend, string, error) { return openDefault }
 	var doubles [2]*fusiontest.StagedCPU
 	staged := func(r int) func(string) (kernels.Backend, string, error) {
 		return func(spec string) (kernels.Backend, string, error) {
@@ -109,7 +108,7 @@ func TestPowerSGDResumeExact(t *testing.T) {
 // rank's own) and Q kept, in one line.
 func TestPowerSGDResumeOtherRanks(t *testing.T) {
 	defer cpu.SetThreads(cpu.SetThreads(1))
-	onCPU := func(int) func(string) (kernels.Backend, string, error) { return device.Open }
+	onCPU := func(int) func(string) (kernels.Backend, string, error) { return openDefault }
 	dir := t.TempDir()
 	args := append(append([]string{}, psgdArgs...), "--checkpoint-every", "3", "--run-dir", dir)
 	runRanks(t, 2, optionsFor(t, append(args, "--max-steps", "3")...), onCPU)

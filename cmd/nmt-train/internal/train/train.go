@@ -141,7 +141,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (err error) {
 	if o.Collective, err = envconf.Collective(os.LookupEnv); err != nil {
 		return err
 	}
-	return run(ctx, o, out, id, device.Open)
+	dev, err := envconf.Device(os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	return run(ctx, o, out, id, func(spec string) (kernels.Backend, string, error) { return device.Open(spec, dev) })
 }
 
 // commConfig is the collectives' settings for a communicator over mesh:

@@ -84,6 +84,12 @@ func lossesOf(t *testing.T, dir string) map[int64]float64 {
 	return out
 }
 
+// openDefault is device.Open with the zero Settings (none read from the
+// environment): the tests' --device backend.
+func openDefault(spec string) (kernels.Backend, string, error) {
+	return device.Open(spec, device.Settings{})
+}
+
 // The device gradient path, forced on the CPU: a CPU backend wrapped in a
 // HostStaging test double (asynchronous copies completed later on another
 // goroutine) makes the trainer take every path a GPU takes — the
@@ -99,7 +105,7 @@ func TestDevicePathMatchesCPU(t *testing.T) {
 	base := []string{"--preset", "tiny", "--synthetic-lines", "2000", "--max-length", "24", "--batch-tokens", "1024",
 		"--learning-rate", "1", "--warmup-steps", "10", "--log-every", "1", "--eval-sentences", "0", "--eval-every", "0",
 		"--quiet", "--threads", "1", "--no-dropout", "--bucket-cap-mb", "0.25", "--first-bucket-mb", "0.05"}
-	onCPU := func(int) func(string) (kernels.Backend, string, error) { return device.Open }
+	onCPU := func(int) func(string) (kernels.Backend, string, error) { return openDefault }
 	var doubles [2]*fusiontest.StagedCPU
 	staged := func(r int) func(string) (kernels.Backend, string, error) {
 		return func(spec string) (kernels.Backend, string, error) {
