@@ -190,6 +190,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/cpu"
 )
 
 //go:embed csrc
@@ -212,16 +214,27 @@ const EnvCXX = "GORUN_CUDA_EMU_CXX"
 const EnvCache = "GORUN_CUDA_EMU_CACHE"
 
 // cacheVersion changes when Build's output changes for the same inputs.
-const cacheVersion = "gorun-cuda-emu 1"
+const cacheVersion = "gorun-cuda-emu 2"
 
 // Compiler flags: modest optimisation (every `make test` may pay the
 // build); -fno-strict-aliasing because kernel code type-puns as nvcc
-// allows.
+// allows; a*b+c contracted into one FMA where the CPU has it, as nvcc
+// compiles kernels (--fmad=true), so that arithmetic which is exact only
+// without contraction fails here as on a GPU (LayerNormBackward's
+// dy*g - mean did on an H200).
 var (
 	commonFlags = []string{"-std=c++20", "-O2", "-g0", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
 		"-Wl,--version-script=exports.map", "-Wl,-z,defs"}
-	kernelFlags = []string{"-fno-strict-aliasing"}
+	kernelFlags = fmaFlags([]string{"-fno-strict-aliasing", "-ffp-contract=fast"})
 )
+
+// fmaFlags adds -mfma on an x86-64 CPU that has FMA.
+func fmaFlags(flags []string) []string {
+	if runtime.GOARCH == "amd64" && cpu.X86.HasFMA {
+		flags = append(flags, "-mfma")
+	}
+	return flags
+}
 
 // Kernel is one extern "C" __global__ function of a kernel file.
 type Kernel struct {

@@ -675,10 +675,14 @@ __device__ __forceinline__ void layernorm_bwd(A* dx, const A* dy, const A* x, co
     const float rs = rstd[row];
     const int t = threadIdx.x;
     const int bs = blockDim.x;
+    // dy*g is rounded once (__fmul_rn: never contracted into an FMA) and
+    // the same value enters the mean and the difference, so a row of one
+    // element gets dx = 0 exactly, as the CPU backend: contracted,
+    // dy*g - mean came out as dy*g's rounding error (found on an H200).
     float sdn = 0.0f, sdnn = 0.0f;
     for (int j = t; j < d; j += bs) {
         const float n = (ld(xr, j) - m) * rs;
-        const float dn = ld(dyr, j) * gamma[j];
+        const float dn = __fmul_rn(ld(dyr, j), gamma[j]);
         sdn += dn;
         sdnn += dn * n;
     }
@@ -687,7 +691,8 @@ __device__ __forceinline__ void layernorm_bwd(A* dx, const A* dy, const A* x, co
     sdnn /= (float)d;
     for (int j = t; j < d; j += bs) {
         const float n = (ld(xr, j) - m) * rs;
-        st(dxr, j, ld(dxr, j) + rs * (ld(dyr, j) * gamma[j] - sdn - n * sdnn));
+        const float dn = __fmul_rn(ld(dyr, j), gamma[j]);
+        st(dxr, j, ld(dxr, j) + rs * (dn - sdn - n * sdnn));
     }
 }
 

@@ -188,6 +188,14 @@ GORUN_EMU_CAS(unsigned long long)
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+// a product rounded on its own: never contracted into an FMA with what
+// follows (the emulator's kernels are compiled with FMA contraction on, as
+// nvcc compiles them; the empty asm keeps the rounded value)
+static inline float __fmul_rn(float a, float b) {
+    float r = a * b;
+    __asm__("" : "+m"(r));
+    return r;
+}
 static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 static inline int __float_as_int(float x) { return __gorun_emu_frombits<int>(__gorun_emu_tobits(x)); }
 static inline unsigned __float_as_uint(float x) { return __gorun_emu_frombits<unsigned>(__gorun_emu_tobits(x)); }
