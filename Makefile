@@ -35,10 +35,13 @@ vet:
 TESTSUM := $(GO) run ./internal/tools/testsummary
 test: ptx-check fmt-check vet build
 	CGO_ENABLED=1 $(GO) test -json -race -count=1 -timeout 15m $(RACE_PKGS) | $(TESTSUM)
-	$(GO) test -json -count=1 -timeout 20m $$($(GO) list ./... | grep -v -E '$(RACE_RE)' | grep -v /test/multihost) | $(TESTSUM)
+	$(GO) test -json -count=1 -timeout 20m $$($(GO) list ./... | grep -v -E '$(RACE_RE)' | grep -v -E '/test/(multihost|slurm)') | $(TESTSUM)
 	@# Hosts in network namespaces (root; skipped with a reason otherwise). Alone, because
 	@# one of them asserts >= 90 % of a shaped link's bandwidth, which CPU contention breaks.
 	$(GO) test -json -count=1 -timeout 10m ./test/multihost/... | $(TESTSUM)
+	@# A real Slurm (slurmctld, a slurmd and munged per test host; root, slurm-wlm and munge;
+	@# skipped with a reason otherwise), alone for the same reason.
+	$(GO) test -json -count=1 -timeout 10m ./test/slurm/... | $(TESTSUM)
 
 # The CUDA kernels (docs/cuda.md): nvcc from Debian's nvidia-cuda-toolkit 11.8, unpacked
 # into ~/.cache/gorun/cuda-11.8 (no system install); kernels.cu compiled to the committed
@@ -73,6 +76,15 @@ hosts-up:
 
 hosts-down:
 	test/hosts/down.sh
+
+# A real Slurm on test hosts (root; slurm-wlm and munge): slurmctld here, a slurmd per host.
+# HOSTS=2 make slurm-up; export SLURM_CONF=test/slurm/run/slurm.conf; sbatch examples/slurm/train.sbatch
+.PHONY: slurm-up slurm-down
+slurm-up:
+	test/slurm/up.sh
+
+slurm-down:
+	test/slurm/down.sh
 
 clean:
 	rm -rf $(BIN)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"os"
 	"strconv"
@@ -90,6 +91,10 @@ func fromEnv(get envGetter) (Identity, error) {
 		return id, err
 	}
 	id.Host = e.str(EnvHost)
+	if id.Host == "" && id.Launcher == "slurm" {
+		// the node's name as Slurm knows it (scontrol, sinfo), for messages
+		id.Host = e.str("SLURMD_NODENAME")
+	}
 	if id.Rendezvous, err = e.rendezvous(id); err != nil {
 		return id, err
 	}
@@ -147,12 +152,8 @@ func (e envReader) launcherJob(launcher string) launcherJob {
 		// Two steps of one allocation share SLURM_JOB_ID (and the first
 		// host's rendezvous port); the step tells them apart.
 		j := launcherJob{where: "SLURM_JOB_ID", id: e.str("SLURM_JOB_ID")}
-		step := e.str("SLURM_STEP_ID")
-		if step == "" {
-			step = e.str("SLURM_STEPID")
-		}
 		if j.id != "" {
-			j.key = j.id + "." + step
+			j.key = j.id + "." + e.slurmStep()
 		}
 		return j
 	case "torchrun":
@@ -235,13 +236,25 @@ func (e envReader) launcher() (Identity, error) {
 		}
 		ls, okLS, _ := e.num(s.lsz)
 		nr, _, _ := e.num(s.node)
-		if !okL {
-			lr = r
-		}
-		if !okLS || ls < 1 {
-			ls = n
+		switch {
+		case s.name == "torchrun" && !okL && !okLS:
+			// RANK and WORLD_SIZE alone: Kubeflow's PyTorchJob, one
+			// process a pod, so each is alone on its host
+			lr, ls = 0, 1
+		default:
+			if !okL {
+				lr = r
+			}
+			if !okLS || ls < 1 {
+				ls = n
+			}
 		}
 		id.LocalRank, id.LocalSize, id.NodeRank = lr, ls, nr
+		if s.name == "slurm" {
+			if id.LocalSize, err = e.slurmLocalSize(nr, okLS, ls, n); err != nil {
+				return id, err
+			}
+		}
 		found = true
 		break
 	}
@@ -281,12 +294,19 @@ func (e envReader) rendezvous(id Identity) (string, error) {
 		}
 		jid, _, _ := e.num("OMPI_MCA_ess_base_jobid")
 		addr = net.JoinHostPort(host, strconv.Itoa(openMPIPort(jid)))
-	case id.Launcher == "slurm" && e.str("SLURM_JOB_NODELIST") != "":
-		h, err := FirstSlurmHost(e.str("SLURM_JOB_NODELIST"))
+	case id.Launcher == "slurm" && e.slurmNodeList() != "":
+		// Task 0 of a step runs on the step's first node (srun's block and
+		// cyclic distributions); a step may run on fewer nodes than the job.
+		name := e.slurmNodeList()
+		h, err := FirstSlurmHost(e.str(name))
 		if err != nil {
-			return "", err
+			return "", fmt.Errorf("%s: %w", name, err)
 		}
-		addr = net.JoinHostPort(h, strconv.Itoa(DefaultRendezvousPort))
+		port := e.str("MASTER_PORT") // a script's own port, as for torchrun
+		if port == "" {
+			port = strconv.Itoa(slurmPort(e.str("SLURM_JOB_ID"), e.slurmStep()))
+		}
+		addr = net.JoinHostPort(h, port)
 	case id.Size == 1:
 		addr = ""
 	default:
@@ -356,36 +376,18 @@ func (e envReader) noJobID(id *Identity, job launcherJob) error {
 // FirstSlurmHost returns the first host of a Slurm node list such as
 // "node[01-04,07],gpu5" -> "node01".
 func FirstSlurmHost(list string) (string, error) {
-	list = strings.TrimSpace(list)
-	if list == "" {
-		return "", fmt.Errorf("SLURM_JOB_NODELIST is empty")
+	if strings.TrimSpace(list) == "" {
+		return "", fmt.Errorf("empty host list")
 	}
-	end := len(list)
-	depth := 0
-	for i, c := range list {
-		if c == '[' {
-			depth++
-		} else if c == ']' {
-			depth--
-		} else if c == ',' && depth == 0 {
-			end = i
-			break
-		}
+	first := strings.TrimSpace(splitTopLevel(list)[0])
+	if first == "" {
+		return "", fmt.Errorf("host list %q: empty host name", list)
 	}
-	first := list[:end]
-	open := strings.IndexByte(first, '[')
-	if open < 0 {
-		return first, nil
+	names, err := expandHostItem(first, maxSlurmNodes)
+	if err != nil {
+		return "", fmt.Errorf("host list %q: %w", list, err)
 	}
-	close := strings.IndexByte(first, ']')
-	if close < open {
-		return "", fmt.Errorf("SLURM_JOB_NODELIST %q: unbalanced brackets", list)
-	}
-	inner := first[open+1 : close]
-	if i := strings.IndexAny(inner, ",-"); i >= 0 {
-		inner = inner[:i]
-	}
-	return first[:open] + inner + first[close+1:], nil
+	return names[0], nil
 }
 
 // hnpHost is the IPv4 host of OpenMPI's mpirun from its contact URI,
@@ -405,3 +407,209 @@ func hnpHost(uri string) (string, error) {
 // from DefaultRendezvousPort on, by the job id, so that two jobs on one
 // host rarely meet.
 func openMPIPort(jobID int) int { return DefaultRendezvousPort + jobID%1000 }
+
+// slurmStep is the step id of a Slurm task ("" outside a step).
+func (e envReader) slurmStep() string {
+	if s := e.str("SLURM_STEP_ID"); s != "" {
+		return s
+	}
+	return e.str("SLURM_STEPID")
+}
+
+// slurmNodeList names the variable with the nodes of this Slurm step:
+// srun's SLURM_STEP_NODELIST, else the job's (SLURM_JOB_NODELIST, or the
+// older SLURM_NODELIST); "" when none is set.
+func (e envReader) slurmNodeList() string {
+	for _, name := range []string{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
+		if e.str(name) != "" {
+			return name
+		}
+	}
+	return ""
+}
+
+// slurmPort is the rendezvous port of a Slurm step: one of 1000 ports from
+// DefaultRendezvousPort on, by job and step, so that two steps of one
+// allocation, or two jobs whose first node is the same, rarely meet (the
+// port is bound by rank 0; a clash is one line naming the holder).
+// Without a job id, DefaultRendezvousPort.
+func slurmPort(job, step string) int {
+	if job == "" {
+		return DefaultRendezvousPort
+	}
+	h := fnv.New32a()
+	h.Write([]byte(job + "." + step))
+	return DefaultRendezvousPort + int(h.Sum32()%1000)
+}
+
+// slurmLocalSize is the number of tasks on this task's node. srun sets
+// SLURM_STEP_TASKS_PER_NODE and SLURM_TASKS_PER_NODE ("2(x3),1", one
+// count per node of the step, in SLURM_NODEID's order), and
+// SLURM_NTASKS_PER_NODE only when --ntasks-per-node was given, which the
+// last node need not reach; so the per-node lists come first.
+func (e envReader) slurmLocalSize(nodeID int, okNTasksPerNode bool, ntasksPerNode, size int) (int, error) {
+	for _, name := range []string{"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"} {
+		v := e.str(name)
+		if v == "" {
+			continue
+		}
+		counts, err := ParseSlurmTasksPerNode(v)
+		if err != nil {
+			return 0, fmt.Errorf("environment variable %s: %w", name, err)
+		}
+		if nodeID >= len(counts) {
+			return 0, fmt.Errorf("environment variable %s=%q has %d node(s), but SLURM_NODEID is %d", name, v, len(counts), nodeID)
+		}
+		return counts[nodeID], nil
+	}
+	if okNTasksPerNode && ntasksPerNode >= 1 {
+		return ntasksPerNode, nil
+	}
+	return size, nil
+}
+
+// maxSlurmNodes bounds what a Slurm node list or task count list may
+// expand to.
+const maxSlurmNodes = 1 << 16
+
+// ParseSlurmTasksPerNode reads Slurm's compressed counts, as in
+// SLURM_TASKS_PER_NODE and SLURM_JOB_CPUS_PER_NODE: "2(x3),1" is 2, 2, 2, 1.
+func ParseSlurmTasksPerNode(s string) ([]int, error) {
+	var out []int
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("empty: want counts like 2(x3),1")
+	}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		count, rep := part, "1"
+		if i := strings.IndexByte(part, '('); i >= 0 {
+			if !strings.HasSuffix(part, ")") || !strings.HasPrefix(part[i+1:], "x") {
+				return nil, fmt.Errorf("%q: %q is not N or N(xR)", s, part)
+			}
+			count, rep = part[:i], part[i+2:len(part)-1]
+		}
+		n, err1 := strconv.Atoi(count)
+		r, err2 := strconv.Atoi(rep)
+		if err1 != nil || err2 != nil || n < 1 || r < 1 || n > maxSlurmNodes {
+			return nil, fmt.Errorf("%q: %q is not N or N(xR) with N and R at least 1", s, part)
+		}
+		if len(out)+r > maxSlurmNodes {
+			return nil, fmt.Errorf("%q: more than %d nodes", s, maxSlurmNodes)
+		}
+		for ; r > 0; r-- {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// ExpandSlurmHostlist expands a Slurm host list such as
+// "node[01-04,07],gpu5" into node01, node02, node03, node04, node07, gpu5
+// (scontrol show hostnames): ranges keep the lower bound's zero padding, and
+// a name with several bracket groups ("r[1-2]n[1-2]") takes every
+// combination, in order.
+func ExpandSlurmHostlist(list string) ([]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, fmt.Errorf("empty host list")
+	}
+	var out []string
+	for _, item := range splitTopLevel(list) {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return nil, fmt.Errorf("host list %q: empty host name", list)
+		}
+		names, err := expandHostItem(item, maxSlurmNodes-len(out))
+		if err != nil {
+			return nil, fmt.Errorf("host list %q: %w", list, err)
+		}
+		out = append(out, names...)
+	}
+	return out, nil
+}
+
+// splitTopLevel splits s at the commas outside brackets.
+func splitTopLevel(s string) []string {
+	var parts []string
+	depth, start := 0, 0
+	for i, c := range s {
+		switch c {
+		case '[':
+			depth++
+		case ']':
+			depth--
+		case ',':
+			if depth == 0 {
+				parts = append(parts, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(parts, s[start:])
+}
+
+// expandHostItem expands one name with bracket groups, at most limit names.
+func expandHostItem(item string, limit int) ([]string, error) {
+	open := strings.IndexByte(item, '[')
+	if open < 0 {
+		if strings.ContainsAny(item, "]") {
+			return nil, fmt.Errorf("%q: ']' without '['", item)
+		}
+		return []string{item}, nil
+	}
+	end := strings.IndexByte(item[open:], ']')
+	if end < 0 {
+		return nil, fmt.Errorf("%q: '[' without ']'", item)
+	}
+	end += open
+	inner := item[open+1 : end]
+	if strings.ContainsAny(inner, "[") || strings.ContainsAny(item[:open], "]") {
+		return nil, fmt.Errorf("%q: unbalanced brackets", item)
+	}
+	prefix := item[:open]
+	rest, err := expandHostItem(item[end+1:], limit)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range strings.Split(inner, ",") {
+		lo, hi, isRange := strings.Cut(r, "-")
+		if !isDigits(lo) || (isRange && !isDigits(hi)) {
+			return nil, fmt.Errorf("%q: [%s]: %q is not a number or a range N-M", item, inner, r)
+		}
+		a, err1 := strconv.ParseUint(lo, 10, 32)
+		b := a
+		var err2 error
+		if isRange {
+			b, err2 = strconv.ParseUint(hi, 10, 32)
+		}
+		if err1 != nil || err2 != nil || b < a {
+			return nil, fmt.Errorf("%q: [%s]: %q is not a range from low to high", item, inner, r)
+		}
+		if uint64(len(out))+(b-a+1)*uint64(len(rest)) > uint64(limit) {
+			return nil, fmt.Errorf("%q: more than %d hosts", item, maxSlurmNodes)
+		}
+		width := 0
+		if len(lo) > 1 && lo[0] == '0' {
+			width = len(lo)
+		}
+		for n := a; n <= b; n++ {
+			num := fmt.Sprintf("%0*d", width, n)
+			for _, tail := range rest {
+				out = append(out, prefix+num+tail)
+			}
+		}
+	}
+	return out, nil
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}

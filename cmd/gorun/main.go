@@ -187,6 +187,23 @@ func config(c *cli.Context) (mpirun.Config, error) {
 		}
 		cfg.Hosts = hosts
 	}
+	if hf == "" && len(hl) == 0 {
+		// Inside a Slurm allocation (salloc, a batch script) the hosts and
+		// slots are the allocation's, as with OpenMPI's mpirun; remote ranks
+		// start with srun unless ssh or a launch agent is asked for.
+		alloc, ok, err := mpirun.SlurmHosts(os.LookupEnv)
+		if err != nil {
+			return cfg, err
+		}
+		if ok {
+			cfg.Hosts = alloc.Hosts
+			srun := !c.IsSet("launch-agent") && !c.IsSet("ssh-args") && !c.IsSet("ssh-identity") && !c.IsSet("ssh-port")
+			if srun {
+				cfg.LaunchAgent = mpirun.SlurmLaunchAgent
+			}
+			fmt.Fprintln(c.App.ErrWriter, "gorun: "+alloc.Line(srun))
+		}
+	}
 	cfg.Oversubscribe = c.Bool("oversubscribe")
 	cfg.PerNode = c.Int("npernode")
 	if c.IsSet("npernode") && cfg.PerNode < 1 {
@@ -198,7 +215,9 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	cfg.SSHPort = c.Int("ssh-port")
 	cfg.SSHIdentity = c.String("ssh-identity")
 	cfg.SSHArgs = c.String("ssh-args")
-	cfg.LaunchAgent = c.String("launch-agent")
+	if c.IsSet("launch-agent") || cfg.LaunchAgent == "" {
+		cfg.LaunchAgent = c.String("launch-agent")
+	}
 	cfg.RemoteGorun = c.String("remote-gorun")
 	cfg.Iface = c.String("iface")
 	cfg.RendezvousAddr = c.String("rendezvous-addr")

@@ -54,9 +54,9 @@ func TestMPIJobLauncherOverSSH(t *testing.T) {
 // Kubeflow's PyTorchJob on the test hosts: one of gorun's ranks started
 // directly on each host, as the operator starts one per pod, with the
 // operator's MASTER_ADDR (the master's address), MASTER_PORT, WORLD_SIZE
-// and RANK and what examples/kubeflow/pytorchjob.yaml adds (GORUN_SECRET,
-// LOCAL_RANK, LOCAL_WORLD_SIZE): rank 0 serves the rendezvous on
-// MASTER_PORT, and the two pass the ring.
+// and RANK and what examples/kubeflow/pytorchjob.yaml adds (GORUN_SECRET;
+// no LOCAL_RANK: each takes itself as alone on its host): rank 0 serves the
+// rendezvous on MASTER_PORT, and the two pass the ring.
 func TestPyTorchJobPodsOnHosts(t *testing.T) {
 	e := need(t)
 	secret := strings.Repeat("5e", 32)
@@ -69,7 +69,7 @@ func TestPyTorchJobPodsOnHosts(t *testing.T) {
 			defer wg.Done()
 			c := exec.Command("ip", "netns", "exec", e.ns(i+1), "env", "-i", "PATH=/usr/bin:/bin",
 				"PYTHONUNBUFFERED=0", "MASTER_ADDR="+e.ips[0], "MASTER_PORT=23456", "WORLD_SIZE=2", fmt.Sprintf("RANK=%d", i),
-				"GORUN_SECRET="+secret, "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", e.ring, "-timeout", "40s")
+				"GORUN_SECRET="+secret, e.ring, "-timeout", "40s")
 			var b bytes.Buffer
 			c.Stdout, c.Stderr = &b, &b
 			err := c.Run()
