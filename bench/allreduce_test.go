@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // arGroup is np ranks (goroutines with their own endpoints on loopback)
@@ -23,7 +24,7 @@ func newARGroup(b *testing.B, np int, opt rank.Options) *arGroup {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	opt.Timeout = 120 * time.Second
-	ts, err := rank.LoopbackGroup(ctx, np, opt)
+	ts, err := loopback(ctx, np, opt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func (g *arGroup) close() {
 	for _, c := range g.comms {
 		c.Close()
 	}
-	rank.CloseAll(g.ts)
+	ranktest.CloseAll(g.ts)
 }
 
 // run does iters allreduces of bytes (float32 data, sum) on every rank.

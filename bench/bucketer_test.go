@@ -14,6 +14,7 @@ import (
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -90,7 +91,7 @@ func BenchmarkBucketer(b *testing.B) {
 	}
 	for _, np := range []int{2, 4} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		ts, err := rank.LoopbackGroup(ctx, np, rank.Options{Timeout: 120 * time.Second, Transport: os.Getenv("GORUN_BENCH_TRANSPORT")})
+		ts, err := loopback(ctx, np, rank.Options{Timeout: 120 * time.Second, Transport: os.Getenv("GORUN_BENCH_TRANSPORT")})
 		cancel()
 		if err != nil {
 			b.Fatal(err)
@@ -108,7 +109,7 @@ func BenchmarkBucketer(b *testing.B) {
 				benchBucketer(b, ts, ps, grads, comp, nsPer)
 			})
 		}
-		rank.CloseAll(ts)
+		ranktest.CloseAll(ts)
 	}
 }
 

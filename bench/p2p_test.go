@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 func pair(b *testing.B, opt rank.Options) []rank.Transport {
@@ -17,7 +18,7 @@ func pair(b *testing.B, opt rank.Options) []rank.Transport {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	opt.Timeout = 60 * time.Second
-	g, err := rank.LoopbackGroup(ctx, 2, opt)
+	g, err := loopback(ctx, 2, opt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func BenchmarkP2P(b *testing.B) {
 	for _, c := range cfgs {
 		g := pair(b, c.opt)
 		benchPair(b, c.name, g, false)
-		rank.CloseAll(g)
+		ranktest.CloseAll(g)
 	}
 }
 

@@ -3,12 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // BenchmarkP2PShm is BenchmarkP2P over the shared-memory lanes that ranks on
@@ -22,21 +22,19 @@ import (
 func BenchmarkP2PShm(b *testing.B) {
 	for _, c := range []struct {
 		nch int
-		cma bool // GORUN_SHM_CMA=1: single copy (process_vm_readv) from 64 KiB
+		cma bool // Options.SingleCopy (GORUN_SHM_CMA=1): process_vm_readv from 64 KiB
 	}{{1, false}, {2, false}, {1, true}} {
 		nch := c.nch
 		name := fmt.Sprintf("shm-ch%d", nch)
 		if c.cma {
 			name = fmt.Sprintf("shm-cma-ch%d", nch)
-			os.Setenv("GORUN_SHM_CMA", "1") // read once, at the handshake
 		}
-		g := pair(b, rank.Options{SharedMemory: "on", Channels: nch})
-		os.Unsetenv("GORUN_SHM_CMA")
+		g := pair(b, rank.Options{SharedMemory: "on", Channels: nch, SingleCopy: c.cma})
 		if tr := g[0].(*rank.Mesh).PeerTransport(1); tr != "shm" {
 			b.Fatalf("rank 0 reaches rank 1 over %s, not shared memory", tr)
 		}
 		benchPair(b, name, g, true) // real pages, not the shared zero page
-		rank.CloseAll(g)
+		ranktest.CloseAll(g)
 	}
 }
 
@@ -50,21 +48,16 @@ func BenchmarkShmRing4(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		opt  rank.Options
-		env  string
 	}{
-		{"shm", rank.Options{SharedMemory: "on", Channels: 1}, "0"},
-		{"shm-cma", rank.Options{SharedMemory: "on", Channels: 1}, "1"},
-		{"quic", rank.Options{Transport: "quic", ConnsPerPeer: 1, Channels: 1}, ""},
-		{"tcp", rank.Options{Transport: "tcp", Channels: 1}, ""},
+		{"shm", rank.Options{SharedMemory: "on", Channels: 1}},
+		{"shm-cma", rank.Options{SharedMemory: "on", Channels: 1, SingleCopy: true}},
+		{"quic", rank.Options{Transport: "quic", ConnsPerPeer: 1, Channels: 1}},
+		{"tcp", rank.Options{Transport: "tcp", Channels: 1}},
 	} {
-		if c.env != "" {
-			os.Setenv("GORUN_SHM_CMA", c.env)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		c.opt.Timeout = 60 * time.Second
-		g, err := rank.LoopbackGroup(ctx, n, c.opt)
+		g, err := loopback(ctx, n, c.opt)
 		cancel()
-		os.Unsetenv("GORUN_SHM_CMA")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -103,6 +96,6 @@ func BenchmarkShmRing4(b *testing.B) {
 				b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 			})
 		}
-		rank.CloseAll(g)
+		ranktest.CloseAll(g)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // lengths returns the awkward lengths for world size n: empty, shorter
@@ -160,7 +161,7 @@ func TestAllreduceProperty(t *testing.T) {
 			}
 			// 3 channels: an odd number, so chunk parts and the two trees
 			// are uneven; 64-byte slices: many slices and slice groups.
-			checkAllreduceInts(t, rank.NewLocalGroup(n, 3), Config{SliceBytes: 64}, cases)
+			checkAllreduceInts(t, ranktest.InMemory(n, 3), Config{SliceBytes: 64}, cases)
 		})
 	}
 }
@@ -187,7 +188,7 @@ func TestAllreduceLarge(t *testing.T) {
 		{count: DirectLimit / 4, op: Average, v: variant{Float32, Float32}, algo: Direct, inPlace: true},
 		{count: DirectLimit/2 + 1, op: Sum, v: variant{Float32, BFloat16}, algo: Auto},
 	}
-	checkAllreduceInts(t, rank.NewLocalGroup(3, 2), Config{}, cases)
+	checkAllreduceInts(t, ranktest.InMemory(3, 2), Config{}, cases)
 }
 
 // TestAllreduceRandomTolerance: random real values, against a float64
@@ -222,7 +223,7 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 				}
 			}
 			results := make([][][]byte, n)
-			errs := group(rank.NewLocalGroup(n, 2), Config{SliceBytes: 256}, func(c *Communicator) error {
+			errs := group(ranktest.InMemory(n, 2), Config{SliceBytes: 256}, func(c *Communicator) error {
 				for _, k := range cases {
 					buf := makeBuf(k.v.dt, inputs[c.Rank()])
 					var o []CallOption
@@ -295,12 +296,12 @@ func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 		for np := 2; np <= 4; np++ {
 			for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
 				for count := 1; count <= 4; count++ {
-					ts := rank.NewLocalGroup(np, 2)
+					ts := ranktest.InMemory(np, 2)
 					errs := group(ts, Config{Timeout: 20 * time.Second}, func(c *Communicator) error {
 						buf := make([]float32, count)
 						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), Float32, Sum, WithWire(Float16), WithAlgorithm(algo))
 					})
-					rank.CloseAll(ts)
+					ranktest.CloseAll(ts)
 					if err := firstErr(errs); err != nil {
 						t.Fatalf("np %d, %v, %d elements: %v", np, algo, count, err)
 					}
@@ -355,7 +356,7 @@ func countChannels(ts []rank.Transport) ([]rank.Transport, []*chanCount) {
 // Config.Channels above the transport's channels is cut down to them.
 func TestSeveralChannels(t *testing.T) {
 	const count = 150_001 // 600 KB of float32: more than 3 x 64 KiB
-	ts, cs := countChannels(rank.NewLocalGroup(3, 3))
+	ts, cs := countChannels(ranktest.InMemory(3, 3))
 	var cases []arCase
 	for i, a := range []Algorithm{Ring, HalvingDoubling, RecursiveDoubling} {
 		cases = append(cases, arCase{count: count, op: Sum, v: variants[0], algo: a, inPlace: i%2 == 0},
@@ -417,7 +418,7 @@ func TestSeveralChannels(t *testing.T) {
 		t.Fatal(err)
 	}
 	// more channels asked for than the transport has: its 2 are used
-	two := rank.NewLocalGroup(3, 2)
+	two := ranktest.InMemory(3, 2)
 	errs = group(two, Config{Channels: 8}, func(c *Communicator) error {
 		if c.cfg.Channels != 2 {
 			return fmt.Errorf("Config.Channels 8 on a transport of 2 channels: the communicator uses %d", c.cfg.Channels)

@@ -8,7 +8,7 @@ import (
 
 	"gonum.org/v1/gonum/blas/blas32"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // BenchmarkLocalAllreduce measures the collective's own cost (scheduling,
@@ -18,7 +18,7 @@ func BenchmarkLocalAllreduce(b *testing.B) {
 		for _, size := range []int{4 << 10, 1 << 20, 16 << 20} {
 			for _, a := range []Algorithm{Ring, Tree, HalvingDoubling} {
 				b.Run(fmt.Sprintf("np%d/%s/%dKiB", np, a, size>>10), func(b *testing.B) {
-					ts := rank.NewLocalGroup(np, 2)
+					ts := ranktest.InMemory(np, 2)
 					comms := make([]*Communicator, np)
 					for r := range comms {
 						comms[r], _ = New(ts[r], Config{})

@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // TestConfigAlgorithm: Config.Algorithm forces the algorithm of Auto
 // calls (seen in the call each rank makes, so a rank with another value
 // is a mismatch), and settings out of range are refused by New.
 func TestConfigAlgorithm(t *testing.T) {
-	c, err := New(rank.NewLocalGroup(1, 1)[0], Config{Algorithm: Tree})
+	c, err := New(ranktest.InMemory(1, 1)[0], Config{Algorithm: Tree})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,10 +20,10 @@ func TestConfigAlgorithm(t *testing.T) {
 		t.Errorf("Algorithm Tree gave %v", c.cfg.Algorithm)
 	}
 	c.Close()
-	if _, err := New(rank.NewLocalGroup(1, 1)[0], Config{SliceBytes: 8}); err == nil || !strings.Contains(err.Error(), "slice") {
+	if _, err := New(ranktest.InMemory(1, 1)[0], Config{SliceBytes: 8}); err == nil || !strings.Contains(err.Error(), "slice") {
 		t.Errorf("SliceBytes 8: want an error naming the slice, got %v", err)
 	}
-	c, err = New(rank.NewLocalGroup(1, 1)[0], Config{Algorithm: Direct})
+	c, err = New(ranktest.InMemory(1, 1)[0], Config{Algorithm: Direct})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestConfigAlgorithm(t *testing.T) {
 			c.AlgorithmFor(Auto, DirectLimit), DirectLimit, c.AlgorithmFor(Auto, DirectLimit+1))
 	}
 	c.Close()
-	c, err = New(rank.NewLocalGroup(1, 1)[0], Config{Algorithm: HalvingDoubling})
+	c, err = New(ranktest.InMemory(1, 1)[0], Config{Algorithm: HalvingDoubling})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,12 +40,12 @@ func TestConfigAlgorithm(t *testing.T) {
 		t.Errorf("Algorithm HalvingDoubling gave %v", c.cfg.Algorithm)
 	}
 	c.Close()
-	if _, err := New(rank.NewLocalGroup(1, 1)[0], Config{Model: CostModel{RingGBs: 1, TreeGBs: 1, DirectMaxBytes: DirectLimit + 1}}); err == nil ||
+	if _, err := New(ranktest.InMemory(1, 1)[0], Config{Model: CostModel{RingGBs: 1, TreeGBs: 1, DirectMaxBytes: DirectLimit + 1}}); err == nil ||
 		!strings.Contains(err.Error(), "DirectMaxBytes") {
 		t.Errorf("DirectMaxBytes above DirectLimit: want an error naming it, got %v", err)
 	}
 	// a rank with another Algorithm (GORUN_ALLREDUCE) than the others: a mismatch naming the algorithm
-	ts := rank.NewLocalGroup(3, 2)
+	ts := ranktest.InMemory(3, 2)
 	for _, cfgs := range [][]Config{{{Algorithm: Ring}, {Algorithm: Tree}, {Algorithm: Ring}},
 		{{Algorithm: Tree}, {Algorithm: Direct}, {Algorithm: Tree}},
 		{{Algorithm: HalvingDoubling}, {Algorithm: HalvingDoubling}, {Algorithm: Ring}}} {
@@ -57,6 +57,6 @@ func TestConfigAlgorithm(t *testing.T) {
 				t.Errorf("%v: rank %d: want an algorithm mismatch, got %v", cfgs, r, err)
 			}
 		}
-		ts = rank.NewLocalGroup(3, 2)
+		ts = ranktest.InMemory(3, 2)
 	}
 }

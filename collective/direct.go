@@ -24,7 +24,7 @@ import "context"
 // which needs q's message of k-1, which q sent only after finishing k-2,
 // which needed A's message of k-2. So at most two direct messages (k-1
 // and k) from A are unread on a link, and Send blocks only when the link
-// cannot buffer them: the local group buffers 16 messages per lane, the
+// cannot buffer them: ranktest.InMemory buffers 16 messages per lane, the
 // shared-memory ring 1 MiB per channel and direction, TCP lanes ask for
 // 4 MiB socket buffers (the kernel grants twice the smaller of that and
 // net.core.wmem_max, 416 KiB by default, and as much again at the

@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"testing"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // TestRecursiveDoublingPlan simulates the plan on every world size 1..16
@@ -73,7 +73,7 @@ func TestRecursiveDoublingSameBits(t *testing.T) {
 	nans := []uint32{0x7fc0_1234, 0xffc0_0042, 0x7fc0_0777, 0xffc0_5555}
 	for _, n := range []int{2, 3, 4} {
 		for _, v := range []variant{{Float32, Float32}, {Float32, Float16}, {BFloat16, BFloat16}} {
-			ts := rank.NewLocalGroup(n, 2)
+			ts := ranktest.InMemory(n, 2)
 			out := make([][]byte, n)
 			errs := group(ts, Config{SliceBytes: 512}, func(c *Communicator) error {
 				r := c.t.Rank()
@@ -96,7 +96,7 @@ func TestRecursiveDoublingSameBits(t *testing.T) {
 			if err := firstErr(errs); err != nil {
 				t.Fatal(err)
 			}
-			rank.CloseAll(ts)
+			ranktest.CloseAll(ts)
 			for r := 1; r < n; r++ {
 				if string(out[r]) != string(out[0]) {
 					t.Fatalf("n=%d %v: rank %d's result differs from rank 0's", n, v, r)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // names reports whether err blames rank r: a mismatch with r, an abort
@@ -201,7 +202,7 @@ func TestMismatch(t *testing.T) {
 	for _, k := range cases {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
-			ts := rank.NewLocalGroup(4, 2)
+			ts := ranktest.InMemory(4, 2)
 			cfgs := make([]Config, 4)
 			switch k.name {
 			case "settings":
@@ -257,7 +258,7 @@ func TestPeerClosed(t *testing.T) {
 			if a == Direct {
 				size = 4000
 			}
-			ts := rank.NewLocalGroup(4, 2)
+			ts := ranktest.InMemory(4, 2)
 			errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
 				if c.Rank() == 3 {
 					return c.Transport().Close()
@@ -286,7 +287,7 @@ func TestDeadline(t *testing.T) {
 		viaCfg := k.viaCfg
 		t.Run(fmt.Sprint("config-timeout=", viaCfg, "/", k.algo), func(t *testing.T) {
 			t.Parallel()
-			ts := rank.NewLocalGroup(3, 2)
+			ts := ranktest.InMemory(3, 2)
 			cfg := Config{}
 			if viaCfg {
 				cfg.Timeout = 300 * time.Millisecond
@@ -334,7 +335,7 @@ func TestDeadline(t *testing.T) {
 // still takes its turn and aborts the others, who would otherwise wait for
 // it until their timeout.
 func TestInvalidArguments(t *testing.T) {
-	ts := rank.NewLocalGroup(4, 2)
+	ts := ranktest.InMemory(4, 2)
 	errs := timed(t, ts, Config{}, 10*time.Second, func(c *Communicator) error {
 		recv := make([]byte, 4000)
 		send := recv
@@ -402,7 +403,7 @@ func TestInvalidArgumentsEveryCollective(t *testing.T) {
 		}},
 	} {
 		t.Run(k.name, func(t *testing.T) {
-			errs := timed(t, rank.NewLocalGroup(n, 2), Config{}, 10*time.Second, k.call)
+			errs := timed(t, ranktest.InMemory(n, 2), Config{}, 10*time.Second, k.call)
 			for r, err := range errs {
 				if err == nil || !strings.Contains(err.Error(), k.want) {
 					t.Errorf("rank %d: want an error saying %q, got %v", r, k.want, err)

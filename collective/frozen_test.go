@@ -57,7 +57,11 @@ func frozenChild() error {
 	if err != nil {
 		return err
 	}
-	m, err := rank.Connect(context.Background(), id, rank.Options{}) // GORUN_TIMEOUT, GORUN_SHM
+	// GORUN_TIMEOUT and GORUN_SHM from the parent, as a program's edge
+	// reads them (internal/envconf.Mesh, which imports this package)
+	opt := rank.Options{SharedMemory: os.Getenv(rank.EnvShm)}
+	opt.Timeout, _ = time.ParseDuration(os.Getenv(rank.EnvTimeout))
+	m, err := rank.Connect(context.Background(), id, opt)
 	if err != nil {
 		return err
 	}

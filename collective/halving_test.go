@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"testing"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // hdSim executes the plans (hdPlanFor or rdPlanFor) of every rank of a
@@ -220,8 +220,8 @@ func TestHalvingDoublingBytes(t *testing.T) {
 // returns the bytes each rank's plan sends.
 func checkPlanBytes(t *testing.T, a Algorithm, planFor func(rank, world, count int) hdPlan, n, count int, v variant) []uint64 {
 	t.Helper()
-	ts := rank.NewLocalGroup(n, 2)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(n, 2)
+	defer ranktest.CloseAll(ts)
 	errs := group(ts, Config{SliceBytes: 1024}, func(c *Communicator) error {
 		buf := make([]byte, count*v.dt.Size())
 		o := []CallOption{WithAlgorithm(a)}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // hostsTransport gives an in-process transport a host per rank, as
@@ -70,7 +71,7 @@ func TestHierarchicalAllreduce(t *testing.T) {
 					}
 				}
 			}
-			ts := withHosts(rank.NewLocalGroup(n, 2), hosts...)
+			ts := withHosts(ranktest.InMemory(n, 2), hosts...)
 			checkAllreduceInts(t, ts, Config{SliceBytes: 64}, cases)
 			for r, tr := range ts {
 				h := newHier(hosts, r)
@@ -95,7 +96,7 @@ func TestHierarchicalAllreduce(t *testing.T) {
 // blamed by name, though the phases talk to host-mates and to one rank per
 // other host only.
 func TestHierarchicalMismatch(t *testing.T) {
-	lengthMismatch(t, withHosts(rank.NewLocalGroup(6, 2), "a", "a", "a", "b", "b", "b"), 4)
+	lengthMismatch(t, withHosts(ranktest.InMemory(6, 2), "a", "a", "a", "b", "b", "b"), 4)
 }
 
 // lengthMismatch: rank culprit's allreduce is one element short; every
@@ -138,7 +139,7 @@ func TestSlicesByHost(t *testing.T) {
 		{[]string{"a", "a", "a"}, 0, LocalSliceBytes, LocalSliceBytes},
 		{[]string{"a", "a", "b", "b"}, 4096, 4096, 4096},
 	} {
-		ts := withHosts(rank.NewLocalGroup(len(c.hosts), 1), c.hosts...)
+		ts := withHosts(ranktest.InMemory(len(c.hosts), 1), c.hosts...)
 		var mu sync.Mutex
 		got := map[string]bool{}
 		errs := group(ts, Config{SliceBytes: c.cfg}, func(cm *Communicator) error {
@@ -152,7 +153,7 @@ func TestSlicesByHost(t *testing.T) {
 			t.Errorf("%v, SliceBytes %d: slices (flat, local) %v, want %s (%v)", c.hosts, c.cfg, got, want, err)
 		}
 	}
-	ts := withHosts(rank.NewLocalGroup(4, 1), "a", "a", "b", "b")
+	ts := withHosts(ranktest.InMemory(4, 1), "a", "a", "b", "b")
 	checkAllreduceInts(t, ts, Config{}, []arCase{
 		{count: 1<<20 + 3, op: Sum, v: variants[0], algo: Auto},
 		{count: 1<<20 + 3, op: Average, v: variants[1], algo: Ring, inPlace: true},

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // TreeLoad counted by hand from inorderTree and doubleTree:
@@ -90,7 +90,7 @@ func TestAutoAcrossHosts(t *testing.T) {
 	l := Link{Gbps: 10, StepUs: 100} // the tree below 500 kB, the ring above
 	comm := func(hosts []string, across Link) *Communicator {
 		t.Helper()
-		c, err := New(hostsTransport{rank.NewLocalGroup(len(hosts), 2)[0], hosts}, Config{Across: across})
+		c, err := New(hostsTransport{ranktest.InMemory(len(hosts), 2)[0], hosts}, Config{Across: across})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +146,7 @@ func TestAutoAcrossHosts(t *testing.T) {
 			t.Errorf("AutoBasis %q, want it to say %q", got, k.want)
 		}
 	}
-	ring, err := New(hostsTransport{rank.NewLocalGroup(3, 2)[0], []string{"a", "b", "c"}}, Config{Algorithm: Ring, Across: l})
+	ring, err := New(hostsTransport{ranktest.InMemory(3, 2)[0], []string{"a", "b", "c"}}, Config{Algorithm: Ring, Across: l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestAutoAcrossHosts(t *testing.T) {
 		t.Errorf("Algorithm Ring: AutoBasis %q", got)
 	}
 	for _, bad := range []Link{{Gbps: -1, StepUs: 1}, {StepUs: 100}, {Gbps: 1, CapGBs: -1}} {
-		if _, err := New(hostsTransport{rank.NewLocalGroup(2, 2)[0], []string{"a", "b"}}, Config{Across: bad}); err == nil {
+		if _, err := New(hostsTransport{ranktest.InMemory(2, 2)[0], []string{"a", "b"}}, Config{Across: bad}); err == nil {
 			t.Errorf("link %+v: New accepted it", bad)
 		}
 	}

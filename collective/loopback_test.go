@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // loopback returns n meshes over transport: "quic", "tcp", or "shm"
@@ -20,11 +21,11 @@ func loopback(t *testing.T, n int, transport string) []rank.Transport {
 	if transport == "shm" {
 		opt.Transport, opt.SharedMemory = "quic", "on"
 	}
-	ts, err := rank.LoopbackGroup(ctx, n, opt)
+	ts, err := ranktest.Loopback(ctx, n, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rank.CloseAll(ts) })
+	t.Cleanup(func() { ranktest.CloseAll(ts) })
 	return ts
 }
 

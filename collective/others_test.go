@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // pattern is rank r's deterministic test bytes.
@@ -26,7 +26,7 @@ func TestBroadcastEveryRoot(t *testing.T) {
 	for n := 1; n <= 8; n++ {
 		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
 			t.Parallel()
-			errs := group(rank.NewLocalGroup(n, 2), Config{SliceBytes: 256}, func(c *Communicator) error {
+			errs := group(ranktest.InMemory(n, 2), Config{SliceBytes: 256}, func(c *Communicator) error {
 				for root := 0; root < n; root++ {
 					for _, l := range byteLengths(n) {
 						if l < 0 {
@@ -57,7 +57,7 @@ func TestAllgather(t *testing.T) {
 	for n := 1; n <= 8; n++ {
 		t.Run(fmt.Sprint("N", n), func(t *testing.T) {
 			t.Parallel()
-			errs := group(rank.NewLocalGroup(n, 3), Config{SliceBytes: 128}, func(c *Communicator) error {
+			errs := group(ranktest.InMemory(n, 3), Config{SliceBytes: 128}, func(c *Communicator) error {
 				for _, l := range byteLengths(n) {
 					if l < 0 {
 						continue
@@ -104,7 +104,7 @@ func TestReduceScatter(t *testing.T) {
 				}
 			}
 			got := make([][][]byte, n)
-			errs := group(rank.NewLocalGroup(n, 2), Config{SliceBytes: 64}, func(c *Communicator) error {
+			errs := group(ranktest.InMemory(n, 2), Config{SliceBytes: 64}, func(c *Communicator) error {
 				for _, k := range cases {
 					vals := make([]float64, n*k.per)
 					for i := range vals {
@@ -165,7 +165,7 @@ func TestBarrier(t *testing.T) {
 			for i := range entered {
 				entered[i] = make(chan int, n)
 			}
-			errs := group(rank.NewLocalGroup(n, 2), Config{}, func(c *Communicator) error {
+			errs := group(ranktest.InMemory(n, 2), Config{}, func(c *Communicator) error {
 				for i := 0; i < rounds; i++ {
 					entered[i] <- c.Rank()
 					if err := c.Barrier(testCtx(t)); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // syncLinks wraps an in-process group so that a Send returns only once
@@ -29,7 +30,7 @@ func syncGroup(n, channels int) []rank.Transport {
 	l := &syncLinks{sent: map[[3]int]int{}, recvd: map[[3]int]int{}}
 	l.cond = sync.NewCond(&l.mu)
 	var ts []rank.Transport
-	for _, t := range rank.NewLocalGroup(n, channels) {
+	for _, t := range ranktest.InMemory(n, channels) {
 		ts = append(ts, &syncTransport{t, l})
 	}
 	return ts
@@ -99,7 +100,7 @@ func TestUnbufferedLinks(t *testing.T) {
 				if err := firstErr(errs); err != nil {
 					t.Fatalf("%v n=%d %v: %v", a, n, v, err)
 				}
-				rank.CloseAll(ts)
+				ranktest.CloseAll(ts)
 				if !intSumsMatch(out[0], v.dt, n, func(int) bool { return false }) {
 					t.Errorf("%v n=%d %v: wrong sums", a, n, v)
 				}

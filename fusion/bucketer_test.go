@@ -18,6 +18,7 @@ import (
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // bkOnRanks runs f on every rank of ts concurrently, each with its own
@@ -254,8 +255,8 @@ func TestBucketerMatchesPlainAllreduce(t *testing.T) {
 func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 	ps := bkOddParams()
 	n := bkTotalLen(ps)
-	ts := rank.NewLocalGroup(tc.np, 2)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(tc.np, 2)
+	defer ranktest.CloseAll(ts)
 	results := make([][]float32, tc.np)
 	refs := make([][]float32, tc.np)
 	nbs := make([]int, tc.np)
@@ -376,8 +377,8 @@ func checkMarkOrders(t *testing.T, mode gradMode) {
 	const np = 3
 	ps := bkOddParams()
 	n := bkTotalLen(ps)
-	ts := rank.NewLocalGroup(np, 2)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(np, 2)
+	defer ranktest.CloseAll(ts)
 	results := make([][]float32, np)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512})
@@ -453,8 +454,8 @@ func checkMarkOrders(t *testing.T, mode gradMode) {
 
 func TestBucketerUnmarkedParameterTimesOut(t *testing.T) {
 	ps := bkOddParams()
-	ts := rank.NewLocalGroup(2, 1)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(2, 1)
+	defer ranktest.CloseAll(ts)
 	start := time.Now()
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Timeout: 300 * time.Millisecond})
@@ -539,8 +540,8 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 		}, "the buckets are float32 data sent as 16 bits on rank 0 but 16-bit data staged from a device on rank 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := rank.NewLocalGroup(3, 1)
-			defer rank.CloseAll(ts)
+			ts := ranktest.InMemory(3, 1)
+			defer ranktest.CloseAll(ts)
 			errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 				cfg := BucketConfig{CapBytes: 4096, FirstCapBytes: 512}
 				ps := tc.edit(r, bkOddParams(), &cfg)
@@ -579,8 +580,8 @@ func checkPassesPerStep(t *testing.T, mode gradMode) {
 	const np, k = 2, 3
 	ps := bkOddParams()
 	n := bkTotalLen(ps)
-	ts := rank.NewLocalGroup(np, 1)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(np, 1)
+	defer ranktest.CloseAll(ts)
 	results := make([][]float32, np)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, BackwardPassesPerStep: k})
@@ -654,8 +655,8 @@ func TestBucketerOverflow(t *testing.T) {
 
 func checkOverflow(t *testing.T, mode gradMode) {
 	ps := bkOddParams()
-	ts := rank.NewLocalGroup(2, 1)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(2, 1)
+	defer ranktest.CloseAll(ts)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: CompressFP16, Average: true})
 		if err != nil {
@@ -792,8 +793,8 @@ func checkOverlap(t *testing.T, mode gradMode) {
 	for l := 0; l < layers; l++ {
 		ps = append(ps, ParamInfo{Name: fmt.Sprintf("layer_%d/w", l), Len: per}, ParamInfo{Name: fmt.Sprintf("layer_%d/b", l), Len: 16})
 	}
-	ts := rank.NewLocalGroup(2, 2)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(2, 2)
+	defer ranktest.CloseAll(ts)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4 * per, FirstCapBytes: 4 * per})
 		if err != nil {
@@ -846,8 +847,8 @@ func checkCycleTimeRebuild(t *testing.T, mode gradMode) {
 	for l := 0; l < layers; l++ {
 		ps = append(ps, ParamInfo{Name: fmt.Sprintf("l%d/w", l), Len: 100}, ParamInfo{Name: fmt.Sprintf("l%d/b", l), Len: 10})
 	}
-	ts := rank.NewLocalGroup(2, 1)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(2, 1)
+	defer ranktest.CloseAll(ts)
 	layouts := make([][]Bucket, 2)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		b, err := NewBucketer(c, ps, BucketConfig{CycleTime: 40 * time.Millisecond})
@@ -909,11 +910,11 @@ func checkQUIC(t *testing.T, mode gradMode) {
 	const np = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ts, err := rank.LoopbackGroup(ctx, np, rank.Options{})
+	ts, err := ranktest.Loopback(ctx, np, rank.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rank.CloseAll(ts)
+	defer ranktest.CloseAll(ts)
 	var ps []ParamInfo
 	for i := 0; i < 12; i++ {
 		ps = append(ps, ParamInfo{Name: fmt.Sprintf("p%d", i), Len: 20000 + 7*i})
@@ -1128,8 +1129,8 @@ func TestLayoutBoundaries(t *testing.T) {
 func TestBucketerMisuse(t *testing.T) {
 	ps := bkOddParams()
 	run := func(t *testing.T, marks []int, want string) {
-		ts := rank.NewLocalGroup(1, 1)
-		defer rank.CloseAll(ts)
+		ts := ranktest.InMemory(1, 1)
+		defer ranktest.CloseAll(ts)
 		bkNoErrs(t, bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Timeout: 2 * time.Second})
 			if err != nil {
@@ -1193,8 +1194,8 @@ func TestBucketerOverflowFromScale(t *testing.T) {
 	}{{modeFlat, CompressNone}, {modeDevice, CompressNone}, {modeDevice, CompressFP16}} {
 		t.Run(fmt.Sprintf("%v/%v", k.mode, k.comp), func(t *testing.T) {
 			ps := bkOddParams()
-			ts := rank.NewLocalGroup(2, 1)
-			defer rank.CloseAll(ts)
+			ts := ranktest.InMemory(2, 1)
+			defer ranktest.CloseAll(ts)
 			bkNoErrs(t, bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 				b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: k.comp})
 				if err != nil {

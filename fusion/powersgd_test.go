@@ -13,7 +13,7 @@ import (
 	"github.com/gorun/gorun/fusion/fusiontest"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // psgdParams: three matrices PowerSGD compresses at rank 2 (12x10,
@@ -73,8 +73,8 @@ func psgdJobScaled(t *testing.T, mode gradMode, np, steps int, ps []ParamInfo, c
 	for s := range res.out {
 		res.out[s], res.errs[s], res.q[s], res.stats[s] = make([][]float32, np), make([][]float32, np), make([][]float32, np), make([]StepStats, np)
 	}
-	ts := rank.NewLocalGroup(np, 1)
-	defer rank.CloseAll(ts)
+	ts := ranktest.InMemory(np, 1)
+	defer ranktest.CloseAll(ts)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 		cfg := cfg
 		ps := cfg.PowerSGD
@@ -532,8 +532,8 @@ func TestPowerSGDOverlap(t *testing.T) {
 				ps = append(ps, ParamInfo{Name: fmt.Sprintf("layer_%d/w", l), Len: rows * cols, Rows: rows, Cols: cols},
 					ParamInfo{Name: fmt.Sprintf("layer_%d/b", l), Len: cols})
 			}
-			ts := rank.NewLocalGroup(2, 2)
-			defer rank.CloseAll(ts)
+			ts := ranktest.InMemory(2, 2)
+			defer ranktest.CloseAll(ts)
 			errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 				pc := &PowerSGD{Rank: 2}
 				if mode == modeFlat {
@@ -673,8 +673,8 @@ func TestPowerSGDFingerprintMismatch(t *testing.T) {
 		}, `parameter 1 "l0/w" is a 12x10 matrix on rank 0 but 10x12 on rank 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := rank.NewLocalGroup(2, 1)
-			defer rank.CloseAll(ts)
+			ts := ranktest.InMemory(2, 1)
+			defer ranktest.CloseAll(ts)
 			errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 				pc := PowerSGD{Rank: 2, Backend: cpu.New()}
 				ps := tc.edit(r, psgdParams(), &pc)
@@ -706,8 +706,8 @@ func TestPowerSGDStateResumes(t *testing.T) {
 	ps := psgdParams()
 	for _, mode := range []gradMode{modeFlat, modeDevice} {
 		t.Run(mode.String(), func(t *testing.T) {
-			ts := rank.NewLocalGroup(2, 1)
-			defer rank.CloseAll(ts)
+			ts := ranktest.InMemory(2, 1)
+			defer ranktest.CloseAll(ts)
 			errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
 				run := func(steps int, from int, errs, q []float32) ([]float32, []float32, []float32, error) {
 					pc := PowerSGD{Rank: 2, StartStep: 1}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/metrics"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 // spanNames reads a trace file and returns, per pid, the spans as
@@ -66,8 +66,8 @@ func TestTimelineBucketerSpans(t *testing.T) {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			dir := t.TempDir()
 			ps := bkOddParams()
-			ts := rank.NewLocalGroup(2, 1)
-			defer rank.CloseAll(ts)
+			ts := ranktest.InMemory(2, 1)
+			defer ranktest.CloseAll(ts)
 			paths := []string{filepath.Join(dir, "rank0.json"), filepath.Join(dir, "rank1.json")}
 			nbs := make([]int, 2)
 			errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {

@@ -2,6 +2,7 @@ package mpirun
 
 import (
 	"bufio"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"syscall"
 	"time"
 )
+
+// Remote hosts: starting the agent on one (startHost), reading its frames
+// and complaints, its end, and the control channel on the agent's stdin.
 
 // remoteHost is gorun's side of one remote host: the ssh (or launch agent)
 // process that runs the remote agent, its control channel, and the ranks
@@ -87,7 +91,7 @@ func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, result
 	closeAll(ctlR, outW, errW)
 	if err != nil {
 		closeAll(ctlW, outR, errR)
-		return fail(fmt.Errorf("cannot start %s for %s on host %s: %v", argv[0], rankList(hs.ranks), hs.name, unwrapExec(err)))
+		return fail(fmt.Errorf("cannot start %s for %s on host %s: %w", argv[0], rankList(hs.ranks), hs.name, unwrapExec(err)))
 	}
 	h.cmd, h.pid = cmd, cmd.Process.Pid
 	rp.send("g", h.pid)
@@ -302,4 +306,70 @@ func (h *remoteHost) signal(rank int, sig syscall.Signal) {
 		return
 	}
 	h.ctl.send(fmt.Sprintf("s %d %d", rank, int(sig)))
+}
+
+// control is the launcher's end of a remote agent's stdin: lines go out in
+// order from one goroutine, so a stuck ssh never blocks the lifecycle.
+type control struct {
+	q    chan string
+	done chan struct{}
+	once sync.Once
+}
+
+func newControl(w io.WriteCloser) *control {
+	c := &control{q: make(chan string, 64), done: make(chan struct{})}
+	go func() {
+		defer w.Close()
+		write := func(l string) { _, _ = io.WriteString(w, l+"\n") }
+		for {
+			select {
+			case l := <-c.q:
+				write(l)
+			case <-c.done:
+				for {
+					select {
+					case l := <-c.q:
+						write(l)
+					default:
+						return
+					}
+				}
+			}
+		}
+	}()
+	return c
+}
+
+func (c *control) send(line string) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	select {
+	case c.q <- line:
+	case <-c.done:
+	}
+}
+
+func (c *control) close() { c.once.Do(func() { close(c.done) }) }
+
+func (c *control) forwardStdin(r io.Reader, rank int) {
+	buf := make([]byte, 32<<10)
+	rs := strconv.Itoa(rank)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			c.send("i " + rs + " " + base64.StdEncoding.EncodeToString(buf[:n]))
+		}
+		if err != nil {
+			c.send("e " + rs)
+			return
+		}
+		select {
+		case <-c.done:
+			return
+		default:
+		}
+	}
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/choice"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 func near(t *testing.T, what string, got, want float64) {
@@ -263,7 +265,7 @@ func TestAlgorithmIsAutos(t *testing.T) {
 		}
 		// the plan takes TLS/TCP on 10 Gbit/s (auto), at its cap
 		across := collective.Link{Gbps: 10, StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}
-		comm, err := collective.New(hosted{rank.NewLocalGroup(n, 2)[0], hosts}, collective.Config{Across: across})
+		comm, err := collective.New(hosted{ranktest.InMemory(n, 2)[0], hosts}, collective.Config{Across: across})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,11 +282,11 @@ func TestAlgorithmIsAutos(t *testing.T) {
 	// one host: the shm algorithm, over a real shared-memory group
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ts, err := rank.LoopbackGroup(ctx, 2, rank.Options{Transport: "quic", SharedMemory: "on", Timeout: 10 * time.Second})
+	ts, err := ranktest.Loopback(ctx, 2, rank.Options{Transport: "quic", SharedMemory: "on", Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rank.CloseAll(ts)
+	defer ranktest.CloseAll(ts)
 	comms := make([]*collective.Communicator, 2)
 	var wg sync.WaitGroup
 	for i := range ts {
@@ -332,13 +334,13 @@ func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []i
 // without a probe, the transport's cap alone.
 func TestAcrossFromTransportChoice(t *testing.T) {
 	for _, k := range []struct {
-		c    rank.TransportChoice
+		c    choice.Choice
 		want collective.Link
 	}{
-		{rank.TransportChoice{Transport: "tcp", Peer: 1, QUICGBs: 0.2, TCPGBs: 0.5}, collective.Link{Gbps: 4, StepUs: TLSTCP.StepUs}},
-		{rank.TransportChoice{Transport: "quic", Peer: 2, QUICGBs: 0.11, TCPGBs: 0.1}, collective.Link{Gbps: 0.88, StepUs: QUIC.StepUs}},
-		{rank.TransportChoice{Transport: "quic", Peer: -1}, collective.Link{StepUs: QUIC.StepUs, CapGBs: QUIC.CapGBs}},
-		{rank.TransportChoice{Transport: "tcp", Peer: -1}, collective.Link{StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}},
+		{choice.Choice{Transport: "tcp", Peer: 1, QUICGBs: 0.2, TCPGBs: 0.5}, collective.Link{Gbps: 4, StepUs: TLSTCP.StepUs}},
+		{choice.Choice{Transport: "quic", Peer: 2, QUICGBs: 0.11, TCPGBs: 0.1}, collective.Link{Gbps: 0.88, StepUs: QUIC.StepUs}},
+		{choice.Choice{Transport: "quic", Peer: -1}, collective.Link{StepUs: QUIC.StepUs, CapGBs: QUIC.CapGBs}},
+		{choice.Choice{Transport: "tcp", Peer: -1}, collective.Link{StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}},
 	} {
 		if got := Across(k.c); math.Abs(got.Gbps-k.want.Gbps) > 1e-12 || got.StepUs != k.want.StepUs || got.CapGBs != k.want.CapGBs {
 			t.Errorf("%+v: link %+v, want %+v", k.c, got, k.want)

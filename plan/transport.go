@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/choice"
 )
 
 // Transport is what carries an allreduce's messages, as the planner sees
@@ -81,9 +81,9 @@ func TransportLabel(name string) string {
 }
 
 // between picks the transport between hosts: the one named, or for auto
-// what rank/choose.go decides from its probe: TLS/TCP when it moves more
-// than rank.AutoTCPMargin times QUIC's rate on this link each way (each the
-// min of the link and its cap), else QUIC.
+// what rank/choose.go decides from its probe (choice.TCPWins): TLS/TCP when
+// it moves more than choice.AutoTCPMargin times QUIC's rate on this link
+// each way (each the min of the link and its cap), else QUIC.
 func between(name string, linkGBs float64) Transport {
 	switch name {
 	case "quic":
@@ -91,7 +91,7 @@ func between(name string, linkGBs float64) Transport {
 	case "tcp":
 		return TLSTCP
 	}
-	if min(linkGBs, TLSTCP.CapGBs) > rank.AutoTCPMargin*min(linkGBs, QUIC.CapGBs) {
+	if choice.TCPWins(min(linkGBs, QUIC.CapGBs), min(linkGBs, TLSTCP.CapGBs)) {
 		return TLSTCP
 	}
 	return QUIC
@@ -106,7 +106,7 @@ func between(name string, linkGBs float64) Transport {
 // link unknown. The probe's rates reach every rank from rank 0, so every
 // rank gets the same link. The probe does not measure latency: a link's
 // own latency is left out of the step.
-func Across(c rank.TransportChoice) collective.Link {
+func Across(c choice.Choice) collective.Link {
 	t := between(c.Transport, 0)
 	gbs := c.QUICGBs
 	if c.Transport == "tcp" {

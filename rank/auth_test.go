@@ -73,7 +73,7 @@ func TestStrangerCannotHandshake(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	defer CloseAll([]Transport{meshes[0], meshes[1]})
+	defer closeAll([]Transport{meshes[0], meshes[1]})
 	// 4. The stranger dials rank 1's mesh directly and is refused.
 	addr := strings.TrimPrefix(meshes[0].addrs[1], "quic://")
 	_, err = quic.DialAddr(ctx, addr, other.clientTLS(), quicConfig(3*time.Second))

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun/gorun/rank/choice"
 )
 
 // How "auto" (the default transport) chooses between QUIC and TLS/TCP.
@@ -20,8 +22,9 @@ import (
 // at once (up to probeBytes each way or probeTime, whichever comes first;
 // QUIC, TLS/TCP, QUIC, TLS/TCP, the better round of each, so that neither
 // is judged on its cold start alone), and rank 0 tells every rank its
-// choice: TLS/TCP when it moved more than AutoTCPMargin times what QUIC
-// moved, else QUIC. Where both fill the link they measure alike, and QUIC
+// choice: TLS/TCP when it moved more than choice.AutoTCPMargin times what
+// QUIC moved, else QUIC (package choice holds the rule, for package plan
+// too). Where both fill the link they measure alike, and QUIC
 // filled it better in allreduces (96 % of a 1 Gbit/s link against 88-94 %
 // for TLS/TCP, whose tree at np 2 lost most: TestAllreduceShapedLink). The other transport's TCP
 // connections close; its QUIC connections stay open in any case, because
@@ -32,38 +35,8 @@ import (
 // pair on 2 cores where TLS/TCP moved 0.5-0.8 (docs/performance.md): above
 // about 1 Gbit/s the probe picks TLS/TCP; at 1 Gbit/s both fill the link.
 
-// TransportChoice says which transport carries the messages between ranks
-// that shared memory does not connect, and why.
-type TransportChoice struct {
-	Transport string // "quic" or "tcp"
-	Why       string
-	// auto's start-up probe: the rank that rank 0 measured with (-1: no
-	// probe), and GB/s each way with both directions busy.
-	Peer            int
-	QUICGBs, TCPGBs float64
-	// Cipher: what seals this rank's TLS/TCP lanes ("AEGIS-128X4",
-	// "AES-128-GCM", or both joined with " and " where peers differ);
-	// empty unless TLS/TCP carries the data to some peer.
-	Cipher string
-	// Receive: how this rank's QUIC socket takes datagrams in ("datagrams
-	// received with UDP_GRO", or one at a time and why); empty unless QUIC
-	// carries the data.
-	Receive string
-}
-
-func (c TransportChoice) String() string {
-	parts := []string{c.Why}
-	if c.Cipher != "" {
-		parts = append(parts, "records sealed with "+c.Cipher)
-	}
-	if c.Receive != "" {
-		parts = append(parts, c.Receive)
-	}
-	return fmt.Sprintf("transport %s (%s)", transportLabel(c.Transport), strings.Join(parts, "; "))
-}
-
 // TransportChoice is which transport this mesh's socket lanes use, and why.
-func (m *Mesh) TransportChoice() TransportChoice {
+func (m *Mesh) TransportChoice() choice.Choice {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.choice
@@ -85,13 +58,6 @@ func (m *Mesh) TransportChoice() TransportChoice {
 	slices.Sort(names)
 	c.Cipher = strings.Join(names, " and ")
 	return c
-}
-
-func transportLabel(t string) string {
-	if t == "tcp" {
-		return "TLS/TCP"
-	}
-	return "QUIC"
 }
 
 // The transports a mesh can connect, as indexes of Mesh.sets.
@@ -117,10 +83,6 @@ const (
 	probeRuns  = 2 // rounds per transport
 )
 
-// AutoTCPMargin is how many times QUIC's probed rate TLS/TCP must move for
-// auto to choose it (package plan predicts with the same rule).
-const AutoTCPMargin = 1.1
-
 // probePeer is the lowest rank on another host than rank 0's, or -1.
 func probePeer(hosts []string) int {
 	for p := 1; p < len(hosts); p++ {
@@ -131,29 +93,13 @@ func probePeer(hosts []string) int {
 	return -1
 }
 
-// decide is rank 0's choice from the probe's rates: TLS/TCP when it is
-// faster by more than AutoTCPMargin, else QUIC.
-func decide(peer int, peerName string, quicGBs, tcpGBs float64) TransportChoice {
-	c := TransportChoice{Transport: "quic", Peer: peer, QUICGBs: quicGBs, TCPGBs: tcpGBs}
-	verdict := fmt.Sprintf("within %.0f %% of each other: QUIC", 100*(AutoTCPMargin-1))
-	if tcpGBs > AutoTCPMargin*quicGBs {
-		c.Transport = "tcp"
-		verdict = fmt.Sprintf("TLS/TCP is faster by more than %.0f %%", 100*(AutoTCPMargin-1))
-	} else if quicGBs > AutoTCPMargin*tcpGBs {
-		verdict = "QUIC is faster"
-	}
-	c.Why = fmt.Sprintf("auto: start-up probe rank 0 <-> rank %d (%s): TLS/TCP %.3f GB/s, QUIC %.3f GB/s each way; %s",
-		peer, peerName, tcpGBs, quicGBs, verdict)
-	return c
-}
-
 // choose runs auto's choice on every rank (after the lanes of both
 // transports and shared memory are up) and makes the chosen lanes the ones
 // Send and Recv use.
 func (m *Mesh) choose(ctx context.Context) error {
 	p := probePeer(m.hosts)
 	if p < 0 {
-		m.use(TransportChoice{Transport: "quic", Peer: -1, Why: "auto: all ranks on one host"})
+		m.use(choice.Choice{Transport: "quic", Peer: -1, Why: "auto: all ranks on one host"})
 		return nil
 	}
 	var rates [2]float64
@@ -166,7 +112,7 @@ func (m *Mesh) choose(ctx context.Context) error {
 			for v := range m.sets {
 				r, err := m.probe(ctx, v, other, round)
 				if err != nil {
-					return fmt.Errorf("rank %d: transport probe with rank %d over %s: %w", me, other, transportLabel(viaNames[v]), err)
+					return fmt.Errorf("rank %d: transport probe with rank %d over %s: %w", me, other, choice.Label(viaNames[v]), err)
 				}
 				rates[v] = max(rates[v], r)
 			}
@@ -187,12 +133,12 @@ func (m *Mesh) choose(ctx context.Context) error {
 	} else if err := m.Recv(ctx, 0, 0, tag, msg[:]); err != nil {
 		return fmt.Errorf("rank %d: waiting for rank 0's probe of the transports: %w", m.id.Rank, err)
 	}
-	m.use(decide(p, m.names[p], math.Float64frombits(binary.LittleEndian.Uint64(msg[0:])), math.Float64frombits(binary.LittleEndian.Uint64(msg[8:]))))
+	m.use(choice.Decide(p, m.names[p], math.Float64frombits(binary.LittleEndian.Uint64(msg[0:])), math.Float64frombits(binary.LittleEndian.Uint64(msg[8:]))))
 	return nil
 }
 
 // use makes c's lanes carry the data and closes the TCP lanes if they lost.
-func (m *Mesh) use(c TransportChoice) {
+func (m *Mesh) use(c choice.Choice) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.choice = c

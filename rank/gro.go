@@ -39,7 +39,7 @@ type groConn struct {
 
 // quicConn returns the conn for quic-go's Transport, a groConn when gro
 // is set and the kernel takes UDP_GRO, else udp itself, and says which
-// (TransportChoice.Receive).
+// (choice.Choice.Receive).
 func quicConn(udp net.PacketConn, gro bool) (net.PacketConn, string) {
 	if !gro {
 		return udp, oneByOne + EnvQUICGRO + "=off"

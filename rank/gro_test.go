@@ -119,14 +119,14 @@ func testGROConn(t *testing.T, network string, ip net.IP) {
 	}
 }
 
-// TestQUICGROOption checks GORUN_QUIC_GRO: "off" gives quic-go the socket
-// itself, anything but "auto" or "off" is refused with the variable named.
+// TestQUICGROOption checks Options.QUICGRO (GORUN_QUIC_GRO): "off" gives
+// quic-go the socket itself, anything but "auto" or "off" is refused with
+// the variable named.
 func TestQUICGROOption(t *testing.T) {
 	for _, c := range []struct{ env, want, err string }{
 		{"", "auto", ""}, {"auto", "auto", ""}, {"off", "off", ""}, {"on", "", "GORUN_QUIC_GRO=\"on\": want auto or off"},
 	} {
-		t.Setenv(EnvQUICGRO, c.env)
-		o, err := Options{}.withDefaults()
+		o, err := Options{QUICGRO: c.env}.withDefaults()
 		if c.err != "" {
 			if err == nil || err.Error() != c.err {
 				t.Errorf("GORUN_QUIC_GRO=%q: error %v, want %q", c.env, err, c.err)

@@ -172,7 +172,7 @@ func TestJobsOnOnePortStayApart(t *testing.T) {
 			if err != nil || r.err != nil {
 				t.Fatalf("job %s after the other job's rank was refused: rank 0: %v; rank 1: %v", c.a, r.err, err)
 			}
-			t.Cleanup(func() { CloseAll([]Transport{r.m, ma1}) })
+			t.Cleanup(func() { closeAll([]Transport{r.m, ma1}) })
 			checkPairWorks(t, []*Mesh{r.m, ma1})
 		})
 	}

@@ -16,11 +16,11 @@ func group(t *testing.T, n int, opt Options) []Transport {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	g, err := LoopbackGroup(ctx, n, opt)
+	g, err := loopbackGroup(ctx, n, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { CloseAll(g) })
+	t.Cleanup(func() { closeAll(g) })
 	return g
 }
 

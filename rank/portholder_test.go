@@ -195,6 +195,6 @@ func TestRankBeforeRankZero(t *testing.T) {
 	if err != nil || r.err != nil {
 		t.Fatalf("rank 0: %v; rank 1: %v", err, r.err)
 	}
-	defer CloseAll([]Transport{m0, r.m})
+	defer closeAll([]Transport{m0, r.m})
 	checkPairWorks(t, []*Mesh{m0, r.m})
 }

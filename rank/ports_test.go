@@ -151,28 +151,12 @@ func TestMeshPortRange(t *testing.T) {
 		r := freePorts(t, 3)
 		hold(t, r, c.protos...)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		_, err := LoopbackGroup(ctx, 2, Options{Transport: c.transport, Ports: r, Timeout: 10 * time.Second})
+		_, err := loopbackGroup(ctx, 2, Options{Transport: c.transport, Ports: r, Timeout: 10 * time.Second})
 		cancel()
 		re := regexp.MustCompile(`^rank [01] on localhost: no free ` + c.proto + ` port in ` + r.String() + ` \(3 ports, all taken\): widen --port-range \(GORUN_PORT_RANGE\)$`)
 		var taken *PortsTakenError
 		if err == nil || !re.MatchString(err.Error()) || !errors.As(err, &taken) || taken.Range != r {
 			t.Errorf("%s with every %s port of %s taken: %v", c.transport, c.proto, r, err)
 		}
-	}
-}
-
-// The ranks take the range from GORUN_PORT_RANGE, as gorun sets it.
-func TestPortRangeFromEnv(t *testing.T) {
-	t.Setenv(EnvPortRange, "29500-29503")
-	o, err := Options{}.withDefaults()
-	if err != nil || o.Ports != (PortRange{29500, 29503}) {
-		t.Errorf("withDefaults: %v %v", o.Ports, err)
-	}
-	if o, err := (Options{Ports: PortRange{7, 8}}).withDefaults(); err != nil || o.Ports != (PortRange{7, 8}) {
-		t.Errorf("an option wins over the environment: %v %v", o.Ports, err)
-	}
-	t.Setenv(EnvPortRange, "29503-29500")
-	if _, err := (Options{}).withDefaults(); err == nil || err.Error() != `GORUN_PORT_RANGE="29503-29500": 29503 is above 29500 (want LO-HI with LO <= HI)` {
-		t.Errorf("bad range: %v", err)
 	}
 }

@@ -311,7 +311,7 @@ func connectVia(t *testing.T, addr string, id func(int) Identity, opt Options) [
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { CloseAll([]Transport{ms[0], ms[1]}) })
+	t.Cleanup(func() { closeAll([]Transport{ms[0], ms[1]}) })
 	return ms
 }
 

@@ -359,7 +359,7 @@ func TestMeshTCPCipher(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	defer CloseAll([]Transport{ms[0], ms[1], ms[2]})
+	defer closeAll([]Transport{ms[0], ms[1], ms[2]})
 	fast := "AES-128-GCM"
 	if aegis.Available() {
 		fast = "AEGIS-128X4"

@@ -4,25 +4,20 @@ package rank
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"regexp"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/rank/internal/waitctx"
 )
 
 // Shared memory between ranks of one host (see docs/shm.md).
@@ -80,11 +75,10 @@ const (
 	// memory attach, as MPI's vader does): the ring carries only the header
 	// and the payload's address, the receiver copies straight into its
 	// buffer and acknowledges, and the Send returns. It is off unless
-	// GORUN_SHM_CMA=1: on this 2-core machine the two-copy ring, whose two
+	// Options.SingleCopy (GORUN_SHM_CMA=1): on this 2-core machine the two-copy ring, whose two
 	// copies run in parallel on both cores, moved more (docs/shm.md).
 	shmCMAMin   = 64 << 10
 	shmCMAMagic = 0x434d4147 // "GAMC": a frame header whose payload stays with the sender
-	envShmCMA   = "GORUN_SHM_CMA"
 )
 
 // shmProbe is what a peer reads from this process's memory at the
@@ -177,450 +171,9 @@ func newShmPeer(seg []byte, self, peer, channels int, lower bool) *shmPeer {
 	return sp
 }
 
-func shmDir() string {
-	if d := os.Getenv("GORUN_SHM_DIR"); d != "" {
-		return d
-	}
-	return "/dev/shm"
-}
-
-// shmName returns a fresh segment name, gorun-JOB-LO-HI-RANDOM, with 128
-// random bits.
-func shmName(job string, lo, hi int) (string, error) {
-	var rnd [16]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return "", err
-	}
-	j := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return -1
-	}, job)
-	if len(j) > 32 {
-		j = j[:32]
-	}
-	if j == "" {
-		j = "nojob"
-	}
-	return fmt.Sprintf("gorun-%s-%d-%d-%s", j, lo, hi, hex.EncodeToString(rnd[:])), nil
-}
-
-// shmCreate makes and maps a fresh segment for the pair (lo, hi).
-func shmCreate(job string, lo, hi, channels int) (name string, seg []byte, err error) {
-	name, err = shmName(job, lo, hi)
-	if err != nil {
-		return "", nil, err
-	}
-	path := filepath.Join(shmDir(), name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return "", nil, err
-	}
-	defer f.Close()
-	_, size := shmLayout(channels)
-	if err := shmReserve(f, size); err != nil {
-		os.Remove(path)
-		return "", nil, err
-	}
-	seg, err = unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		os.Remove(path)
-		return "", nil, fmt.Errorf("mmap %s: %v", path, err)
-	}
-	binary.LittleEndian.PutUint32(seg[8:], shmVersion)
-	binary.LittleEndian.PutUint32(seg[12:], uint32(channels))
-	binary.LittleEndian.PutUint64(seg[16:], shmRingBytes)
-	binary.LittleEndian.PutUint32(seg[24:], uint32(lo))
-	binary.LittleEndian.PutUint32(seg[28:], uint32(hi))
-	u64At(seg, shmOffPidLo).Store(uint64(os.Getpid()))
-	u64At(seg, 0).Store(shmMagic)
-	return name, seg, nil
-}
-
-// shmReserve gives a new segment file its size with every page allocated
-// (fallocate(2), mode 0), so that a segment that does not fit in the
-// directory (a nearly full /dev/shm) is this error, naming the directory,
-// what the segment needs and what is free, and never a SIGBUS at the first
-// write to a page the file system has no room for, however full it gets
-// afterwards. A file system without fallocate gets the size alone
-// (ftruncate), as before.
-func shmReserve(f *os.File, size int) error {
-	fd := int(f.Fd())
-	var err error
-	for {
-		// tmpfs gives up a long fallocate on a signal (Go's preemption
-		// sends them): again, keeping what it allocated
-		if err = unix.Fallocate(fd, 0, 0, int64(size)); err != unix.EINTR {
-			break
-		}
-	}
-	switch {
-	case err == nil:
-		return nil
-	case err == unix.EOPNOTSUPP || err == unix.ENOSYS:
-		return f.Truncate(int64(size))
-	case err == unix.ENOSPC:
-		dir := filepath.Dir(f.Name())
-		var st unix.Statfs_t
-		if unix.Fstatfs(fd, &st) != nil {
-			return fmt.Errorf("%s is full: the segment needs %s (fallocate: %v)", dir, mib(uint64(size)), err)
-		}
-		return fmt.Errorf("%s is full: the segment needs %s, %s free of %s (fallocate: %v)", dir, mib(uint64(size)),
-			mib(st.Bavail*uint64(st.Bsize)), mib(st.Blocks*uint64(st.Bsize)), err)
-	}
-	return fmt.Errorf("fallocate %s: %v", f.Name(), err)
-}
-
-func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-
-// shmMap opens and maps an existing segment by name, checking that it is
-// this user's, mode 0600, of the expected size; unlink removes the name
-// once opened.
-func shmMap(name string, size int, unlink bool) ([]byte, string, error) {
-	if !shmNameRE.MatchString(name) {
-		return nil, "", fmt.Errorf("bad segment name %q", name)
-	}
-	path := filepath.Join(shmDir(), name)
-	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, "", err
-	}
-	defer f.Close()
-	if unlink {
-		os.Remove(path)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, "", err
-	}
-	if st.Uid != uint32(os.Getuid()) || st.Mode&0o077 != 0 || st.Size != int64(size) {
-		return nil, "", fmt.Errorf("%s: owner %d mode %o size %d, want owner %d mode 600 size %d", path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
-	}
-	seg, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, "", fmt.Errorf("mmap %s: %v", path, err)
-	}
-	return seg, path, nil
-}
-
-// shmOpen maps the segment the lower rank created, checks it, and unlinks it
-// (both sides have it then, or the creator is gone: nothing stays behind).
-func shmOpen(name string, lo, hi, channels int) ([]byte, error) {
-	_, size := shmLayout(channels)
-	seg, path, err := shmMap(name, size, true)
-	if err != nil {
-		return nil, err
-	}
-	if u64At(seg, 0).Load() != shmMagic || binary.LittleEndian.Uint32(seg[8:]) != shmVersion ||
-		binary.LittleEndian.Uint32(seg[12:]) != uint32(channels) || binary.LittleEndian.Uint64(seg[16:]) != shmRingBytes ||
-		binary.LittleEndian.Uint32(seg[24:]) != uint32(lo) || binary.LittleEndian.Uint32(seg[28:]) != uint32(hi) {
-		unix.Munmap(seg)
-		return nil, fmt.Errorf("%s: not a gorun segment for ranks %d and %d", path, lo, hi)
-	}
-	return seg, nil
-}
-
-// shmOffer is the lower rank's handshake message, shmAnswer the higher's.
-type shmOffer struct {
-	Name      string `json:"name,omitempty"` // "" when the lower rank declines
-	Why       string `json:"why,omitempty"`
-	Pid       int    `json:"pid"`
-	PidNS     string `json:"pidns"`
-	Channels  int    `json:"channels"`
-	RingBytes int    `json:"ring"`
-	Probe     uint64 `json:"probe,omitempty"` // address of shmProbe in the sender
-	Group     string `json:"group,omitempty"` // the host's group segment (shmgroup.go)
-	GroupN    int    `json:"groupn,omitempty"`
-}
-
-type shmAnswer struct {
-	OK      bool   `json:"ok"`
-	Why     string `json:"why,omitempty"`
-	Pid     int    `json:"pid"`
-	Probe   uint64 `json:"probe,omitempty"`
-	GroupOK bool   `json:"groupok,omitempty"` // mapped the group segment
-}
-
-func probeAddr() uint64 {
-	if v := os.Getenv(envShmCMA); v != "1" && v != "on" && v != "true" {
-		return 0
-	}
-	return uint64(uintptr(unsafe.Pointer(&shmProbe[0])))
-}
-
-// canRead reports whether process_vm_readv of pid works (same user, no
-// seccomp or LSM in the way) by reading its probe.
-func canRead(pid int, addr uint64) bool {
-	if addr == 0 || probeAddr() == 0 {
-		return false
-	}
-	var got [len(shmProbe)]byte
-	n, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &got[0], Len: uint64(len(got))}},
-		[]unix.RemoteIovec{{Base: uintptr(addr), Len: len(got)}}, 0)
-	return err == nil && n == len(got) && got == shmProbe
-}
-
-func writeShmHello(c laneConn, v any) error {
-	body, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	b := make([]byte, 8+len(body))
-	binary.LittleEndian.PutUint32(b[0:], shmHelloMagic)
-	binary.LittleEndian.PutUint32(b[4:], uint32(len(body)))
-	copy(b[8:], body)
-	if _, err = c.Write(b); err != nil {
-		return err
-	}
-	if f, ok := c.(flusher); ok {
-		_, err = f.Flush()
-	}
-	return err
-}
-
-func readShmHello(c laneConn, v any) error {
-	var h [8]byte
-	if _, err := io.ReadFull(c, h[:]); err != nil {
-		return err
-	}
-	n := binary.LittleEndian.Uint32(h[4:])
-	if binary.LittleEndian.Uint32(h[0:]) != shmHelloMagic || n > 1<<16 {
-		return errors.New("bad shared-memory handshake (is every rank the same gorun version?)")
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(c, body); err != nil {
-		return err
-	}
-	return json.Unmarshal(body, v)
-}
-
-func pidNS() string {
-	s, _ := os.Readlink("/proc/self/ns/pid")
-	return s
-}
-
-// setupShm runs the shared-memory handshake with every peer on this host,
-// over channel 0 of the already authenticated mesh, before any message.
-// A pair that cannot share memory (turned off on either side, another pid
-// namespace, no /dev/shm) keeps its socket lanes.
-func (m *Mesh) setupShm(ctx context.Context) error {
-	want, err := shmEnabled(m.opt.SharedMemory)
-	if err != nil {
-		return err
-	}
-	local := m.localRanks()
-	var peers []int
-	for _, p := range local {
-		if p != m.id.Rank {
-			peers = append(peers, p)
-		}
-	}
-	if len(peers) == 0 {
-		return nil
-	}
-	shm := make([]*shmPeer, m.id.Size)
-	errs := make([]error, len(peers))
-	// The host's lowest rank creates the group segment and offers it with
-	// every pair segment (it is the lower rank of every local pair).
-	var grp *LocalGroup
-	var grpName string
-	if want && local[0] == m.id.Rank && os.Getenv(EnvShmGroup) != "0" {
-		g, name, err := grpCreate(m.id.JobID, m.id.Rank, len(local))
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared-memory group segment (%v); the host's allreduce goes through messages\n", m.id.Rank, err)
-		} else {
-			grp, grpName = g, name
-		}
-	}
-	grpMapped := make([]bool, len(peers))
-	var mine *LocalGroup // a member's mapping of the leader's segment
-	var wg sync.WaitGroup
-	for i, p := range peers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l := m.lanes[p][0]
-			l.rmu.Lock()
-			l.wmu.Lock()
-			defer l.wmu.Unlock()
-			defer l.rmu.Unlock()
-			dl, _ := ctx.Deadline()
-			l.c.SetReadDeadline(dl)
-			l.c.SetWriteDeadline(dl)
-			defer l.c.SetReadDeadline(time.Time{})
-			defer l.c.SetWriteDeadline(time.Time{})
-			var sp *shmPeer
-			var why string
-			var err error
-			if m.id.Rank < p {
-				sp, why, grpMapped[i], err = m.shmOfferTo(l.c, p, want, grpName, len(local))
-			} else {
-				var g *LocalGroup
-				sp, why, g, err = m.shmAcceptFrom(l.c, p, want)
-				if g != nil {
-					mine = g // only the leader offers one
-				}
-			}
-			if err != nil {
-				errs[i] = &PeerError{Self: m.id.Rank, Peer: p, Host: m.names[p], Op: "shared-memory handshake", Err: err}
-				return
-			}
-			if sp == nil {
-				if want && why != "" {
-					via := m.opt.Transport
-					if via == "" || via == "auto" {
-						via = "sockets" // QUIC or TLS/TCP, chosen after this
-					}
-					fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: no shared memory with rank %d on the same host (%s); using %s\n", m.id.Rank, p, why, via)
-				}
-				return
-			}
-			sp.host, sp.timeout, sp.count, sp.mesh = m.names[p], m.opt.Timeout, &m.count[p], m
-			if fd, err := unix.PidfdOpen(sp.pid, 0); err == nil {
-				sp.pidfd = fd
-			}
-			shm[p] = sp
-		}()
-	}
-	wg.Wait()
-	m.shm = shm
-	if grp != nil {
-		all := true
-		for i, p := range peers {
-			all = all && grpMapped[i] && shm[p] != nil
-		}
-		m.finishGroup(grp, all)
-	} else if mine != nil {
-		m.finishGroup(mine, false)
-	}
-	return errors.Join(errs...)
-}
-
-func (m *Mesh) shmOfferTo(c laneConn, p int, want bool, group string, groupN int) (*shmPeer, string, bool, error) {
-	off := shmOffer{Pid: os.Getpid(), PidNS: pidNS(), Channels: m.opt.Channels, RingBytes: shmRingBytes, Probe: probeAddr()}
-	var seg []byte
-	var path string
-	if !want {
-		off.Why = fmt.Sprintf("rank %d has %s off", m.id.Rank, EnvShm)
-	} else {
-		name, s, err := shmCreate(m.id.JobID, m.id.Rank, p, m.opt.Channels)
-		if err != nil {
-			off.Why = fmt.Sprintf("rank %d cannot create a segment: %v", m.id.Rank, err)
-		} else {
-			off.Name, seg, path = name, s, filepath.Join(shmDir(), name)
-			off.Group, off.GroupN = group, groupN
-		}
-	}
-	undo := func() {
-		if seg != nil {
-			os.Remove(path)
-			unix.Munmap(seg)
-		}
-	}
-	if err := writeShmHello(c, off); err != nil {
-		undo()
-		return nil, "", false, err
-	}
-	if seg == nil {
-		return nil, off.Why, false, nil
-	}
-	var ans shmAnswer
-	if err := readShmHello(c, &ans); err != nil {
-		undo()
-		return nil, "", false, err
-	}
-	os.Remove(path) // the peer unlinked it already; this covers a peer that failed after creating nothing
-	if !ans.OK {
-		unix.Munmap(seg)
-		return nil, ans.Why, false, nil
-	}
-	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, true)
-	sp.pid = ans.Pid
-	if canRead(sp.pid, ans.Probe) {
-		sp.iReads.Store(1)
-	}
-	return sp, "", ans.GroupOK, nil
-}
-
-func (m *Mesh) shmAcceptFrom(c laneConn, p int, want bool) (*shmPeer, string, *LocalGroup, error) {
-	var off shmOffer
-	if err := readShmHello(c, &off); err != nil {
-		return nil, "", nil, err
-	}
-	if off.Name == "" {
-		return nil, off.Why, nil, nil
-	}
-	ans := shmAnswer{Pid: os.Getpid(), Probe: probeAddr()}
-	var seg []byte
-	var grp *LocalGroup
-	switch {
-	case !want:
-		ans.Why = fmt.Sprintf("rank %d has %s off", m.id.Rank, EnvShm)
-		if shmNameRE.MatchString(off.Name) {
-			os.Remove(filepath.Join(shmDir(), off.Name))
-		}
-	case off.PidNS != pidNS():
-		ans.Why = "the ranks are in different pid namespaces"
-	case off.Channels != m.opt.Channels || off.RingBytes != shmRingBytes:
-		ans.Why = fmt.Sprintf("rank %d has %d channels and %d-byte rings, rank %d %d and %d", p, off.Channels, off.RingBytes, m.id.Rank, m.opt.Channels, shmRingBytes)
-	default:
-		s, err := shmOpen(off.Name, p, m.id.Rank, m.opt.Channels)
-		if err != nil {
-			ans.Why = fmt.Sprintf("rank %d cannot map rank %d's segment: %v", m.id.Rank, p, err)
-		} else {
-			seg, ans.OK = s, true
-			if canRead(off.Pid, off.Probe) {
-				u32At(seg, shmOffCMA).Store(1) // before the answer: the lower rank may send at once
-			}
-			if off.Group != "" {
-				if g, err := grpOpen(off.Group, p, off.GroupN); err == nil {
-					grp, ans.GroupOK = g, true
-				} else {
-					fmt.Fprintf(os.Stderr, "gorun: warning: rank %d: cannot map rank %d's shared-memory group segment: %v\n", m.id.Rank, p, err)
-				}
-			}
-		}
-	}
-	if err := writeShmHello(c, ans); err != nil {
-		if seg != nil {
-			unix.Munmap(seg)
-		}
-		if grp != nil {
-			unix.Munmap(grp.seg)
-		}
-		return nil, "", nil, err
-	}
-	if !ans.OK {
-		return nil, ans.Why, nil, nil
-	}
-	sp := newShmPeer(seg, m.id.Rank, p, m.opt.Channels, false)
-	sp.pid = off.Pid
-	return sp, "", grp, nil
-}
-
-// PeerTransport names how this rank exchanges messages with peer: "shm",
-// "quic", "tcp", or "self".
-func (m *Mesh) PeerTransport(peer int) string {
-	if peer == m.id.Rank {
-		return "self"
-	}
-	if m.shmPeer(peer) != nil {
-		return "shm"
-	}
-	return m.choice.Transport
-}
-
-func (m *Mesh) shmPeer(peer int) *shmPeer {
-	if m.shm == nil {
-		return nil
-	}
-	return m.shm[peer]
-}
-
 func (m *Mesh) closeShm() {
-	for _, sp := range m.shm {
-		if sp != nil {
+	for p := range m.links {
+		if sp := m.shmPeer(p); sp != nil {
 			sp.close()
 		}
 	}
@@ -712,7 +265,7 @@ func (w *shmWait) pause() error {
 		w.nextLive = w.start.Add(shmLiveCheck)
 		w.nap = shmNapMin
 		if w.timeout == 0 {
-			w.timeout = timeoutFrom(w.ctx, sp.timeout)
+			w.timeout = waitctx.From(w.ctx, sp.timeout)
 		}
 		w.nextJudge = w.start.Add(w.timeout)
 	}
@@ -845,7 +398,9 @@ func (r *shmRing) get(w *shmWait, b []byte, skip int) error {
 	return nil
 }
 
-func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) error {
+// send implements link: a message goes into the ring at once (more has
+// nothing to gather).
+func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte, more bool) error {
 	r := sp.tx[ch]
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -938,7 +493,8 @@ func (sp *shmPeer) readAddress(addr uint64, dst []byte) error {
 	return nil
 }
 
-func (sp *shmPeer) recvMsg(ctx context.Context, ch int, want Tag, dst []byte) error {
+// recv implements link.
+func (sp *shmPeer) recv(ctx context.Context, ch int, want Tag, dst []byte) error {
 	r := sp.rx[ch]
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -234,7 +234,7 @@ func shmFullChild(t *testing.T, name string) {
 			t.Fatal(err)
 		}
 	}
-	CloseAll(g)
+	closeAll(g)
 	if ents, _ := os.ReadDir("/dev/shm"); len(ents) != 1 {
 		names := []string{}
 		for _, e := range ents {

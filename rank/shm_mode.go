@@ -2,7 +2,6 @@ package rank
 
 import (
 	"fmt"
-	"os"
 	"strings"
 )
 
@@ -14,14 +13,17 @@ const EnvShm = "GORUN_SHM"
 // group segment (rank.LocalGroup), so collectives use the pair rings.
 const EnvShmGroup = "GORUN_SHM_GROUP"
 
-// shmEnabled resolves Options.SharedMemory with GORUN_SHM.
+// shmEnabled resolves Options.SharedMemory.
 func shmEnabled(opt string) (bool, error) {
-	v := strings.ToLower(strings.TrimSpace(opt))
-	src := "Options.SharedMemory"
-	if v == "" || v == "auto" {
-		v = strings.ToLower(strings.TrimSpace(os.Getenv(EnvShm)))
-		src = EnvShm
-	}
+	return ParseShm("Options.SharedMemory", opt)
+}
+
+// ParseShm reads a shared-memory setting (Options.SharedMemory, or
+// GORUN_SHM's value): on (also "", "auto", 1, true, yes) or off (0, false,
+// no), in any case and with spaces around; src names where it came from in
+// the error.
+func ParseShm(src, v string) (bool, error) {
+	v = strings.ToLower(strings.TrimSpace(v))
 	switch v {
 	case "", "auto", "1", "on", "true", "yes":
 		return true, nil

@@ -10,30 +10,20 @@ import (
 // Shared memory is implemented on Linux only; elsewhere every peer uses
 // sockets.
 
-// shmPeer is never made here (shmPeer returns nil); pid is what the
+// shmPeer is never made here (Mesh.shmPeer returns nil); pid is what the
 // liveness check in stall.go reads of one on Linux.
 type shmPeer struct{ pid int }
 
 func (m *Mesh) setupShm(ctx context.Context) error { return nil }
 func (m *Mesh) closeShm()                          {}
-func (m *Mesh) shmPeer(peer int) *shmPeer          { return nil }
-
-// PeerTransport names how this rank exchanges messages with peer: "shm",
-// "quic", "tcp", or "self".
-func (m *Mesh) PeerTransport(peer int) string {
-	if peer == m.id.Rank {
-		return "self"
-	}
-	return m.choice.Transport
-}
 
 func (sp *shmPeer) alive() bool { return true }
 
-func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte) error {
+func (sp *shmPeer) send(ctx context.Context, ch int, tag Tag, payload []byte, more bool) error {
 	panic("unreachable")
 }
 
-func (sp *shmPeer) recvMsg(ctx context.Context, ch int, want Tag, dst []byte) error {
+func (sp *shmPeer) recv(ctx context.Context, ch int, want Tag, dst []byte) error {
 	panic("unreachable")
 }
 

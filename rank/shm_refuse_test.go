@@ -21,8 +21,7 @@ import (
 // memory afterwards, with nothing left in the segment directory.
 func TestShmMeshRefusesClients(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("GORUN_SHM_DIR", dir)
-	testMeshRefusesClients(t, Options{Transport: "quic", SharedMemory: "on", Timeout: 10 * time.Second})
+	testMeshRefusesClients(t, Options{Transport: "quic", SharedMemory: "on", ShmDir: dir, Timeout: 10 * time.Second})
 	if f := shmFiles(t, dir); len(f) != 0 {
 		t.Errorf("segments left in %s: %v", dir, f)
 	}
@@ -35,12 +34,11 @@ func TestShmMeshRefusesClients(t *testing.T) {
 // and the handshake answers the lower rank with it, naming both ranks.
 func TestShmRefusesForeignSegments(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("GORUN_SHM_DIR", dir)
 	const channels = 2
 	_, size := shmLayout(channels)
 	path := func(name string) string { return filepath.Join(dir, name) }
 	segment := func(lo, hi int) string {
-		name, seg, err := shmCreate("job", lo, hi, channels)
+		name, seg, err := shmCreate(dir, "job", lo, hi, channels)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +87,7 @@ func TestShmRefusesForeignSegments(t *testing.T) {
 				t.Skip("changing a file's owner needs root")
 			}
 			name := k.make()
-			seg, err := shmOpen(name, 0, 1, channels)
+			seg, err := shmOpen(dir, name, 0, 1, channels)
 			if seg != nil {
 				unix.Munmap(seg)
 			}
@@ -105,7 +103,7 @@ func TestShmRefusesForeignSegments(t *testing.T) {
 			// the same refusal through the handshake: rank 1 answers rank
 			// 0's offer with it, and both fall back to sockets
 			name = k.make()
-			why, ans := shmHandshakeWith(t, name, channels)
+			why, ans := shmHandshakeWith(t, dir, name, channels)
 			want := "rank 1 cannot map rank 0's segment: "
 			if ans.OK || ans.Why != why || !strings.HasPrefix(why, want) || !strings.Contains(why, k.says) {
 				t.Fatalf("want rank 1 to refuse the offer with %q...%q, got ok %v, answer %q, why %q", want, k.says, ans.OK, ans.Why, why)
@@ -113,25 +111,25 @@ func TestShmRefusesForeignSegments(t *testing.T) {
 		})
 	}
 	// A group segment another user could read is refused too.
-	g, name, err := grpCreate("job", 0, 3)
+	g, name, err := grpCreate(dir, "job", 0, 3)
 	must(err)
 	unix.Munmap(g.seg)
 	must(os.Chmod(g.path, 0o640))
-	if _, err := grpOpen(name, 0, 3); err == nil || !strings.Contains(err.Error(), "mode 640") {
+	if _, err := grpOpen(dir, name, 0, 3); err == nil || !strings.Contains(err.Error(), "mode 640") {
 		t.Errorf("want a group segment of mode 640 refused, got %v", err)
 	}
 }
 
 // shmHandshakeWith offers the segment name to rank 1 of a pair, as rank 0
 // does, and returns why rank 1 refused it and the answer rank 0 got.
-func shmHandshakeWith(t *testing.T, name string, channels int) (string, shmAnswer) {
+func shmHandshakeWith(t *testing.T, dir, name string, channels int) (string, shmAnswer) {
 	t.Helper()
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
 	a.SetDeadline(time.Now().Add(10 * time.Second))
 	b.SetDeadline(time.Now().Add(10 * time.Second))
-	m := &Mesh{id: Identity{Rank: 1, Size: 2}, opt: Options{Channels: channels}}
+	m := &Mesh{id: Identity{Rank: 1, Size: 2}, opt: Options{Channels: channels, ShmDir: dir}}
 	var ans shmAnswer
 	errc := make(chan error, 1)
 	go func() {

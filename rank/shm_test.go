@@ -25,8 +25,7 @@ import (
 func shmGroup(t *testing.T, n int, opt Options) ([]Transport, string) {
 	t.Helper()
 	dir := t.TempDir()
-	t.Setenv("GORUN_SHM_DIR", dir)
-	opt.SharedMemory = "on"
+	opt.SharedMemory, opt.ShmDir = "on", dir
 	g := group(t, n, opt)
 	for r := range g {
 		for p := range g {
@@ -72,7 +71,6 @@ func pattern(seed, n int) []byte {
 func TestShmAllPairs(t *testing.T) {
 	for _, mode := range []string{"ring", "cma"} {
 		t.Run(mode, func(t *testing.T) {
-			t.Setenv(envShmCMA, map[string]string{"ring": "0", "cma": "1"}[mode])
 			testShmAllPairs(t, mode)
 		})
 	}
@@ -80,8 +78,8 @@ func TestShmAllPairs(t *testing.T) {
 
 func testShmAllPairs(t *testing.T, mode string) {
 	const n, msgs = 3, 6
-	g, dir := shmGroup(t, n, Options{Channels: 3, Timeout: 20 * time.Second})
-	if got, want := g[0].(*Mesh).shm[1].peerReads.Load() == 1, mode == "cma"; got != want {
+	g, dir := shmGroup(t, n, Options{Channels: 3, Timeout: 20 * time.Second, SingleCopy: mode == "cma"})
+	if got, want := g[0].(*Mesh).shmPeer(1).peerReads.Load() == 1, mode == "cma"; got != want {
 		t.Fatalf("single copy in use: %v, want %v", got, want)
 	}
 	if f := shmFiles(t, dir); len(f) != 0 {
@@ -204,9 +202,8 @@ func TestShmTimeoutAndCancel(t *testing.T) {
 // an error, never bytes from memory the sender no longer owns, and the
 // channel keeps working.
 func TestShmSendCancelled(t *testing.T) {
-	t.Setenv(envShmCMA, "1")
-	g, _ := shmGroup(t, 2, Options{Timeout: 20 * time.Second})
-	if g[0].(*Mesh).shm[1].peerReads.Load() != 1 {
+	g, _ := shmGroup(t, 2, Options{Timeout: 20 * time.Second, SingleCopy: true})
+	if g[0].(*Mesh).shmPeer(1).peerReads.Load() != 1 {
 		t.Skip("process_vm_readv is not allowed here: no single-copy path to test")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -268,18 +265,16 @@ func TestShmPeerClosed(t *testing.T) {
 }
 
 func TestShmOffFallsBackToSockets(t *testing.T) {
-	t.Setenv(EnvShm, "0")
-	g := group(t, 2, Options{SharedMemory: "auto", Timeout: 10 * time.Second})
+	g := group(t, 2, Options{SharedMemory: "off", Timeout: 10 * time.Second})
 	if tr := g[0].(*Mesh).PeerTransport(1); tr != "quic" {
-		t.Fatalf("with %s=0 rank 0 reaches rank 1 over %s", EnvShm, tr)
+		t.Fatalf("with shared memory off rank 0 reaches rank 1 over %s", tr)
 	}
 	go g[0].Send(context.Background(), 1, 0, Tag{Seq: 9}, []byte("x"))
 	if err := g[1].Recv(context.Background(), 0, 0, Tag{Seq: 9}, make([]byte, 1)); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(EnvShm, "maybe")
-	if _, err := LoopbackGroup(context.Background(), 2, Options{SharedMemory: "auto"}); err == nil || !strings.Contains(err.Error(), EnvShm) {
-		t.Fatalf("bad %s accepted: %v", EnvShm, err)
+	if _, err := loopbackGroup(context.Background(), 2, Options{SharedMemory: "maybe"}); err == nil || err.Error() != `Options.SharedMemory="maybe": want on or off (1 or 0)` {
+		t.Fatalf("bad Options.SharedMemory accepted: %v", err)
 	}
 }
 
@@ -322,12 +317,12 @@ func shmChild(mode string) error {
 	if d, err := time.ParseDuration(os.Getenv(shmChildTimeoutEnv)); err == nil {
 		timeout = d
 	}
-	m, err := Connect(ctx, id, Options{Timeout: timeout}) // GORUN_SHM from the parent
+	m, err := Connect(ctx, id, envOptions(Options{Timeout: timeout})) // GORUN_SHM from the parent
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if want, _ := shmEnabled(""); want && m.PeerTransport(0) != "shm" {
+	if want, _ := shmEnabled(os.Getenv(EnvShm)); want && m.PeerTransport(0) != "shm" {
 		return fmt.Errorf("reaches rank 0 over %s", m.PeerTransport(0))
 	}
 	switch mode {
@@ -436,12 +431,12 @@ func startChildTimeout(t testing.TB, mode string, timeout, childTimeout time.Dur
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	id := Identity{Rank: 0, Size: 2, LocalSize: 2, Rendezvous: rdv.Addr(), Secret: secret, JobID: "shmtest", Launcher: "test", Host: "localhost"}
-	m, err := Connect(ctx, id, Options{Timeout: timeout})
+	m, err := Connect(ctx, id, envOptions(Options{Timeout: timeout}))
 	if err != nil {
 		t.Fatalf("%v\nchild: %s", err, out.String())
 	}
 	t.Cleanup(func() { m.Close() })
-	if want, _ := shmEnabled(""); want && m.PeerTransport(1) != "shm" {
+	if want, _ := shmEnabled(os.Getenv(EnvShm)); want && m.PeerTransport(1) != "shm" {
 		t.Fatalf("rank 0 reaches rank 1 over %s", m.PeerTransport(1))
 	}
 	if f := shmFiles(t, dir); len(f) != 0 {
@@ -466,7 +461,7 @@ func TestShmTwoProcesses(t *testing.T) {
 func testShmTwoProcesses(t *testing.T, mode string) {
 	t.Setenv(envShmCMA, map[string]string{"ring": "0", "cma": "1"}[mode]) // the child inherits it
 	m, cmd, dir, out := startChild(t, "echo")
-	if got, want := m.shm[1].peerReads.Load() == 1, mode == "cma"; got != want {
+	if got, want := m.shmPeer(1).peerReads.Load() == 1, mode == "cma"; got != want {
 		t.Fatalf("single copy to the child in use: %v, want %v", got, want)
 	}
 	ctx := context.Background()

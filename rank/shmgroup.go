@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/rank/internal/waitctx"
 )
 
 // A LocalGroup is one shared-memory segment mapped by every rank of a host
@@ -67,15 +69,15 @@ func grpLayout(n int) (dataOff, size int) {
 	return dataOff, dataOff + n*GroupSlotBytes
 }
 
-// grpCreate makes and maps a fresh group segment for n members led by rank
-// leader.
-func grpCreate(job string, leader, n int) (*LocalGroup, string, error) {
+// grpCreate makes and maps a fresh group segment in dir for n members led
+// by rank leader.
+func grpCreate(dir, job string, leader, n int) (*LocalGroup, string, error) {
 	// Pair names are gorun-JOB-LO-HI-HEX with HI > LO; a group uses HI = 0.
 	name, err := shmName(job, leader, 0)
 	if err != nil {
 		return nil, "", err
 	}
-	path := filepath.Join(shmDir(), name)
+	path := filepath.Join(dir, name)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, "", err
@@ -99,12 +101,12 @@ func grpCreate(job string, leader, n int) (*LocalGroup, string, error) {
 	return &LocalGroup{seg: seg, dataOff: dataOff, path: path}, name, nil
 }
 
-// grpOpen maps the group segment the leader created and checks it.
-func grpOpen(name string, leader, n int) (*LocalGroup, error) {
+// grpOpen maps the group segment the leader created in dir and checks it.
+func grpOpen(dir, name string, leader, n int) (*LocalGroup, error) {
 	// Not unlinked here: other members still have to open it. The leader
 	// unlinks it once every member has answered (or failed to).
 	dataOff, size := grpLayout(n)
-	seg, path, err := shmMap(name, size, false)
+	seg, path, err := shmMap(dir, name, size, false)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +215,7 @@ func (g *LocalGroup) Wait(ctx context.Context, i int, cond func() bool, check fu
 	}
 	start := time.Now()
 	nextLive := start.Add(shmLiveCheck)
-	timeout := timeoutFrom(ctx, sp.timeout)
+	timeout := waitctx.From(ctx, sp.timeout)
 	nextJudge := start.Add(timeout)
 	nap := shmNapMin
 	for k := 0; !cond(); k++ {
@@ -311,7 +313,7 @@ func (m *Mesh) finishGroup(g *LocalGroup, allMapped bool) {
 	}
 	v := uint64(1)
 	for _, r := range g.ranks {
-		if r != m.id.Rank && m.shm[r] == nil {
+		if r != m.id.Rank && m.shmPeer(r) == nil {
 			v = 2
 		}
 	}

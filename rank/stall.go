@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gorun/gorun/rank/internal/waitctx"
 )
 
 // How a wait ends (every transport: socket lanes, shared-memory rings, the
@@ -36,25 +38,12 @@ import (
 // keep a connection to a live but quiet peer open however long it is quiet,
 // and a paused peer costs a wait, never the connection.
 
-type timeoutKey struct{}
-
-// WithTimeout returns a context whose Send and Recv calls (on a Mesh, a
-// local group, or the shared-memory group) wait at most d without progress,
-// instead of the transport's timeout, before they ask whether the peer is
-// alive (see above). d <= 0 leaves ctx unchanged.
+// WithTimeout returns a context whose Send and Recv calls (on a Mesh, on
+// ranktest.InMemory's transports, or in the shared-memory group) wait at
+// most d without progress, instead of the transport's timeout, before they
+// ask whether the peer is alive (see above). d <= 0 leaves ctx unchanged.
 func WithTimeout(ctx context.Context, d time.Duration) context.Context {
-	if d <= 0 {
-		return ctx
-	}
-	return context.WithValue(ctx, timeoutKey{}, d)
-}
-
-// timeoutFrom is the wait timeout ctx carries, else def.
-func timeoutFrom(ctx context.Context, def time.Duration) time.Duration {
-	if d, ok := ctx.Value(timeoutKey{}).(time.Duration); ok {
-		return d
-	}
-	return def
+	return waitctx.With(ctx, d)
 }
 
 // keepAlivePeriod is how often an idle QUIC connection is pinged (each side

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/rank/choice"
 )
 
 // The UDP buffer warning is due only where QUIC carries data: not between
@@ -36,7 +38,7 @@ func TestUDPWarning(t *testing.T) {
 		}
 	})
 	t.Run("QUIC on one host", func(t *testing.T) {
-		ms := meshes(t, 3, opt) // LoopbackGroup: shared memory off
+		ms := meshes(t, 3, opt) // loopbackGroup: shared memory off
 		w := ms[0].udpWarning(small)
 		if !strings.Contains(w, "rank 0: net.core.rmem_max is 212992 on localhost") || !strings.Contains(w, "sysctl -w net.core.rmem_max=7500000") {
 			t.Errorf("rank 0 with small buffers: %q", w)
@@ -72,10 +74,10 @@ func TestUDPWarning(t *testing.T) {
 		// 0 and 1: QUIC carries data to rank 2 only, and the warning comes
 		// from rank 0 (host a's lowest) and rank 2 (host b's).
 		for r, want := range []bool{true, false, true} {
-			m := &Mesh{id: Identity{Rank: r, Size: 3}, opt: Options{Transport: "quic"}, choice: TransportChoice{Transport: "quic"},
-				hosts: []string{"a", "a", "b"}, names: []string{"node1", "node1", "node2"}, shm: make([]*shmPeer, 3)}
+			m := &Mesh{id: Identity{Rank: r, Size: 3}, opt: Options{Transport: "quic"}, choice: choice.Choice{Transport: "quic"},
+				hosts: []string{"a", "a", "b"}, names: []string{"node1", "node1", "node2"}, links: make([]link, 3)}
 			if r < 2 {
-				m.shm[1-r] = &shmPeer{}
+				m.links[1-r] = &shmPeer{}
 			}
 			if got := says(m, small); got != want {
 				t.Errorf("rank %d: warns %v, want %v (%q)", r, got, want, m.udpWarning(small))

@@ -230,7 +230,11 @@ func bench(o options, out io.Writer) error {
 	}
 	procs, procsFrom := shareOfHost(id.LocalSize)
 	ctx := context.Background()
-	mesh, err := rank.Connect(ctx, id, rank.Options{Timeout: o.timeout})
+	mopt, err := envconf.Mesh(os.LookupEnv, rank.Options{Timeout: o.timeout})
+	if err != nil {
+		return err
+	}
+	mesh, err := rank.Connect(ctx, id, mopt)
 	if err != nil {
 		return err
 	}

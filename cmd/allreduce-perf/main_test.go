@@ -20,6 +20,7 @@ import (
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 )
 
 var bin string
@@ -376,11 +377,11 @@ func TestOneRankWithoutLauncher(t *testing.T) {
 // without the collective under test, and every rank gets the total.
 func TestSumCounts(t *testing.T) {
 	ctx := context.Background()
-	ts, err := rank.LoopbackGroup(ctx, 3, rank.Options{})
+	ts, err := ranktest.Loopback(ctx, 3, rank.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rank.CloseAll(ts)
+	defer ranktest.CloseAll(ts)
 	seqs := make([]uint64, len(ts)) // each rank's own, as in its own process
 	for round, counts := range [][]int{{0, 0, 0}, {5, 0, 1 << 40}, {0, 7, 0}} {
 		got := make([]int, len(ts))

@@ -298,8 +298,12 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 		params += int64(p.Len)
 		in.shapes = append(in.shapes, p.Shape)
 	}
+	buckets, err := train.BucketBytes(ps, c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb"))
+	if err != nil {
+		return in, fmt.Errorf("plan: %w", err)
+	}
 	in.w = plan.Workload{Params: params, HeadBytes: 4 * cfg.Vocab * cfg.DModel, Wire: report.WireType(c.String("compression")), Overlap: c.Bool("overlap"),
-		Buckets: bucketBytes(c, ps)}
+		Buckets: buckets}
 	in.c = plan.Cluster{Hosts: c.Int("hosts"), PerHost: c.Int("per-host"), LinkGbps: link, CoresPerHost: c.Int("cores-per-host")}
 	batch := c.Int("batch-tokens")
 	if s := c.Float64("compute-s"); s > 0 {
@@ -403,7 +407,9 @@ func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
 	if ps, err = transformer.ParamList(cfg); err != nil {
 		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %v", ri.Params, ri.Preset, err)
 	}
-	w.Buckets = bucketBytes(c, ps)
+	if w.Buckets, err = train.BucketBytes(ps, c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb")); err != nil {
+		return fmt.Errorf("plan: --from-run: %w", err)
+	}
 	w.HeadBytes = 4 * vocab * cfg.DModel
 	return nil
 }
@@ -529,20 +535,6 @@ func maxWire(bs []plan.Bucket) int {
 		m = max(m, b.WireBytes)
 	}
 	return m
-}
-
-// bucketBytes is the sizes of the fusion buckets that --bucket-cap-mb and
-// --first-bucket-mb cut from ps, as the trainer's Bucketer cuts them.
-func bucketBytes(c *cli.Context, ps []transformer.Param) []int {
-	infos := make([]fusion.ParamInfo, len(ps))
-	for i, p := range ps {
-		infos[i] = fusion.ParamInfo{Name: p.Name, Len: p.Len}
-	}
-	var out []int
-	for _, b := range fusion.Layout(infos, fusion.BucketConfig{CapBytes: int(c.Float64("bucket-cap-mb") * (1 << 20)), FirstCapBytes: int(c.Float64("first-bucket-mb") * (1 << 20))}) {
-		out = append(out, b.Bytes())
-	}
-	return out
 }
 
 // measurePowerSGD times, on this machine's CPU with threads compute

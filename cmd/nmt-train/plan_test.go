@@ -15,7 +15,7 @@ import (
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/ranktest"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -330,7 +330,7 @@ func TestPowerSGDMatchesCompressor(t *testing.T) {
 		t.Errorf("plan's rank %d and rate %v, fusion's %d and %v", plan.DefaultPowerSGDRank, float64(plan.PowerSGDMinCompressionRate),
 			fusion.DefaultPowerSGDRank, float64(fusion.DefaultPowerSGDMinRate))
 	}
-	comm, err := collective.New(rank.NewLocalGroup(1, 1)[0], collective.Config{})
+	comm, err := collective.New(ranktest.InMemory(1, 1)[0], collective.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

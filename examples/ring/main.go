@@ -14,6 +14,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/rank"
 )
@@ -50,7 +51,11 @@ func run(rounds, size int, hold time.Duration, failRank int, timeout time.Durati
 	}
 	ctx := context.Background()
 	start := time.Now()
-	m, err := rank.Connect(ctx, id, rank.Options{Timeout: timeout})
+	opt, err := envconf.Mesh(os.LookupEnv, rank.Options{Timeout: timeout})
+	if err != nil {
+		return err
+	}
+	m, err := rank.Connect(ctx, id, opt)
 	if err != nil {
 		return err
 	}

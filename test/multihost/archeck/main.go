@@ -68,7 +68,11 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 	}
 	ctx := context.Background()
 	start := time.Now()
-	m, err := rank.Connect(ctx, id, rank.Options{Timeout: timeout})
+	opt, err := envconf.Mesh(os.LookupEnv, rank.Options{Timeout: timeout})
+	if err != nil {
+		return err
+	}
+	m, err := rank.Connect(ctx, id, opt)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,38 @@ const (
 	BPEFile   = "bpe.codes"
 )
 
+// source hands out this rank's batches of each step (the micro-batches of
+// one backward pass each).
+type source interface {
+	Next() ([]*transformer.Batch, error)
+	// Position is the data position to store in a checkpoint: a global
+	// position, the same on every rank and for any number of ranks.
+	Position() json.RawMessage
+	Restore(json.RawMessage) error
+	Epoch() int
+	// GlobalBatch is the batches per step, over all ranks, and the
+	// position, whose Tokens or Rows say their size: the run's, kept
+	// across resumes.
+	GlobalBatch() (batches int, size data.Position)
+}
+
+// corpus is what the trainer needs from the data side.
+type corpus struct {
+	Name      string
+	VocabSize int
+	VocabHash string
+	Vocab     *data.Vocab // written into the run directory for `translate`
+	Extra     []string
+	Decode    func(ids []int32) string   // detokenized text
+	Pieces    func(ids []int32) []string // vocabulary pieces
+	Train     source
+	Valid     [][2][]int32 // source ids, target ids ending with EOS
+	ValidRefs []string     // detokenized references
+	Stats     metrics.Dataset
+	Close     func()
+	text      *Cached // the cache entry of a corpus of text files (Options.Text)
+}
+
 func loadCorpus(ctx context.Context, o Options, r, n int) (*corpus, error) {
 	var (
 		v          *data.Vocab

@@ -14,7 +14,6 @@ import (
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/data"
 	"github.com/gorun/gorun/internal/atomicfile"
-	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/report"
 	"github.com/gorun/gorun/transformer"
 )
@@ -70,7 +69,7 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 	if t.leader() {
 		start, ckErr = latestStart(o.RunDir, v)
 	}
-	if t.mesh, err = rank.Connect(ctx, t.id, rank.Options{Timeout: o.Timeout}); err != nil {
+	if t.mesh, err = t.connect(ctx, o.Timeout); err != nil {
 		if ckErr != nil {
 			return ckErr
 		}

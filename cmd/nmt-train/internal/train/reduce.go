@@ -151,7 +151,7 @@ func compression(o Options) (fusion.Compression, *fusion.PowerSGD) {
 }
 
 func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, tl *metrics.Timeline) (reducer, error) {
-	params, err := paramInfos(m)
+	params, err := paramInfos(m.Params)
 	if err != nil {
 		return nil, err
 	}
@@ -187,11 +187,12 @@ func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *tra
 	return &bucketReducer{b: b, psgd: psgd != nil}, nil
 }
 
-// paramInfos is the model's gradients as the Bucketer takes them.
-func paramInfos(m *transformer.Model) ([]fusion.ParamInfo, error) {
-	params := make([]fusion.ParamInfo, len(m.Params))
+// paramInfos is the gradients of the parameters ps (a model's, laid out
+// one after another) as the Bucketer takes them.
+func paramInfos(ps []transformer.Param) ([]fusion.ParamInfo, error) {
+	params := make([]fusion.ParamInfo, len(ps))
 	off := 0
-	for i, p := range m.Params {
+	for i, p := range ps {
 		if p.Offset != off {
 			return nil, fmt.Errorf("internal: parameter %s at offset %d, want %d (gradients not contiguous)", p.Name, p.Offset, off)
 		}
@@ -205,16 +206,18 @@ func paramInfos(m *transformer.Model) ([]fusion.ParamInfo, error) {
 	return params, nil
 }
 
-// bucketBytes is the fusion buckets' float32 bytes in the order they
-// leave, as the Bucketer cuts them with o's caps (fusion.Layout, before a
-// --cycle-time rebuild), for run.json: the planner's layout.
-func bucketBytes(m *transformer.Model, o Options) ([]int, error) {
-	params, err := paramInfos(m)
+// BucketBytes is the fusion buckets' float32 bytes in the order they
+// leave, as the Bucketer cuts them from the parameters ps with caps of
+// capMB and firstMB MiB (--bucket-cap-mb, --first-bucket-mb; fusion.Layout,
+// before a --cycle-time rebuild): run.json's record, and the planner's
+// layout (nmt-train plan).
+func BucketBytes(ps []transformer.Param, capMB, firstMB float64) ([]int, error) {
+	params, err := paramInfos(ps)
 	if err != nil {
 		return nil, err
 	}
 	var out []int
-	for _, b := range fusion.Layout(params, fusion.BucketConfig{CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20))}) {
+	for _, b := range fusion.Layout(params, fusion.BucketConfig{CapBytes: int(capMB * (1 << 20)), FirstCapBytes: int(firstMB * (1 << 20))}) {
 		out = append(out, b.Bytes())
 	}
 	return out, nil

@@ -10,11 +10,11 @@ import (
 	"github.com/gorun/gorun/checkpoint"
 )
 
-// The trainer's side of its run directory (rank 0): taking it (the lock,
-// one run per directory, restarts, a killed writer's temporaries) and
-// resuming from the checkpoint latest names. The directory's mechanics are
-// package checkpoint's; the flags, messages and what a resume restores
-// into the trainer are here.
+// The trainer's side of its run directory (rank 0): refusing a --run-dir
+// that is a file, taking it (the lock, one run per directory, restarts, a
+// killed writer's temporaries) and resuming from the checkpoint latest
+// names. The directory's mechanics are package checkpoint's; the flags,
+// messages and what a resume restores into the trainer are here.
 
 // takeRunDir (rank 0) creates and takes the run directory: its lock, held
 // until the process ends (a second nmt-train on the same directory is refused);
@@ -132,4 +132,25 @@ func heldRun(dir string) string {
 		found = append(found, filepath.Base(evs[0]))
 	}
 	return strings.Join(found, ", ")
+}
+
+// runDirIsFile refuses a --run-dir that is a file, or one below a file
+// (which mkdir would report as "not a directory").
+func runDirIsFile(dir string) error {
+	for p := filepath.Clean(dir); ; {
+		if fi, err := os.Stat(p); err == nil {
+			if fi.IsDir() {
+				return nil
+			}
+			if p == filepath.Clean(dir) {
+				return fmt.Errorf("--run-dir %s: is a file, not a directory", dir)
+			}
+			return fmt.Errorf("--run-dir %s: %s is a file, not a directory", dir, p)
+		}
+		up := filepath.Dir(p)
+		if up == p {
+			return nil
+		}
+		p = up
+	}
 }

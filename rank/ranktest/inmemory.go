@@ -1,4 +1,8 @@
-package rank
+// Package ranktest holds transports for tests and benchmarks: ranks of one
+// process that exchange messages through memory (InMemory) or over real
+// sockets on 127.0.0.1 (Loopback), and CloseAll. The product never uses
+// them.
+package ranktest
 
 import (
 	"context"
@@ -7,14 +11,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/rank/internal/waitctx"
 )
 
-// localDepth is how many messages a lane of a local group buffers before
+// localDepth is how many messages a lane of an in-memory group buffers before
 // Send blocks (real transports block on flow control in the same way).
 const localDepth = 16
 
 type localMsg struct {
-	tag Tag
+	tag rank.Tag
 	buf []byte
 }
 
@@ -28,22 +35,23 @@ type localGroup struct {
 	recv   [][]atomic.Uint64 // [dst][src]
 }
 
-// localTransport is one rank of a local group.
+// localTransport is one rank of an in-memory group.
 type localTransport struct {
 	g    *localGroup
 	rank int
 }
 
-// NewLocalGroup returns n transports that exchange messages through memory
-// inside this process, for algorithm tests: the same contract as a Mesh (tag
-// and length checked on every Recv, ctx honoured, Close of one rank makes
-// its peers' blocked and later calls fail with a *PeerError) without sockets.
-// Waits have no timeout but the one WithTimeout gives, and they end at it
-// (the liveness of a peer in the same process is not known).
-// A message is copied on Send, so the sender may reuse its buffer at once.
-func NewLocalGroup(n, channels int) []Transport {
+// InMemory returns n transports that exchange messages through memory
+// inside this process, for algorithm tests: the same contract as a
+// rank.Mesh (tag and length checked on every Recv, ctx honoured, Close of
+// one rank makes its peers' blocked and later calls fail with a
+// *rank.PeerError) without sockets. Waits have no timeout but the one
+// rank.WithTimeout gives, and they end at it (the liveness of a peer in
+// the same process is not known). A message is copied on Send, so the
+// sender may reuse its buffer at once.
+func InMemory(n, channels int) []rank.Transport {
 	if n < 1 || channels < 1 {
-		panic(fmt.Sprintf("rank: NewLocalGroup(%d, %d)", n, channels))
+		panic(fmt.Sprintf("ranktest: InMemory(%d, %d)", n, channels))
 	}
 	g := &localGroup{n: n, channels: channels, closed: make([]chan struct{}, n), once: make([]sync.Once, n)}
 	g.lanes = make([][][]chan localMsg, n)
@@ -64,14 +72,17 @@ func NewLocalGroup(n, channels int) []Transport {
 			}
 		}
 	}
-	ts := make([]Transport, n)
+	ts := make([]rank.Transport, n)
 	for r := range ts {
 		ts[r] = &localTransport{g: g, rank: r}
 	}
 	return ts
 }
 
-var errPeerClosed = errors.New("peer closed its transport")
+var (
+	errPeerClosed = errors.New("peer closed its transport")
+	errClosed     = errors.New("mesh closed") // as a closed rank.Mesh says
+)
 
 func (t *localTransport) Rank() int     { return t.rank }
 func (t *localTransport) Size() int     { return t.g.n }
@@ -86,14 +97,14 @@ func (t *localTransport) check(peer, ch int, op string) error {
 	}
 	select {
 	case <-t.g.closed[t.rank]:
-		return &PeerError{Self: t.rank, Peer: peer, Op: op, Err: errClosed}
+		return &rank.PeerError{Self: t.rank, Peer: peer, Op: op, Err: errClosed}
 	default:
 	}
 	return nil
 }
 
-func (t *localTransport) fail(ctx context.Context, op string, peer, ch int, tag Tag, err error) error {
-	pe := &PeerError{Self: t.rank, Peer: peer, Op: op}
+func (t *localTransport) fail(ctx context.Context, op string, peer, ch int, tag rank.Tag, err error) error {
+	pe := &rank.PeerError{Self: t.rank, Peer: peer, Op: op}
 	var se *stallError
 	if ctx.Err() != nil {
 		err = ctx.Err()
@@ -104,10 +115,18 @@ func (t *localTransport) fail(ctx context.Context, op string, peer, ch int, tag 
 	return pe
 }
 
+// stallError is a wait that reached its timeout, worded as a rank.Mesh
+// words one whose peer's liveness it does not know.
+type stallError struct{ waited time.Duration }
+
+func (e *stallError) Error() string {
+	return fmt.Sprintf("waited %s (timeout %s) with no progress", e.waited.Round(100*time.Millisecond), e.waited)
+}
+
 // waitTimer returns a channel that fires at the wait timeout ctx carries (nil:
 // never) and the func that stops it.
 func waitTimer(ctx context.Context) (<-chan time.Time, time.Duration, func() bool) {
-	d := timeoutFrom(ctx, 0)
+	d := waitctx.From(ctx, 0)
 	if d <= 0 {
 		return nil, 0, func() bool { return false }
 	}
@@ -116,7 +135,7 @@ func waitTimer(ctx context.Context) (<-chan time.Time, time.Duration, func() boo
 }
 
 // Send implements Transport.
-func (t *localTransport) Send(ctx context.Context, peer, ch int, tag Tag, payload []byte) error {
+func (t *localTransport) Send(ctx context.Context, peer, ch int, tag rank.Tag, payload []byte) error {
 	if err := t.check(peer, ch, "send"); err != nil {
 		return err
 	}
@@ -133,7 +152,7 @@ func (t *localTransport) Send(ctx context.Context, peer, ch int, tag Tag, payloa
 		t.g.sent[t.rank][peer].Add(uint64(len(payload)))
 		return nil
 	case <-timeout:
-		return t.fail(ctx, "send", peer, ch, tag, unknownStall(d, d))
+		return t.fail(ctx, "send", peer, ch, tag, &stallError{waited: d})
 	case <-ctx.Done():
 		return t.fail(ctx, "send", peer, ch, tag, ctx.Err())
 	case <-t.g.closed[t.rank]:
@@ -144,7 +163,7 @@ func (t *localTransport) Send(ctx context.Context, peer, ch int, tag Tag, payloa
 }
 
 // Recv implements Transport.
-func (t *localTransport) Recv(ctx context.Context, peer, ch int, want Tag, dst []byte) error {
+func (t *localTransport) Recv(ctx context.Context, peer, ch int, want rank.Tag, dst []byte) error {
 	if err := t.check(peer, ch, "recv"); err != nil {
 		return err
 	}
@@ -158,7 +177,7 @@ func (t *localTransport) Recv(ctx context.Context, peer, ch int, want Tag, dst [
 		select {
 		case m = <-q:
 		case <-timeout:
-			return t.fail(ctx, "recv", peer, ch, want, unknownStall(d, d))
+			return t.fail(ctx, "recv", peer, ch, want, &stallError{waited: d})
 		case <-ctx.Done():
 			return t.fail(ctx, "recv", peer, ch, want, ctx.Err())
 		case <-t.g.closed[t.rank]:
@@ -174,23 +193,23 @@ func (t *localTransport) Recv(ctx context.Context, peer, ch int, want Tag, dst [
 	}
 	t.g.recv[t.rank][peer].Add(uint64(len(m.buf)))
 	if m.tag != want || len(m.buf) != len(dst) {
-		return &MismatchError{Self: t.rank, Peer: peer, Channel: ch, Want: want, Got: m.tag, WantLen: len(dst), GotLen: len(m.buf)}
+		return &rank.MismatchError{Self: t.rank, Peer: peer, Channel: ch, Want: want, Got: m.tag, WantLen: len(dst), GotLen: len(m.buf)}
 	}
 	copy(dst, m.buf)
 	return nil
 }
 
 // Stats implements Transport (payload bytes only: there is no framing).
-func (t *localTransport) Stats() []PeerStats {
-	s := make([]PeerStats, t.g.n)
+func (t *localTransport) Stats() []rank.PeerStats {
+	s := make([]rank.PeerStats, t.g.n)
 	for p := range s {
-		s[p] = PeerStats{BytesSent: t.g.sent[t.rank][p].Load(), BytesRecv: t.g.recv[t.rank][p].Load()}
+		s[p] = rank.PeerStats{BytesSent: t.g.sent[t.rank][p].Load(), BytesRecv: t.g.recv[t.rank][p].Load()}
 	}
 	return s
 }
 
 // Close implements Transport: this rank's blocked calls and its peers' calls
-// with it fail with a *PeerError.
+// with it fail with a *rank.PeerError.
 func (t *localTransport) Close() error {
 	t.g.once[t.rank].Do(func() { close(t.g.closed[t.rank]) })
 	return nil
