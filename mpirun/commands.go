@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -98,7 +99,7 @@ func rankList(rs []int) string {
 func (p *plan) printDryRun() {
 	w := p.cfg.Stdout
 	fmt.Fprintf(w, "gorun: dry run: %s on %s, job %s, rendezvous %s\n",
-		plural(len(p.specs), "rank"), plural(p.hosts, "host"), p.jobID, net.JoinHostPort(p.rdvIP, p.displayPort()))
+		words.Plural(len(p.specs), "rank"), words.Plural(p.hosts, "host"), p.jobID, net.JoinHostPort(p.rdvIP, p.displayPort()))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RANK\tHOST\tLOCAL RANK\tLOCAL SIZE\tNODE RANK\tSTART")
 	for _, sp := range p.specs {

@@ -263,10 +263,3 @@ func mapByPPR(mapBy string) (n int, ok bool, err error) {
 // that exits sooner is not waited for, so a well-behaved job pays nothing
 // for it, and a second signal to gorun kills at once.
 const DefaultGrace = 30 * time.Second
-
-func plural(n int, word string) string {
-	if n == 1 {
-		return "1 " + word
-	}
-	return fmt.Sprintf("%d %ss", n, word)
-}

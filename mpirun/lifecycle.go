@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -90,7 +91,7 @@ func (p *plan) run() (int, error) {
 		}
 	}
 	if cfg.Verbose {
-		fmt.Fprintf(cfg.Stderr, "gorun: job %s: %s on %s, rendezvous %s\n", p.jobID, plural(len(p.specs), "rank"), plural(p.hosts, "host"), rdv.Addr())
+		fmt.Fprintf(cfg.Stderr, "gorun: job %s: %s on %s, rendezvous %s\n", p.jobID, words.Plural(len(p.specs), "rank"), words.Plural(p.hosts, "host"), rdv.Addr())
 		p.printCommands(cfg.Stderr, "gorun: ", port)
 	}
 

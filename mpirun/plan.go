@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -284,7 +285,7 @@ func (p *plan) checkPortRange(slots []Slot, local map[string]bool) error {
 	need, why := rdv, "gorun's rendezvous takes a UDP port"
 	for _, h := range p.hostList {
 		n := perHost[h.Name]
-		w := fmt.Sprintf("host %s runs %s, each with a UDP and a TCP port", h.Name, plural(n, "rank"))
+		w := fmt.Sprintf("host %s runs %s, each with a UDP and a TCP port", h.Name, words.Plural(n, "rank"))
 		// (MASTER_PORT needs no port of its own: a program listens either
 		// on it, as torch.distributed does, or on the ports of gorun's
 		// mesh, as gorun's own ranks do, not on both)
@@ -303,7 +304,7 @@ func (p *plan) checkPortRange(slots []Slot, local map[string]bool) error {
 	if pr.Lo+need-1 <= 65535 {
 		hint = fmt.Sprintf(" (at least %d-%d)", pr.Lo, pr.Lo+need-1)
 	}
-	return usagef("--port-range %s has %s, too few: %s; widen it%s", pr, plural(pr.Size(), "port"), why, hint)
+	return usagef("--port-range %s has %s, too few: %s; widen it%s", pr, words.Plural(pr.Size(), "port"), why, hint)
 }
 
 // locateProgram returns the ranks' working directory (absolute), the

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -69,7 +70,7 @@ func SlurmHosts(get func(string) (string, bool)) (a SlurmAllocation, ok bool, er
 		}
 		if len(counts) != len(nodes) {
 			return a, true, fmt.Errorf("Slurm job %s: %s=%s gives %s for the %s of %s=%s",
-				a.JobID, countVar, a.TasksPerNode, plural(len(counts), "count"), plural(len(nodes), "node"), listVar, a.NodeList)
+				a.JobID, countVar, a.TasksPerNode, words.Plural(len(counts), "count"), words.Plural(len(nodes), "node"), listVar, a.NodeList)
 		}
 	}
 	for i, n := range nodes {
@@ -101,5 +102,5 @@ func (a SlurmAllocation) Line(srun bool) string {
 		how = "; ranks on other nodes started with srun"
 	}
 	return fmt.Sprintf("hosts from Slurm job %s: %s (%s) from %s%s (no -hostfile or -H given)",
-		a.JobID, strings.Join(hosts, ","), plural(total, "slot"), strings.TrimPrefix(a.Hosts[0].Where, "Slurm job "+a.JobID+": "), how)
+		a.JobID, strings.Join(hosts, ","), words.Plural(total, "slot"), strings.TrimPrefix(a.Hosts[0].Where, "Slurm job "+a.JobID+": "), how)
 }

@@ -225,7 +225,7 @@ func Predict(c Cluster, w Workload) (Prediction, error) {
 	}
 	pr.ComputeS = w.ComputeS * perThread * pr.Oversubscribed
 	pr.WaitS = p.wait(w.ComputeSD*perThread, pr.Oversubscribed)
-	pr.SyncS = p.route(16, collective.Ring).sec // 4 float32 sums, ring forced (train.go allreduceSums)
+	pr.SyncS = p.route(16, collective.Ring).sec // 4 float32 sums, ring forced (nmt-train's step.go allreduceSums)
 	p.gradients(&pr)
 	pr.StepS = pr.ComputeS + pr.WaitS + pr.SyncS + pr.ExposedS + pr.StolenS + pr.CompressUnderS + pr.DataS
 	if pr.StepS > 0 {

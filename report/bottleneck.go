@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 )
@@ -298,7 +299,7 @@ func (b Bottleneck) PowerSGDMeasured(md bool) string {
 		fp16, whence = float64(2*planElems), "the planner's count of them"
 	}
 	line := fmt.Sprintf("%s all-reduced P and Q of %s, %s a step (%s, the mean of %s), where fp16 sends %s for them (%s): %s a step saved (%.1fx less)",
-		what, matrices(mats), mbs(int(math.Round(st.PowerSGDBytes))), MetricPowerSGDBytes, plural(int(st.PowerSGDSteps), "step"),
+		what, matrices(mats), mbs(int(math.Round(st.PowerSGDBytes))), MetricPowerSGDBytes, words.Plural(int(st.PowerSGDSteps), "step"),
 		mbs(int(math.Round(fp16))), whence, mbs(int(math.Round(fp16-st.PowerSGDBytes))), fp16/st.PowerSGDBytes)
 	if planPQ > 0 {
 		line += fmt.Sprintf("; the planner gives P and Q %s, and with the tensors left in fp16 a step's allreduces %s against %s with fp16 alone",

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/transformer"
@@ -288,7 +289,7 @@ func RunPowerSGD(ri metrics.RunInfo, w plan.Workload, st StepTimes, r int) (*pla
 	}
 	if ri.Compression == "powersgd" && runRank == r && st.PowerSGDCompute > 0 {
 		ps.ComputeS = st.PowerSGDCompute
-		return ps, fmt.Sprintf("measured by the run (%s, a mean over %s)", MetricPowerSGDComputeMS, plural(int(st.PowerSGDSteps), "step")), nil
+		return ps, fmt.Sprintf("measured by the run (%s, a mean over %s)", MetricPowerSGDComputeMS, words.Plural(int(st.PowerSGDSteps), "step")), nil
 	}
 	tokens, what := float64(ri.BatchTokens), "padded batch tokens"
 	if tokens <= 0 {
@@ -354,7 +355,7 @@ func WhatIf(ri metrics.RunInfo, st StepTimes) []string {
 	if p, err := plan.Predict(c, w); err == nil {
 		measured := fmtNum(st.Step, "%.3f") + " s"
 		if w.PowerSGD != nil && st.PowerSGDSteps > 0 && st.PowerSGDSteps < st.Steps {
-			measured += fmt.Sprintf(", %s s over the %s PowerSGD compressed (the plan is of those)", fmtNum(st.PowerSGDStep, "%.3f"), plural(int(st.PowerSGDSteps), "step"))
+			measured += fmt.Sprintf(", %s s over the %s PowerSGD compressed (the plan is of those)", fmtNum(st.PowerSGDStep, "%.3f"), words.Plural(int(st.PowerSGDSteps), "step"))
 		}
 		out = append(out, fmt.Sprintf("*Prediction* for this run's own configuration (%s): **%.3f s** per step; it measured %s.",
 			layout(c), p.StepS, measured))
@@ -411,5 +412,5 @@ func how(p plan.Prediction) string {
 
 // layout names a cluster's shape: "2 hosts x 2 ranks".
 func layout(c plan.Cluster) string {
-	return fmt.Sprintf("%s x %s", plural(c.Hosts, "host"), plural(c.PerHost, "rank"))
+	return fmt.Sprintf("%s x %s", words.Plural(c.Hosts, "host"), words.Plural(c.PerHost, "rank"))
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/metrics"
 )
 
@@ -589,14 +590,6 @@ func (r *report) divergingLine() string {
 		Commas(at.Step), lossNum(at.V), Commas(int64(at.V/atLowest)), atLowest, r.ri.Vocab, math.Log(float64(r.ri.Vocab)), Commas(last.Step), lossNum(last.V), DivergeFactor)
 }
 
-// plural writes n things: "1 rank", "2 ranks".
-func plural(n int, thing string) string {
-	if n == 1 {
-		return "1 " + thing
-	}
-	return fmt.Sprintf("%d %ss", n, thing)
-}
-
 func cmpF(a, b float64) int {
 	switch {
 	case a < b:
@@ -696,7 +689,7 @@ func (r *report) devicesSection() {
 		if len(hosts) == 1 {
 			where = fmt.Sprintf("one host (%s: %s)", hosts[0], cpu)
 		}
-		r.w("- Trained on the CPU of %s; %s there, %s each. No GPU was used.\n", where, plural(max(onHost0, 1), "rank"), plural(ri.Threads, "compute thread"))
+		r.w("- Trained on the CPU of %s; %s there, %s each. No GPU was used.\n", where, words.Plural(max(onHost0, 1), "rank"), words.Plural(ri.Threads, "compute thread"))
 	}
 	if len(r.cpu) == 0 {
 		r.w("- CPU use: **not enough data**: no log line recorded it (--log-every logs more often).\n")
@@ -758,7 +751,7 @@ func (r *report) networkSection() {
 		}
 		if k := len(keep(r.stepTime)); k > 0 && k < len(r.stepTime) {
 			exposed, hidden, stepTime, netOut, netIn, shmOut, shmIn = keep(exposed), keep(hidden), keep(stepTime), keep(netOut), keep(netIn), keep(shmOut), keep(shmIn)
-			only = fmt.Sprintf("; over the %s PowerSGD compressed throughout, not the %d before", plural(k, "logged interval"), len(r.stepTime)-k)
+			only = fmt.Sprintf("; over the %s PowerSGD compressed throughout, not the %d before", words.Plural(k, "logged interval"), len(r.stepTime)-k)
 		}
 	}
 	exposedShare := mean(exposed) / 1000 / mean(stepTime)

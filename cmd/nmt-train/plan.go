@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
 	"github.com/gorun/gorun/fusion"
+	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/metrics"
@@ -230,7 +231,7 @@ func applyPowerSGD(c *cli.Context, in *planIn) error {
 		if ps.ComputeS, _, err = measurePowerSGD(in.shapes, r, in.measured, 3); err != nil {
 			return fmt.Errorf("plan: %v", err)
 		}
-		in.psgdHow = fmt.Sprintf("measured now on this machine's CPU: its products, orthonormalisation and error feedback on the preset's shapes, %s", plural(in.measured, "thread"))
+		in.psgdHow = fmt.Sprintf("measured now on this machine's CPU: its products, orthonormalisation and error feedback on the preset's shapes, %s", words.Plural(in.measured, "thread"))
 	default:
 		step := plan.StepFLOPs(in.w.Params, tokens)
 		ps.ComputeS = plan.ComputeFromFLOPs(in.w.ComputeS, ps.FLOPs(), step)
@@ -322,7 +323,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	if threads == 0 {
 		threads = max(1, in.c.CoresPerHost/in.c.PerHost)
 	}
-	fmt.Fprintf(os.Stderr, "nmt-train plan: measuring preset %s on this machine's CPU (%s, %d steps after 3 untimed)...\n", in.preset, plural(threads, "thread"), c.Int("measure-steps"))
+	fmt.Fprintf(os.Stderr, "nmt-train plan: measuring preset %s on this machine's CPU (%s, %d steps after 3 untimed)...\n", in.preset, words.Plural(threads, "thread"), c.Int("measure-steps"))
 	m, err := train.MeasureCompute(in.preset, cfg.Vocab, threads, batch, 3, c.Int("measure-steps"))
 	if err != nil {
 		return in, fmt.Errorf("plan: %v", err)
@@ -330,7 +331,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	in.w.ComputeS, in.w.ComputeSD, in.w.BackwardS, in.w.Threads = m.ComputeS, m.ComputeSD, m.Backward, threads
 	in.w.TokensPerRank, in.tokens = m.TargetTokens, "target tokens"
 	in.measured = threads
-	in.source = fmt.Sprintf("measured now on this machine's CPU: %d steps of the synthetic corpus with %d ids, %s, %d batch tokens", m.Steps, m.Vocab, plural(threads, "thread"), batch)
+	in.source = fmt.Sprintf("measured now on this machine's CPU: %d steps of the synthetic corpus with %d ids, %s, %d batch tokens", m.Steps, m.Vocab, words.Plural(threads, "thread"), batch)
 	return in, nil
 }
 
@@ -376,9 +377,9 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 		}
 	}
 	in.tokens = "target tokens"
-	in.source = fmt.Sprintf("measured by the run in %s: %s, %s%s, compute less the token-count wait", dir, plural(ri.WorldSize, "rank"), plural(st.Intervals, "logged interval"), map[bool]string{true: " after the first"}[st.Skipped == 1])
+	in.source = fmt.Sprintf("measured by the run in %s: %s, %s%s, compute less the token-count wait", dir, words.Plural(ri.WorldSize, "rank"), words.Plural(st.Intervals, "logged interval"), map[bool]string{true: " after the first"}[st.Skipped == 1])
 	in.runStep = st.Step
-	in.measure = fmt.Sprintf("%s on %s", plural(ri.WorldSize, "rank"), plural(len(report.UniqueHosts(ri.Hosts)), "host"))
+	in.measure = fmt.Sprintf("%s on %s", words.Plural(ri.WorldSize, "rank"), words.Plural(len(report.UniqueHosts(ri.Hosts)), "host"))
 	return in, nil
 }
 
@@ -414,19 +415,12 @@ func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
 	return nil
 }
 
-func plural(n int, what string) string {
-	if n == 1 {
-		return fmt.Sprintf("1 %s", what)
-	}
-	return fmt.Sprintf("%d %ss", n, what)
-}
-
 // printPlan writes one prediction with its parts and the numbers behind
 // the verdict; with PowerSGD, its bytes and compute, and fp16's
 // prediction beside it.
 func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Prediction) {
 	c, w := in.c, in.w
-	fmt.Fprintf(out, "plan: preset %s (%s parameters), %s x %s = %s", in.preset, report.Commas(w.Params), plural(c.Hosts, "host"), plural(c.PerHost, "rank"), plural(p.Ranks, "rank"))
+	fmt.Fprintf(out, "plan: preset %s (%s parameters), %s x %s = %s", in.preset, report.Commas(w.Params), words.Plural(c.Hosts, "host"), words.Plural(c.PerHost, "rank"), words.Plural(p.Ranks, "rank"))
 	if c.Hosts > 1 {
 		fmt.Fprintf(out, ", link %.3g Gbit/s, %s (%.3f GB/s each way: %s)", c.LinkGbps, plan.TransportLabel(p.Transport), p.RateGBs, limitNote(p))
 	}
@@ -442,7 +436,7 @@ func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Predictio
 			pq += b.PBytes + b.QBytes
 		}
 		fmt.Fprintf(out, "compression: powersgd, rank %d%s: %d matrices compressed (%s parameters; P and Q %s in float32), %s left in fp16 (%s parameters, %s): %s a step on the wire",
-			ps.Rank, from, mats, report.Commas(elems), mb(pq), plural(tensors, "tensor"), report.Commas(rest), mb(2*rest), mb(p.WireBytes))
+			ps.Rank, from, mats, report.Commas(elems), mb(pq), words.Plural(tensors, "tensor"), report.Commas(rest), mb(2*rest), mb(p.WireBytes))
 		if fp16 != nil && p.WireBytes > 0 {
 			fmt.Fprintf(out, " against %s with fp16 (%.1fx less)", mb(fp16.WireBytes), float64(fp16.WireBytes)/float64(p.WireBytes))
 		}
@@ -451,7 +445,7 @@ func printPlan(out io.Writer, in planIn, p plan.Prediction, fp16 *plan.Predictio
 	fmt.Fprintf(out, "predicted step time: %.4f s\n", p.StepS)
 	fmt.Fprintf(out, "  compute                 %.4f s", p.ComputeS)
 	if p.Oversubscribed > 1 {
-		fmt.Fprintf(out, "  (%.2g compute threads per core: %s x %s on %s)", p.Oversubscribed, plural(c.PerHost, "rank"), plural(c.ThreadsPerRank, "thread"), plural(c.CoresPerHost, "core"))
+		fmt.Fprintf(out, "  (%.2g compute threads per core: %s x %s on %s)", p.Oversubscribed, words.Plural(c.PerHost, "rank"), words.Plural(c.ThreadsPerRank, "thread"), words.Plural(c.CoresPerHost, "core"))
 	}
 	fmt.Fprintf(out, "\n  wait for the slowest     %.4f s  (the ranks' batches differ)\n", p.WaitS)
 	fmt.Fprintf(out, "  token-count allreduce   %.4f s\n", p.SyncS)
@@ -502,7 +496,7 @@ func mb(b int) string { return fmt.Sprintf("%.2f MB", float64(b)/1e6) }
 
 // printSweep writes a table over 1, 2, 4, ..., 512 hosts.
 func printSweep(out io.Writer, in planIn) error {
-	fmt.Fprintf(out, "plan: preset %s, %s per host, link %.3g Gbit/s; compute %.4f s per step per rank (%s)", in.preset, plural(in.c.PerHost, "rank"), in.c.LinkGbps, in.w.ComputeS, in.source)
+	fmt.Fprintf(out, "plan: preset %s, %s per host, link %.3g Gbit/s; compute %.4f s per step per rank (%s)", in.preset, words.Plural(in.c.PerHost, "rank"), in.c.LinkGbps, in.w.ComputeS, in.source)
 	if ps := in.w.PowerSGD; ps != nil {
 		fmt.Fprintf(out, "; powersgd, rank %d, its compute %.4f s a step (%s)", ps.Rank, ps.ComputeS, in.psgdHow)
 	}

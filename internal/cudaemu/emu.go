@@ -9,11 +9,13 @@
 //
 // Build compiles the three libraries with g++ from the C++ sources in
 // csrc/ (embedded in this package) and the kernel files it is given; the Go
-// side loads them by pointing GORUN_CUDA_LIB_DIR at the directory (it
-// dlopens dir/libcuda.so.1 etc. through purego, exactly as it loads
-// NVIDIA's). ForTest builds once per test process:
+// side loads them from that directory (it dlopens dir/libcuda.so.1 etc.
+// through purego, exactly as it loads NVIDIA's): in-process with
+// cuda.Settings{LibDir: dir}, in a program a test starts by setting
+// GORUN_CUDA_LIB_DIR=dir in its environment. ForTest builds once per test
+// process:
 //
-//	t.Setenv("GORUN_CUDA_LIB_DIR", cudaemu.ForTest(t))
+//	s := cuda.Settings{LibDir: cudaemu.ForTest(t)}
 //
 // # What is emulated
 //
