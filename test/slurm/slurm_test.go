@@ -234,13 +234,15 @@ func TestNodeLost(t *testing.T) {
 	if state == "COMPLETED" {
 		t.Fatalf("job %s completed after its node h2 was lost; output:\n%s", id, text)
 	}
-	// The ranks left name a rank on h2; srun names the node.
+	// srun names the node. The ranks left name a rank on h2 when they see
+	// the loss before Slurm cancels the step (a race: in some runs Slurm
+	// kills them first), so their lines are logged, not required.
 	ranks := regexp.MustCompile(`(?m)^nmt-train: rank \d+: .*rank \d+ \(h2\).*$`).FindAllString(text, -1)
 	for _, l := range ranks {
-		t.Logf("names the node: %s", l)
+		t.Logf("a rank names the node: %s", l)
 	}
-	if len(ranks) == 0 || !strings.Contains(text, "srun: error: Node failure on h2") {
-		t.Errorf("job %s (%s, exit code %s): want the ranks' lines naming a rank on h2, and srun's Node failure on h2; output:\n%s", id, state, code, text)
+	if !strings.Contains(text, "srun: error: Node failure on h2") {
+		t.Errorf("job %s (%s, exit code %s): want srun's Node failure on h2; output:\n%s", id, state, code, text)
 	}
 	if state != "NODE_FAIL" {
 		t.Errorf("job %s ended %s, want NODE_FAIL", id, state)
