@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/gorun/gorun/internal/words"
@@ -72,7 +71,7 @@ func (p *plan) printCommands(w io.Writer, prefix, port string) {
 		}
 	}
 	for _, hs := range p.remote {
-		fmt.Fprintf(w, "%s[%s: %s] %s\n", prefix, hs.name, rankList(hs.ranks), p.hostCommandLine(hs, port))
+		fmt.Fprintf(w, "%s[%s: %s] %s\n", prefix, hs.name, rank.List(hs.ranks), p.hostCommandLine(hs, port))
 		for _, r := range hs.ranks {
 			words := []string{"env", rank.EnvRank + "=" + strconv.Itoa(r), rank.EnvLocalRank + "=" + strconv.Itoa(p.specs[r].slot.LocalRank)}
 			if p.cudaRank {
@@ -83,17 +82,6 @@ func (p *plan) printCommands(w io.Writer, prefix, port string) {
 			fmt.Fprintf(w, "%s[%d] the agent on %s adds to the host's environment and runs: %s\n", prefix, r, hs.name, shellJoin(words))
 		}
 	}
-}
-
-func rankList(rs []int) string {
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		parts[i] = strconv.Itoa(r)
-	}
-	if len(rs) == 1 {
-		return "rank " + parts[0]
-	}
-	return "ranks " + strings.Join(parts, ",")
 }
 
 func (p *plan) printDryRun() {

@@ -226,7 +226,7 @@ func TestDryRunRemote(t *testing.T) {
 	for _, want := range []string{
 		"gorun: dry run: 2 ranks on 1 host, job ",
 		"RANK  HOST           LOCAL RANK  LOCAL SIZE  NODE RANK  START\n0     node7.invalid  0           2           0          ssh\n1     node7.invalid  1           2           0          ssh\n",
-		`[node7.invalid: ranks 0,1] ssh -F 'my cfg' -o BatchMode=yes -o ConnectTimeout=10 -p 2222 node7.invalid 'cd /tmp && exec env A=1 GORUN_SIZE=2 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=0 `,
+		`[node7.invalid: ranks 0, 1] ssh -F 'my cfg' -o BatchMode=yes -o ConnectTimeout=10 -p 2222 node7.invalid 'cd /tmp && exec env A=1 GORUN_SIZE=2 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=0 `,
 		` GORUN_HOST=node7.invalid GORUN_RESTART=0 /opt/gorun --internal-remote-agent --grace 30s --ranks 0.0,1.1 --cuda-local -- /tmp/prog '\''--it'\''\'\'''\''s'\'' '\''x y'\'''   # job secret on stdin`,
 	} {
 		if !strings.Contains(out, want) {
@@ -543,7 +543,7 @@ func TestRunSecondSignalKills(t *testing.T) {
 	if code != ExitKilled {
 		t.Errorf("status %d, want 137", code)
 	}
-	if want := "gorun: ranks 0,1 killed with SIGKILL at a second signal (interrupt)\n"; !strings.HasSuffix(e.String(), want) {
+	if want := "gorun: ranks 0, 1 killed with SIGKILL at a second signal (interrupt)\n"; !strings.HasSuffix(e.String(), want) {
 		t.Errorf("stderr %q, want it to end with %q", e.String(), want)
 	}
 	if got := strings.Join(sortedLines(o.String()), ","); got != "[0] got INT,[0] ready,[1] got INT,[1] ready" {

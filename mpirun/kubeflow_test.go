@@ -141,8 +141,8 @@ func TestMPIJobSSH(t *testing.T) {
 		return o.String() + e.String(), err
 	}
 	out, err := dry(Config{SSHArgs: "-o ConnectionAttempts=3 -F ./cfg", Dir: "/tmp", RemoteGorun: "/opt/gorun"})
-	want := "[gorun-nmt-worker-0.gorun-nmt.default.svc: ranks 0,1] ssh -o ConnectionAttempts=3 -F ./cfg -o ConnectionAttempts=10 -o BatchMode=yes -o ConnectTimeout=10 gorun-nmt-worker-0.gorun-nmt.default.svc 'cd /tmp && exec env "
-	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "[gorun-nmt-worker-1.gorun-nmt.default.svc: ranks 2,3] ssh ") {
+	want := "[gorun-nmt-worker-0.gorun-nmt.default.svc: ranks 0, 1] ssh -o ConnectionAttempts=3 -F ./cfg -o ConnectionAttempts=10 -o BatchMode=yes -o ConnectTimeout=10 gorun-nmt-worker-0.gorun-nmt.default.svc 'cd /tmp && exec env "
+	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "[gorun-nmt-worker-1.gorun-nmt.default.svc: ranks 2, 3] ssh ") {
 		t.Errorf("dry run: %v; want %q in:\n%s", err, want, out)
 	}
 	if out, err := dry(Config{Hosts: []Host{{Name: "other.invalid", Slots: 1}}}); err != nil || strings.Contains(out, "gorun-nmt") || !strings.Contains(out, "other.invalid") {

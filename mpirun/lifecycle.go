@@ -278,7 +278,7 @@ func (p *plan) run() (int, error) {
 	}
 	if len(killed) > 0 {
 		sort.Ints(killed)
-		fmt.Fprintf(cfg.Stderr, "gorun: %s killed with SIGKILL%s\n", rankList(killed), killWhy)
+		fmt.Fprintf(cfg.Stderr, "gorun: %s killed with SIGKILL%s\n", rank.List(killed), killWhy)
 		if byGorun {
 			status = ExitKilled
 		}

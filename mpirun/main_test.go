@@ -232,7 +232,7 @@ func TestRunGraceEndsInSIGKILL(t *testing.T) {
 	}
 	// (the ranks' shells may say "Terminated" of their sleep)
 	if m := regexp.MustCompile(`(?m)^gorun: .*$`).FindAllString(e.String(), -1); len(m) != 2 || !regexp.MustCompile(`^gorun: rank 2 \(host 127\.0\.0\.2, pid \d+\) exited with status 3$`).MatchString(m[0]) ||
-		m[1] != "gorun: ranks 0,1 killed with SIGKILL: still running 2s after the stop began (--grace)" {
+		m[1] != "gorun: ranks 0, 1 killed with SIGKILL: still running 2s after the stop began (--grace)" {
 		t.Errorf("stderr %q, want gorun's line naming rank 2, then its line about the kill", e.String())
 	}
 }

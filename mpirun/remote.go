@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/rank"
 )
 
 // Remote hosts: starting the agent on one (startHost), reading its frames
@@ -91,7 +93,7 @@ func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, result
 	closeAll(ctlR, outW, errW)
 	if err != nil {
 		closeAll(ctlW, outR, errR)
-		return fail(fmt.Errorf("cannot start %s for %s on host %s: %w", argv[0], rankList(hs.ranks), hs.name, unwrapExec(err)))
+		return fail(fmt.Errorf("cannot start %s for %s on host %s: %w", argv[0], rank.List(hs.ranks), hs.name, unwrapExec(err)))
 	}
 	h.cmd, h.pid = cmd, cmd.Process.Pid
 	rp.send("g", h.pid)

@@ -115,7 +115,7 @@ func TestRunKilledStatus(t *testing.T) {
 	gorunLines := regexp.MustCompile(`(?m)^gorun: .*$`).FindAllString(e.String(), -1)
 	want := []string{
 		"gorun: terminated: stopping the job: forwarded to every rank, which are killed if still running after --grace 300ms; a second signal kills them at once",
-		"gorun: ranks 0,1 killed with SIGKILL: still running 300ms after the stop began (--grace)",
+		"gorun: ranks 0, 1 killed with SIGKILL: still running 300ms after the stop began (--grace)",
 	}
 	if code != ExitKilled || fmt.Sprint(gorunLines) != fmt.Sprint(want) || strings.Count(o.String(), "got TERM") != 2 {
 		t.Errorf("grace ran out: status %d (want 137), gorun's lines %q, want %q\nstdout %q", code, gorunLines, want, o.String())

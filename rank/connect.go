@@ -240,7 +240,7 @@ func (m *Mesh) describeMissing() string {
 	if len(miss) == 0 {
 		return "no rank"
 	}
-	s := rankList(miss)
+	s := List(miss)
 	if len(miss) == 1 && m.names[miss[0]] != "" {
 		s += " (" + m.names[miss[0]] + ")"
 	}

@@ -206,3 +206,24 @@ func TestSlurmMasterPort(t *testing.T) {
 		t.Errorf("got %q, %v; want n3:12345", id.Rendezvous, err)
 	}
 }
+
+// List names ranks in order without changing its argument, and cuts a
+// long list after eight.
+func TestList(t *testing.T) {
+	rs := []int{3, 1, 2}
+	for _, c := range []struct {
+		rs   []int
+		want string
+	}{
+		{[]int{4}, "rank 4"},
+		{rs, "ranks 1, 2, 3"},
+		{[]int{9, 8, 7, 6, 5, 4, 3, 2, 1, 0}, "ranks 0, 1, 2, 3, 4, 5, 6, 7, and 2 more"},
+	} {
+		if got := List(c.rs); got != c.want {
+			t.Errorf("List(%v) = %q, want %q", c.rs, got, c.want)
+		}
+	}
+	if rs[0] != 3 {
+		t.Errorf("List sorted its argument: %v", rs)
+	}
+}

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -326,7 +326,7 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 			if ctx.Err() != nil {
 				what := "the table of ranks"
 				if len(waiting) > 0 {
-					what = rankList(waiting) + " to register"
+					what = List(waiting) + " to register"
 				}
 				if errors.Is(ctx.Err(), context.Canceled) {
 					return nil, fmt.Errorf("rendezvous at %s: stopped while waiting for %s", addr, what)
@@ -349,8 +349,10 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 	}
 }
 
-func rankList(rs []int) string {
-	sort.Ints(rs)
+// List names ranks for a message: "rank 3", "ranks 0, 1, 2" in order,
+// the ninth and later as "and N more". rs is not changed.
+func List(rs []int) string {
+	rs = slices.Sorted(slices.Values(rs))
 	parts := make([]string, 0, len(rs))
 	for i, r := range rs {
 		if i == 8 {

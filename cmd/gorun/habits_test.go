@@ -79,7 +79,7 @@ func TestLabCommandLine(t *testing.T) {
 		"gorun: dry run: 4 ranks on 2 hosts, job ", ", rendezvous " + ip + ":<port>\n",
 		"0     vm1.invalid  0           2           0          ssh\n1     vm1.invalid  1           2           0          ssh\n" +
 			"2     vm2.invalid  0           2           1          ssh\n3     vm2.invalid  1           2           1          ssh\n",
-		"[vm1.invalid: ranks 0,1] ssh -o BatchMode=yes -o ConnectTimeout=10 vm1.invalid 'cd ",
+		"[vm1.invalid: ranks 0, 1] ssh -o BatchMode=yes -o ConnectTimeout=10 vm1.invalid 'cd ",
 		" && exec env NCCL_SOCKET_IFNAME=" + ifname + " NCCL_DEBUG=INFO GORUN_IFACE=" + ifname + " GORUN_SIZE=4 GORUN_LOCAL_SIZE=2 GORUN_NODE_RANK=1 ",
 		" --internal-remote-agent --grace 30s --ranks 2.0,3.1 --cuda-local -- python run.py --epochs 1'",
 	} {
@@ -341,7 +341,7 @@ func TestDefaultGraceSecondSignal(t *testing.T) {
 	j.cmd.Process.Signal(syscall.SIGTERM)
 	j.wait(t, 15*time.Second)
 	_, e := j.out()
-	if j.code != 137 || !strings.HasSuffix(e, "gorun: ranks 0,1 killed with SIGKILL at a second signal (terminated)\n") {
+	if j.code != 137 || !strings.HasSuffix(e, "gorun: ranks 0, 1 killed with SIGKILL at a second signal (terminated)\n") {
 		t.Errorf("status %d, want 137; stderr:\n%s", j.code, e)
 	}
 	var pids []int
