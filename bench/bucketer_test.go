@@ -104,7 +104,7 @@ func BenchmarkBucketer(b *testing.B) {
 				grads[r][i] = float32((i*7+r)%1000-500) * 1e-4
 			}
 		}
-		for _, comp := range []fusion.Compression{fusion.CompressNone, fusion.CompressFP16} {
+		for _, comp := range []collective.DType{collective.Float32, collective.Float16} {
 			b.Run(fmt.Sprintf("np%d/%v", np, comp), func(b *testing.B) {
 				benchBucketer(b, ts, ps, grads, comp, nsPer)
 			})
@@ -122,7 +122,7 @@ type modeStats struct {
 	buckets             int
 }
 
-func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, grads [][]float32, comp fusion.Compression, nsPer float64) {
+func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, grads [][]float32, comp collective.DType, nsPer float64) {
 	np := len(ts)
 	stats := map[string]*modeStats{}
 	for _, m := range benchModes {
@@ -141,7 +141,7 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, gra
 				return
 			}
 			defer c.Close()
-			bk, err := fusion.NewBucketer(c, ps, fusion.BucketConfig{Compression: comp, Average: true})
+			bk, err := fusion.NewBucketer(c, ps, fusion.BucketConfig{Wire: comp, Average: true})
 			if err != nil {
 				errs[r] = err
 				return
@@ -194,7 +194,7 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, gra
 
 // benchStepMode runs one step of a mode on one rank.
 func benchStepMode(c *collective.Communicator, bk *fusion.Bucketer, t rank.Transport, ps []fusion.ParamInfo, grads []float32,
-	comp fusion.Compression, mode string, nsPer float64) (modeStats, error) {
+	comp collective.DType, mode string, nsPer float64) (modeStats, error) {
 	var out modeStats
 	t0 := time.Now()
 	var pending []int
@@ -220,7 +220,7 @@ func benchStepMode(c *collective.Communicator, bk *fusion.Bucketer, t rank.Trans
 	if mode == "plain" {
 		tb := time.Now()
 		var opts []collective.CallOption
-		if comp == fusion.CompressFP16 {
+		if comp == collective.Float16 {
 			opts = append(opts, collective.WithWire(collective.Float16))
 		}
 		s0 := sentBytes(t)

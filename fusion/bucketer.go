@@ -23,50 +23,31 @@ import (
 	"github.com/gorun/gorun/metrics"
 )
 
-// Compression is how a Bucketer's gradients travel: float32 as they are, or
-// rounded to float16 / bfloat16 on the wire (half the bytes).
-type Compression uint8
-
-const (
-	CompressNone Compression = iota
-	CompressFP16
-	CompressBF16
-)
-
-// ParseCompression accepts none, fp16 (float16, half) and bf16 (bfloat16).
-func ParseCompression(s string) (Compression, error) {
+// ParseWire reads the gradients' type on the wire as nmt-train's
+// --compression names it: none (float32, as they are; also "", fp32,
+// float32), fp16 (float16, half) or bf16 (bfloat16), the last two rounded on
+// the wire to half the bytes.
+func ParseWire(s string) (collective.DType, error) {
 	switch strings.ToLower(s) {
 	case "none", "", "fp32", "float32":
-		return CompressNone, nil
+		return collective.Float32, nil
 	case "fp16", "float16", "half":
-		return CompressFP16, nil
+		return collective.Float16, nil
 	case "bf16", "bfloat16":
-		return CompressBF16, nil
+		return collective.BFloat16, nil
 	}
 	return 0, fmt.Errorf("unknown compression %q (want none, fp16 or bf16)", s)
 }
 
-func (c Compression) String() string {
-	switch c {
-	case CompressNone:
-		return "none"
-	case CompressFP16:
+// wireName is the --compression name of wire type d, as ParseWire reads it.
+func wireName(d collective.DType) string {
+	switch d {
+	case collective.Float16:
 		return "fp16"
-	case CompressBF16:
+	case collective.BFloat16:
 		return "bf16"
 	}
-	return fmt.Sprintf("compression(%d)", uint8(c))
-}
-
-// Wire is the data type gradients travel in.
-func (c Compression) Wire() collective.DType {
-	switch c {
-	case CompressFP16:
-		return collective.Float16
-	case CompressBF16:
-		return collective.BFloat16
-	}
-	return collective.Float32
+	return "none"
 }
 
 // ParamInfo describes one parameter's gradient: a name for messages and
@@ -98,8 +79,10 @@ type BucketConfig struct {
 	CapBytes int
 	// FirstCapBytes is the first bucket's cap (default 1 MiB).
 	FirstCapBytes int
-	// Compression: the wire format (none, fp16, bf16).
-	Compression Compression
+	// Wire is the gradients' type on the wire: collective.Float16 or
+	// BFloat16 round them to half the bytes; Float32 (or zero) sends them
+	// as they are.
+	Wire collective.DType
 	// CycleTime, if positive, rebuilds the buckets once, after the first
 	// step, from rank 0's measured readiness times: a bucket is also closed
 	// when the next gradient became ready more than CycleTime after the
@@ -123,7 +106,7 @@ type BucketConfig struct {
 	Timeline *metrics.Timeline
 	// PowerSGD, if not nil, compresses the weight matrices (ParamInfo.Rows
 	// and Cols) from its StartStep on; the other gradients keep
-	// Compression's wire. Host gradients need AttachFlat (not Attach).
+	// Wire. Host gradients need AttachFlat (not Attach).
 	PowerSGD *PowerSGD
 }
 
@@ -262,12 +245,15 @@ func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfi
 		return nil, fmt.Errorf("bucketer: negative bucket cap (%d, first %d)", cfg.CapBytes, cfg.FirstCapBytes)
 	case cfg.BackwardPassesPerStep < 0:
 		return nil, fmt.Errorf("bucketer: %d backward passes per step", cfg.BackwardPassesPerStep)
-	case cfg.Compression > CompressBF16:
-		return nil, fmt.Errorf("bucketer: unknown %v", cfg.Compression)
+	case cfg.Wire != 0 && cfg.Wire != collective.Float32 && cfg.Wire != collective.Float16 && cfg.Wire != collective.BFloat16:
+		return nil, fmt.Errorf("bucketer: unknown wire type %v", cfg.Wire)
 	case cfg.Timeout < 0 || cfg.CycleTime < 0:
 		return nil, errors.New("bucketer: negative timeout or cycle time")
 	}
-	b := &Bucketer{c: c, params: append([]ParamInfo(nil), params...), cfg: cfg, wire: cfg.Compression.Wire(), scale: 1}
+	if cfg.Wire == 0 {
+		cfg.Wire = collective.Float32
+	}
+	b := &Bucketer{c: c, params: append([]ParamInfo(nil), params...), cfg: cfg, wire: cfg.Wire, scale: 1}
 	off := 0
 	for i, p := range params {
 		if p.Len < 0 {
@@ -404,7 +390,7 @@ type description struct {
 // describe sets the fingerprint material from the parameters, the config
 // and the attach mode.
 func (b *Bucketer) describe() error {
-	d := description{Compression: b.cfg.Compression.String(), Average: b.cfg.Average, Passes: b.cfg.BackwardPassesPerStep,
+	d := description{Compression: wireName(b.wire), Average: b.cfg.Average, Passes: b.cfg.BackwardPassesPerStep,
 		CapBytes: b.cfg.CapBytes, FirstCap: b.cfg.FirstCapBytes, CycleTime: int64(b.cfg.CycleTime),
 		DeviceWire: b.dev != nil && b.wire != collective.Float32}
 	for _, p := range b.params {

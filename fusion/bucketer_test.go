@@ -227,7 +227,7 @@ func TestBucketLayout(t *testing.T) {
 
 type bucketReduceCase struct {
 	np    int
-	comp  Compression
+	comp  collective.DType
 	avg   bool
 	scale float32
 	mode  gradMode
@@ -236,16 +236,16 @@ type bucketReduceCase struct {
 func TestBucketerMatchesPlainAllreduce(t *testing.T) {
 	var cases []bucketReduceCase
 	for np := 1; np <= 4; np++ {
-		cases = append(cases, bucketReduceCase{np: np}, bucketReduceCase{np: np, avg: true}, bucketReduceCase{np: np, comp: CompressFP16, avg: true})
+		cases = append(cases, bucketReduceCase{np: np}, bucketReduceCase{np: np, avg: true}, bucketReduceCase{np: np, comp: collective.Float16, avg: true})
 	}
 	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125}, bucketReduceCase{np: 3, mode: modeAttach, avg: true},
-		bucketReduceCase{np: 2, comp: CompressBF16}, bucketReduceCase{np: 4, comp: CompressFP16, scale: 0.5, mode: modeAttach})
+		bucketReduceCase{np: 2, comp: collective.BFloat16}, bucketReduceCase{np: 4, comp: collective.Float16, scale: 0.5, mode: modeAttach})
 	// Device gradients: the same sums through the asynchronous staging.
 	for np := 1; np <= 4; np++ {
-		cases = append(cases, bucketReduceCase{np: np, mode: modeDevice}, bucketReduceCase{np: np, comp: CompressFP16, avg: true, mode: modeDevice})
+		cases = append(cases, bucketReduceCase{np: np, mode: modeDevice}, bucketReduceCase{np: np, comp: collective.Float16, avg: true, mode: modeDevice})
 	}
-	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125, mode: modeDevice}, bucketReduceCase{np: 2, comp: CompressBF16, mode: modeDevice},
-		bucketReduceCase{np: 3, comp: CompressBF16, avg: true, scale: 0.25, mode: modeDevice}, bucketReduceCase{np: 4, comp: CompressFP16, scale: 0.5, mode: modeDevice})
+	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125, mode: modeDevice}, bucketReduceCase{np: 2, comp: collective.BFloat16, mode: modeDevice},
+		bucketReduceCase{np: 3, comp: collective.BFloat16, avg: true, scale: 0.25, mode: modeDevice}, bucketReduceCase{np: 4, comp: collective.Float16, scale: 0.5, mode: modeDevice})
 	for _, tc := range cases {
 		name := fmt.Sprintf("np%d/%v/avg=%v/scale=%v/%v", tc.np, tc.comp, tc.avg, tc.scale, tc.mode)
 		t.Run(name, func(t *testing.T) { checkBucketReduce(t, tc) })
@@ -261,7 +261,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 	refs := make([][]float32, tc.np)
 	nbs := make([]int, tc.np)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
-		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: tc.comp, Average: tc.avg, Timeout: 10 * time.Second})
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Wire: tc.comp, Average: tc.avg, Timeout: 10 * time.Second})
 		if err != nil {
 			return err
 		}
@@ -290,7 +290,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 				return fmt.Errorf("step %d stats %+v", step, st)
 			}
 		}
-		if err := bkDeviceOK(dev, b, 2, tc.comp.Wire()); err != nil {
+		if err := bkDeviceOK(dev, b, 2, orFloat32(tc.comp)); err != nil {
 			return err
 		}
 		results[r] = flat
@@ -333,7 +333,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 		}
 		for i, x := range v {
 			want := ref[o+i]
-			if tc.comp == CompressNone {
+			if tc.comp == 0 || tc.comp == collective.Float32 {
 				if math.Float32bits(x) != math.Float32bits(want) {
 					t.Fatalf("parameter %d element %d = %v, plain allreduce gives %v", p, i, x, want)
 				}
@@ -353,7 +353,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 				f *= float64(tc.scale)
 			}
 			eps := math.Ldexp(1, -11)
-			if tc.comp == CompressBF16 {
+			if tc.comp == collective.BFloat16 {
 				eps = math.Ldexp(1, -8)
 			}
 			if d := math.Abs(float64(x) - float64(want)); d > float64(tc.np)*eps*abs*f+1e-7 {
@@ -513,7 +513,7 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 		}, `parameter 9 is "layer_9/w" (2 elements) on rank 0 but missing on rank 1`},
 		{"compression", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
 			if r == 1 {
-				cfg.Compression = CompressFP16
+				cfg.Wire = collective.Float16
 			}
 			return ps
 		}, "compression is none on rank 0 but fp16 on rank 1"},
@@ -535,7 +535,7 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 			return ps
 		}, "first bucket cap (bytes) is 512 on rank 0 but 256 on rank 1"},
 		{"device", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
-			cfg.Compression = CompressFP16
+			cfg.Wire = collective.Float16
 			return ps
 		}, "the buckets are float32 data sent as 16 bits on rank 0 but 16-bit data staged from a device on rank 1"},
 	} {
@@ -658,7 +658,7 @@ func checkOverflow(t *testing.T, mode gradMode) {
 	ts := ranktest.InMemory(2, 1)
 	defer ranktest.CloseAll(ts)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
-		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: CompressFP16, Average: true})
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Wire: collective.Float16, Average: true})
 		if err != nil {
 			return err
 		}
@@ -921,8 +921,8 @@ func checkQUIC(t *testing.T, mode gradMode) {
 	}
 	sent := make([][2]uint64, np)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
-		for ci, comp := range []Compression{CompressNone, CompressFP16} {
-			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 200 << 10, FirstCapBytes: 64 << 10, Compression: comp})
+		for ci, comp := range []collective.DType{collective.Float32, collective.Float16} {
+			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 200 << 10, FirstCapBytes: 64 << 10, Wire: comp})
 			if err != nil {
 				return err
 			}
@@ -939,7 +939,7 @@ func checkQUIC(t *testing.T, mode gradMode) {
 			if err != nil {
 				return err
 			}
-			if err := bkDeviceOK(dev, b, 1, comp.Wire()); err != nil {
+			if err := bkDeviceOK(dev, b, 1, orFloat32(comp)); err != nil {
 				return err
 			}
 			sent[r][ci] = st.BytesSent
@@ -966,25 +966,31 @@ func checkQUIC(t *testing.T, mode gradMode) {
 	}
 }
 
-// TestParseCompression: every spelling nmt-train's --compression accepts,
-// its wire type and its name; anything else is refused with the choices.
-func TestParseCompression(t *testing.T) {
-	for s, want := range map[string]Compression{"none": CompressNone, "fp32": CompressNone, "fp16": CompressFP16,
-		"half": CompressFP16, "BF16": CompressBF16, "bfloat16": CompressBF16} {
-		got, err := ParseCompression(s)
+// orFloat32 is a case's wire type, Float32 where the case leaves it zero
+// (as the Bucketer reads BucketConfig.Wire).
+func orFloat32(d collective.DType) collective.DType {
+	if d == 0 {
+		return collective.Float32
+	}
+	return d
+}
+
+// TestParseWire: every spelling nmt-train's --compression accepts, its
+// wire type and its name; anything else is refused with the choices.
+func TestParseWire(t *testing.T) {
+	for s, want := range map[string]collective.DType{"none": collective.Float32, "fp32": collective.Float32, "": collective.Float32,
+		"fp16": collective.Float16, "half": collective.Float16, "BF16": collective.BFloat16, "bfloat16": collective.BFloat16} {
+		got, err := ParseWire(s)
 		if err != nil || got != want {
-			t.Errorf("ParseCompression(%q) = %v, %v; want %v", s, got, err, want)
+			t.Errorf("ParseWire(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
-	for c, w := range map[Compression]collective.DType{CompressNone: collective.Float32, CompressFP16: collective.Float16, CompressBF16: collective.BFloat16} {
-		if c.Wire() != w {
-			t.Errorf("%v.Wire() = %v, want %v", c, c.Wire(), w)
-		}
-		if back, err := ParseCompression(c.String()); err != nil || back != c {
-			t.Errorf("%v does not parse back: %v, %v", c, back, err)
+	for _, d := range []collective.DType{collective.Float32, collective.Float16, collective.BFloat16} {
+		if back, err := ParseWire(wireName(d)); err != nil || back != d {
+			t.Errorf("%v (%q) does not parse back: %v, %v", d, wireName(d), back, err)
 		}
 	}
-	if _, err := ParseCompression("fp8"); err == nil || !strings.Contains(err.Error(), "want none, fp16 or bf16") {
+	if _, err := ParseWire("fp8"); err == nil || !strings.Contains(err.Error(), "want none, fp16 or bf16") {
 		t.Errorf("fp8: %v", err)
 	}
 }
@@ -1190,14 +1196,14 @@ func TestBucketerMisuse(t *testing.T) {
 func TestBucketerOverflowFromScale(t *testing.T) {
 	for _, k := range []struct {
 		mode gradMode
-		comp Compression
-	}{{modeFlat, CompressNone}, {modeDevice, CompressNone}, {modeDevice, CompressFP16}} {
+		comp collective.DType
+	}{{modeFlat, collective.Float32}, {modeDevice, collective.Float32}, {modeDevice, collective.Float16}} {
 		t.Run(fmt.Sprintf("%v/%v", k.mode, k.comp), func(t *testing.T) {
 			ps := bkOddParams()
 			ts := ranktest.InMemory(2, 1)
 			defer ranktest.CloseAll(ts)
 			bkNoErrs(t, bkOnRanks(ts, func(r int, c *collective.Communicator) error {
-				b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Compression: k.comp})
+				b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Wire: k.comp})
 				if err != nil {
 					return err
 				}
@@ -1225,7 +1231,7 @@ func TestBucketerOverflowFromScale(t *testing.T) {
 						return fmt.Errorf("step %d (gradients %s, scale 3e38): Overflow = %v", step, map[bool]string{false: "up to 3.75", true: "up to 3.75/1024"}[small], st.Overflow)
 					}
 				}
-				return bkDeviceOK(dev, b, 2, k.comp.Wire())
+				return bkDeviceOK(dev, b, 2, orFloat32(k.comp))
 			}))
 		})
 	}

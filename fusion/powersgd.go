@@ -25,7 +25,7 @@ import (
 // (W ranks; G is the sum of the ranks' gradients, as the uncompressed
 // buckets give it, or with Average their mean, G/W). Vectors and matrices
 // that would not shrink by MinRate travel in the bucket's ordinary
-// (Compression) allreduce. docs/fusion.md has the design and its reasons.
+// (Wire) allreduce. docs/fusion.md has the design and its reasons.
 type PowerSGD struct {
 	// Rank is R, the rank of the approximation (1 to kernels.OrthoMaxCols;
 	// default DefaultPowerSGDRank). A matrix gets min(R, n, m) columns.

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
@@ -301,13 +302,12 @@ func RunPowerSGD(ri metrics.RunInfo, w plan.Workload, st StepTimes, r int) (*pla
 		ps.FLOPs()/1e9, Commas(w.Params), tokens, what, step/1e12, w.ComputeS), nil
 }
 
-// WireType is the gradients' type on the wire for --compression.
+// WireType is the gradients' type on the wire for a run's --compression
+// (run.json's): fusion.ParseWire's, and fp16 for powersgd (its other
+// gradients' wire) and for a run that recorded none.
 func WireType(compression string) collective.DType {
-	switch compression {
-	case "none":
-		return collective.Float32
-	case "bf16":
-		return collective.BFloat16
+	if w, err := fusion.ParseWire(compression); err == nil && compression != "" {
+		return w
 	}
 	return collective.Float16
 }

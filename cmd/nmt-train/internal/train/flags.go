@@ -232,7 +232,7 @@ func (o Options) Validate() error {
 		if !o.Overlap {
 			return fmt.Errorf("--compression powersgd needs --overlap (the Bucketer compresses the buckets)")
 		}
-	} else if _, err := fusion.ParseCompression(o.Compression); err != nil {
+	} else if _, err := fusion.ParseWire(o.Compression); err != nil {
 		return fmt.Errorf("--compression %q: want fp16, bf16, none or powersgd", o.Compression)
 	}
 	if o.BucketCapMB <= 0 || o.FirstBucketMB <= 0 {

@@ -137,17 +137,17 @@ type bucketReducer struct {
 const compressPowerSGD = "powersgd"
 
 // powerSGDEmbedding: PowerSGD compresses the shared embedding/softmax
-// matrix [V, d] too (a later measurement may change that).
+// matrix [V, d] too (measured: docs/fusion.md, "Convergence").
 const powerSGDEmbedding = true
 
 // compression is --compression as the Bucketer takes it: the wire of the
 // uncompressed gradients, and PowerSGD's settings (nil unless powersgd).
-func compression(o Options) (fusion.Compression, *fusion.PowerSGD) {
+func compression(o Options) (collective.DType, *fusion.PowerSGD) {
 	if o.Compression == compressPowerSGD {
-		return fusion.CompressFP16, &fusion.PowerSGD{Rank: o.PowerSGDRank, StartStep: o.PowerSGDStart, Seed: o.Seed}
+		return collective.Float16, &fusion.PowerSGD{Rank: o.PowerSGDRank, StartStep: o.PowerSGDStart, Seed: o.Seed}
 	}
-	comp, _ := fusion.ParseCompression(o.Compression) // Validate checked it
-	return comp, nil
+	wire, _ := fusion.ParseWire(o.Compression) // Validate checked it
+	return wire, nil
 }
 
 func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, o Options, tl *metrics.Timeline) (reducer, error) {
@@ -167,7 +167,7 @@ func newBucketReducer(ctx context.Context, comm *collective.Communicator, m *tra
 	}
 	b, err := fusion.NewBucketer(comm, params, fusion.BucketConfig{
 		CapBytes: int(o.BucketCapMB * (1 << 20)), FirstCapBytes: int(o.FirstBucketMB * (1 << 20)),
-		Compression: comp, CycleTime: o.CycleTime, BackwardPassesPerStep: 1, Timeout: o.Timeout, Timeline: tl,
+		Wire: comp, CycleTime: o.CycleTime, BackwardPassesPerStep: 1, Timeout: o.Timeout, Timeline: tl,
 		PowerSGD: psgd,
 	})
 	if err != nil {

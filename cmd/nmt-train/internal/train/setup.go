@@ -137,7 +137,7 @@ func (t *Trainer) setup(ctx context.Context) error {
 		t.psgdCkpt = nil
 	} else {
 		comp, _ := compression(o) // one rank communicates nothing: no PowerSGD
-		t.red = newPlainReducer(ctx, t.comm, t.m, comp.Wire())
+		t.red = newPlainReducer(ctx, t.comm, t.m, comp)
 	}
 
 	if t.leader() {
