@@ -285,7 +285,10 @@ func killNode(t *testing.T, c *cluster, i int) {
 }
 
 // release lifts the two-minute hold Slurm puts on a requeued job, once it
-// is pending again.
+// is pending again. The requeue may still be finishing when the job first
+// reads PENDING, and then sets the hold again after the update: so the
+// update is repeated until the job is no longer held for its begin time
+// (or a minute and a half has passed).
 func (c *cluster) release(t *testing.T, id string) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
@@ -295,7 +298,15 @@ func (c *cluster) release(t *testing.T, id string) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	if res, err := c.cmd(t, 20*time.Second, "scontrol", "update", "JobId="+id, "StartTime=now"); err != nil {
-		t.Fatalf("scontrol update JobId=%s StartTime=now: %v\n%s", id, err, res)
+	deadline = time.Now().Add(90 * time.Second)
+	for {
+		if res, err := c.cmd(t, 20*time.Second, "scontrol", "update", "JobId="+id, "StartTime=now"); err != nil {
+			t.Fatalf("scontrol update JobId=%s StartTime=now: %v\n%s", id, err, res)
+		}
+		time.Sleep(3 * time.Second)
+		if c.jobField(t, id, "JobState") != "PENDING" || c.jobField(t, id, "Reason") != "BeginTime" || time.Now().After(deadline) {
+			return
+		}
+		t.Logf("job %s still held for its begin time: updating StartTime again", id)
 	}
 }
