@@ -415,6 +415,19 @@ func waitOutput(t *testing.T, output string, d time.Duration, subs ...string) st
 	}
 }
 
+// outputWithin reports whether a line of the job's output holds sub
+// within d.
+func outputWithin(output string, d time.Duration, sub string) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(300 * time.Millisecond) {
+		if b, _ := os.ReadFile(output); strings.Contains(string(b), sub) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 func readFile(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)

@@ -112,7 +112,16 @@ func TestPreemptionContinues(t *testing.T) {
 	// an admin may). Then the job starts again by itself and continues
 	// from the checkpoint.
 	c.release(t, id)
-	waitOutput(t, out, 2*time.Minute, fmt.Sprintf("has a checkpoint (ckpt-%d): continuing it", first))
+	// Where the update does not take (seen in fresh-clone CI runs: the
+	// job stayed pending), the hold itself ends two minutes after the
+	// requeue and the scheduler starts the job within its interval: the
+	// test waits for that too, and logs why the job waited.
+	if !outputWithin(out, 30*time.Second, fmt.Sprintf("has a checkpoint (ckpt-%d): continuing it", first)) {
+		res, _ := c.cmd(t, 20*time.Second, "scontrol", "-o", "show", "job", id)
+		nodes, _ := c.cmd(t, 20*time.Second, "sinfo", "-N", "-h", "-o", "%N %T %E")
+		t.Logf("job %s not started 30 s after its hold was lifted:\n%s\n%s", id, strings.TrimSpace(res), strings.TrimSpace(nodes))
+	}
+	waitOutput(t, out, 4*time.Minute, fmt.Sprintf("has a checkpoint (ckpt-%d): continuing it", first))
 	waitOutput(t, out, time.Minute, fmt.Sprintf("nmt-train: resumed from step %d", first))
 	waitOutput(t, out, time.Minute, fmt.Sprintf("step %d/999 |", (first/2+1)*2)) // logged every 2 steps
 	if res, err := c.cmd(t, 20*time.Second, "scancel", "--signal=TERM", id); err != nil {
@@ -285,10 +294,9 @@ func killNode(t *testing.T, c *cluster, i int) {
 }
 
 // release lifts the two-minute hold Slurm puts on a requeued job, once it
-// is pending again. The requeue may still be finishing when the job first
-// reads PENDING, and then sets the hold again after the update: so the
-// update is repeated until the job is no longer held for its begin time
-// (or a minute and a half has passed).
+// is pending again and its nodes are idle; the update is repeated until the
+// job is no longer held for its begin time (or a minute and a half has
+// passed).
 func (c *cluster) release(t *testing.T, id string) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
@@ -297,6 +305,19 @@ func (c *cluster) release(t *testing.T, id string) {
 			t.Fatalf("job %s is not pending a minute after its requeue", id)
 		}
 		time.Sleep(300 * time.Millisecond)
+	}
+	// The requeued job reads PENDING while its old batch script is still
+	// finishing on its nodes: started then, it fails at once (exit 1, no
+	// output). The hold is lifted only once every node is idle again.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		out, _ := c.cmd(t, 20*time.Second, "sinfo", "-h", "-o", "%T")
+		if states := strings.Fields(out); len(states) > 0 && strings.Count(out, "idle") == len(states) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Logf("nodes not idle a minute after job %s's requeue: %s", id, strings.TrimSpace(out))
+			break
+		}
 	}
 	deadline = time.Now().Add(90 * time.Second)
 	for {
