@@ -622,8 +622,35 @@ extern "C" __global__ void __launch_bounds__(GR_FLAT_THREADS) gr_col_sum_f32(flo
 
 // LayerNorm (row: one block per row)
 
-// y = (x - mean)*rstd*gamma + beta with the mean first, then the variance
-// as the mean of squared deviations (two passes, as the CPU backend).
+// normalize_row ends a layer norm of one row r (this block's): with s this
+// thread's share of the row's sum (elements t, t+bs, ...), the mean, then
+// the variance as the mean of squared deviations (two passes, as the CPU
+// backend), both kept, and y = (r - mean)*rstd*gamma + beta. Each thread
+// reads only its own elements of r.
+template <typename A>
+__device__ __forceinline__ void normalize_row(A* yr, const A* r, float s, float* mean, float* rstd, int row,
+                                              const float* gamma, const float* beta, int d, float eps, float* sh) {
+    const int t = threadIdx.x;
+    const int bs = blockDim.x;
+    s = block_sum(s, sh);
+    const float m = s / (float)d;
+    float vs = 0.0f;
+    for (int j = t; j < d; j += bs) {
+        const float dv = ld(r, j) - m;
+        vs += dv * dv;
+    }
+    vs = block_sum(vs, sh);
+    const float rs = 1.0f / sqrtf(vs / (float)d + eps);
+    if (t == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+    for (int j = t; j < d; j += bs) {
+        st(yr, j, (ld(r, j) - m) * rs * gamma[j] + beta[j]);
+    }
+}
+
+// y = (x - mean)*rstd*gamma + beta (normalize_row).
 template <typename A>
 __device__ __forceinline__ void layernorm(A* y, float* mean, float* rstd, const A* x, const float* gamma,
                                                  const float* beta, int rows, int d, float eps) {
@@ -640,22 +667,7 @@ __device__ __forceinline__ void layernorm(A* y, float* mean, float* rstd, const 
     for (int j = t; j < d; j += bs) {
         s += ld(xr, j);
     }
-    s = block_sum(s, sh);
-    const float m = s / (float)d;
-    float vs = 0.0f;
-    for (int j = t; j < d; j += bs) {
-        const float dv = ld(xr, j) - m;
-        vs += dv * dv;
-    }
-    vs = block_sum(vs, sh);
-    const float rs = 1.0f / sqrtf(vs / (float)d + eps);
-    if (t == 0) {
-        mean[row] = m;
-        rstd[row] = rs;
-    }
-    for (int j = t; j < d; j += bs) {
-        st(yr, j, (ld(xr, j) - m) * rs * gamma[j] + beta[j]);
-    }
+    normalize_row(yr, xr, s, mean, rstd, row, gamma, beta, d, eps, sh);
 }
 
 // dx += rstd*(dy*g - mean_j(dy*g) - n*mean_j(dy*g*n)), n = (x - mean)*rstd.
@@ -837,22 +849,7 @@ __device__ __forceinline__ void residual_dropout_layernorm(A* out, A* y, float* 
         st(o, j, v);
         s += v;
     }
-    s = block_sum(s, sh);
-    const float m = s / (float)d;
-    float vs = 0.0f;
-    for (int j = t; j < d; j += bs) {
-        const float dv = ld(o, j) - m;
-        vs += dv * dv;
-    }
-    vs = block_sum(vs, sh);
-    const float rs = 1.0f / sqrtf(vs / (float)d + eps);
-    if (t == 0) {
-        mean[row] = m;
-        rstd[row] = rs;
-    }
-    for (int j = t; j < d; j += bs) {
-        st(yr, j, (ld(o, j) - m) * rs * gamma[j] + beta[j]);
-    }
+    normalize_row(yr, o, s, mean, rstd, row, gamma, beta, d, eps, sh);
 }
 
 // Embeddings and positions (flat)
