@@ -48,20 +48,12 @@ func PowerSGDCompresses(n, m, r int) bool {
 // min(r, n, m).
 func PowerSGDColumns(n, m, r int) int { return min(r, n, m) }
 
-// PowerSGDMatrixFLOPs is the compressor's extra work on one compressed
-// n x m matrix with r columns per step, as fusion's compressor does it:
-// P = M Q (2nmr), Q = Mᵀ P (2nmr), the decompression P Qᵀ (2nmr), the
-// error feedback (M += E before; E = M and E −= P Qᵀ after: 3nm) and the
-// orthonormalisation of Q before P = M Q and of P after its allreduce
-// (Gram-Schmidt: 2mr² and 2nr²).
-func PowerSGDMatrixFLOPs(n, m, r int) float64 {
-	N, M, R := float64(n), float64(m), float64(r)
-	return 6*N*M*R + 3*N*M + 2*(N+M)*R*R
-}
-
-// powerSGDPhases splits PowerSGDMatrixFLOPs by when the work runs: before
-// P's allreduce (M += E, orthonormalise Q, P = M Q), between it and Q's
-// (orthonormalise P, Q = Mᵀ P), after Q's (E = M, G = P Qᵀ, E −= G).
+// powerSGDPhases is the compressor's extra work on one compressed n x m
+// matrix with r columns per step, as fusion's compressor does it, split by
+// when it runs: before P's allreduce (M += E, orthonormalise Q, P = M Q),
+// between it and Q's (orthonormalise P, Q = Mᵀ P), after Q's (E = M,
+// G = P Qᵀ, E −= G). In all: the three products (2nmr each), the error
+// feedback (3nm) and Gram-Schmidt of Q and P (2mr² and 2nr²).
 func powerSGDPhases(n, m, r int) [3]float64 {
 	N, M, R := float64(n), float64(m), float64(r)
 	return [3]float64{N*M + 2*M*R*R + 2*N*M*R, 2*N*R*R + 2*N*M*R, 2*N*M + 2*N*M*R}

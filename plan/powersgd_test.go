@@ -57,9 +57,9 @@ func TestPowerSGDBytesByHand(t *testing.T) {
 		t.Errorf("a step: %d bytes on the wire, want 24,960", got)
 	}
 	// the FLOPs: 6nmr + 3nm + 2(n+m)r² each
-	flops := PowerSGDMatrixFLOPs(64, 256, 4) + PowerSGDMatrixFLOPs(64, 64, 4) + PowerSGDMatrixFLOPs(1000, 64, 4)
+	flops := matrixFLOPs(64, 256, 4) + matrixFLOPs(64, 64, 4) + matrixFLOPs(1000, 64, 4)
 	near(t, "FLOPs", p.FLOPs(), flops)
-	near(t, "FLOPs of 1000 x 64 at 4", PowerSGDMatrixFLOPs(1000, 64, 4), 6*1000*64*4+3*1000*64+2*(1000+64)*16)
+	near(t, "FLOPs of 1000 x 64 at 4", matrixFLOPs(1000, 64, 4), 6*1000*64*4+3*1000*64+2*(1000+64)*16)
 	mats, elems, tensors, rest := p.Totals()
 	if mats != 3 || elems != 64*256+64*64+64000 || tensors != 3 || rest != 256+64+64 {
 		t.Errorf("totals %d %d %d %d", mats, elems, tensors, rest)
@@ -118,7 +118,7 @@ func TestComputeFromFLOPs(t *testing.T) {
 	near(t, "no step FLOPs", ComputeFromFLOPs(0.25, 1.5e9, 0), 0)
 	// the phases add up to the matrix's FLOPs
 	ph := powerSGDPhases(1000, 64, 4)
-	near(t, "phases", ph[0]+ph[1]+ph[2], PowerSGDMatrixFLOPs(1000, 64, 4))
+	near(t, "phases", ph[0]+ph[1]+ph[2], matrixFLOPs(1000, 64, 4))
 }
 
 // psgdWorkload is the small model's workload with PowerSGD of rank 4 and
@@ -176,7 +176,7 @@ func TestPowerSGDCalls(t *testing.T) {
 	// buckets 0 and 1 are ready well before backward ends and done under
 	// it, with their compression; the last, the 1000 x 64 matrix, is
 	// ready at its end: its allreduces and its compression are exposed
-	f := PowerSGDMatrixFLOPs(1000, 64, 4) / w.PowerSGD.FLOPs()
+	f := matrixFLOPs(1000, 64, 4) / w.PowerSGD.FLOPs()
 	near(t, "overlap CompressUnderS", p.CompressUnderS, 0.002*(1-f))
 	near(t, "overlap ExposedS", p.ExposedS, last+0.002*f)
 	near(t, "overlap StepS", p.StepS, 1+p.SyncS+p.CompressUnderS+p.ExposedS)
@@ -278,4 +278,12 @@ func TestPowerSGDMoreBandwidthNeverSlower(t *testing.T) {
 			t.Fatalf("%+v: a faster link gave %.6f s (comm %.6f) against %.6f s (comm %.6f)", c, p2.StepS, p2.CommS, p1.StepS, p1.CommS)
 		}
 	}
+}
+
+// matrixFLOPs is the compressor's work on one n x m matrix at r columns,
+// written out as docs/plan.md counts it: P = M Q, Q = Mᵀ P and P Qᵀ (2nmr
+// each), the error feedback (3nm), Gram-Schmidt of Q and P (2mr², 2nr²).
+func matrixFLOPs(n, m, r int) float64 {
+	N, M, R := float64(n), float64(m), float64(r)
+	return 6*N*M*R + 3*N*M + 2*(N+M)*R*R
 }

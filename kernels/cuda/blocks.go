@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	_ "embed"
 	"fmt"
 	"strings"
 	"sync"
@@ -21,7 +20,7 @@ import (
 // above its kernel's bound. `make ptx-check` (kernels/cuda/ptx.sh) runs
 // ptxas -v for sm_70, sm_80 and sm_90 and fails when a kernel has no
 // .maxntid, when registers x .maxntid exceed 65536, or when a kernel of
-// hotKernels spills.
+// hot_kernels.txt spills.
 const (
 	flatThreads   = 256     // flat: 1-D grid-stride loops (launch.flat)
 	rowMaxThreads = 512     // row: one block per row, sized to the row (rowThreads)
@@ -129,25 +128,6 @@ func checkBlock(k *kernel, threads int) {
 		panic(fmt.Sprintf("cuda: %s launched with %d threads a block; its bound (%s shape, __launch_bounds__) is %d",
 			k.name, threads, shapeOf(k.name), b))
 	}
-}
-
-// hotKernelsList is hot_kernels.txt: the kernels a training step runs.
-//
-//go:embed hot_kernels.txt
-var hotKernelsList string
-
-// hotKernels are the kernels a training step runs (hot_kernels.txt, one a
-// line, # comments): ptx.sh fails when one of them spills registers to
-// local memory, and TestHotKernelsAreATrainingStep checks the list
-// against the kernels that training steps launch on the emulator.
-func hotKernels() map[string]bool {
-	out := map[string]bool{}
-	for _, l := range strings.Split(hotKernelsList, "\n") {
-		if l, _, _ = strings.Cut(l, "#"); strings.TrimSpace(l) != "" {
-			out[strings.TrimSpace(l)] = true
-		}
-	}
-	return out
 }
 
 // ptxFor is the PTX the backend loads on a device of compute capability

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	_ "embed"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -252,4 +253,23 @@ func TestRegisterCheckFails(t *testing.T) {
 			t.Errorf("%s: ptx.sh regs: %v, want a failure saying %q:\n%s", c.what, err, c.want, out)
 		}
 	}
+}
+
+// hotKernelsList is hot_kernels.txt: the kernels a training step runs.
+//
+//go:embed hot_kernels.txt
+var hotKernelsList string
+
+// hotKernels are the kernels a training step runs (hot_kernels.txt, one a
+// line, # comments): ptx.sh fails when one of them spills registers to
+// local memory, and TestHotKernelsAreATrainingStep checks the list
+// against the kernels that training steps launch on the emulator.
+func hotKernels() map[string]bool {
+	out := map[string]bool{}
+	for _, l := range strings.Split(hotKernelsList, "\n") {
+		if l, _, _ = strings.Cut(l, "#"); strings.TrimSpace(l) != "" {
+			out[strings.TrimSpace(l)] = true
+		}
+	}
+	return out
 }

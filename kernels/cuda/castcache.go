@@ -109,15 +109,6 @@ func (b *Backend) wrote(ts ...kernels.Tensor) {
 	}
 }
 
-// freed drops the region when a Free reaches into it (its memory may be
-// handed out again).
-func (b *Backend) freed(p uintptr) {
-	c := &b.casts
-	if c.base != c.end && p >= c.base && p < c.end {
-		c.drop(b)
-	}
-}
-
 // CastStats reports the casts made into the cache's mirror and the
 // operands served from it since the backend opened.
 func (b *Backend) CastStats() (casts, hits int) { return b.casts.casts, b.casts.hits }
