@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -54,7 +55,7 @@ func (g *arGroup) run(b *testing.B, bufs [][]byte, iters int, opts []collective.
 		go func(r int, c *collective.Communicator) {
 			defer wg.Done()
 			for i := 0; i < iters; i++ {
-				if err := c.Allreduce(context.Background(), nil, bufs[r], collective.Float32, collective.Sum, opts...); err != nil {
+				if err := c.Allreduce(context.Background(), nil, bufs[r], dtype.Float32, collective.Sum, opts...); err != nil {
 					b.Error(err)
 					return
 				}
@@ -90,8 +91,8 @@ func BenchmarkAllreduce(b *testing.B) {
 				algos = append(algos, collective.Shared) // the group-segment allreduce (auto on one host)
 			}
 			for _, algo := range algos {
-				for _, wire := range []collective.DType{collective.Float32, collective.Float16} {
-					wname := map[collective.DType]string{collective.Float32: "fp32", collective.Float16: "fp16"}[wire]
+				for _, wire := range []dtype.DType{dtype.Float32, dtype.Float16} {
+					wname := map[dtype.DType]string{dtype.Float32: "fp32", dtype.Float16: "fp16"}[wire]
 					for _, size := range sizes {
 						name := fmt.Sprintf("%s/np%d/%s/%s/%s", tr.name, np, algo, wname, sizeName(size))
 						b.Run(name, func(b *testing.B) {
@@ -99,7 +100,7 @@ func BenchmarkAllreduce(b *testing.B) {
 								g = newARGroup(b, np, tr.opt)
 							}
 							opts := []collective.CallOption{collective.WithAlgorithm(algo)}
-							if wire != collective.Float32 {
+							if wire != dtype.Float32 {
 								opts = append(opts, collective.WithWire(wire))
 							}
 							bufs := make([][]byte, np)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/rank"
@@ -104,7 +105,7 @@ func BenchmarkBucketer(b *testing.B) {
 				grads[r][i] = float32((i*7+r)%1000-500) * 1e-4
 			}
 		}
-		for _, comp := range []collective.DType{collective.Float32, collective.Float16} {
+		for _, comp := range []dtype.DType{dtype.Float32, dtype.Float16} {
 			b.Run(fmt.Sprintf("np%d/%v", np, comp), func(b *testing.B) {
 				benchBucketer(b, ts, ps, grads, comp, nsPer)
 			})
@@ -122,7 +123,7 @@ type modeStats struct {
 	buckets             int
 }
 
-func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, grads [][]float32, comp collective.DType, nsPer float64) {
+func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, grads [][]float32, comp dtype.DType, nsPer float64) {
 	np := len(ts)
 	stats := map[string]*modeStats{}
 	for _, m := range benchModes {
@@ -194,7 +195,7 @@ func benchBucketer(b *testing.B, ts []rank.Transport, ps []fusion.ParamInfo, gra
 
 // benchStepMode runs one step of a mode on one rank.
 func benchStepMode(c *collective.Communicator, bk *fusion.Bucketer, t rank.Transport, ps []fusion.ParamInfo, grads []float32,
-	comp collective.DType, mode string, nsPer float64) (modeStats, error) {
+	comp dtype.DType, mode string, nsPer float64) (modeStats, error) {
 	var out modeStats
 	t0 := time.Now()
 	var pending []int
@@ -220,12 +221,12 @@ func benchStepMode(c *collective.Communicator, bk *fusion.Bucketer, t rank.Trans
 	if mode == "plain" {
 		tb := time.Now()
 		var opts []collective.CallOption
-		if comp == collective.Float16 {
-			opts = append(opts, collective.WithWire(collective.Float16))
+		if comp == dtype.Float16 {
+			opts = append(opts, collective.WithWire(dtype.Float16))
 		}
 		s0 := sentBytes(t)
 		g := collective.Float32Bytes(grads)
-		if err := c.Allreduce(context.Background(), g, g, collective.Float32, collective.Average, opts...); err != nil {
+		if err := c.Allreduce(context.Background(), g, g, dtype.Float32, collective.Average, opts...); err != nil {
 			return out, err
 		}
 		out.comm = time.Since(tb)
@@ -269,7 +270,7 @@ func warmUp(b *testing.B, ts []rank.Transport) {
 			defer c.Close()
 			buf := make([]byte, 64<<20)
 			for i := 0; i < 3 && errs[r] == nil; i++ {
-				errs[r] = c.Allreduce(context.Background(), buf, buf, collective.Float32, collective.Sum)
+				errs[r] = c.Allreduce(context.Background(), buf, buf, dtype.Float32, collective.Sum)
 			}
 		}(r)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cuda"
@@ -49,12 +50,12 @@ func BenchmarkTrainStepDevice(b *testing.B) {
 		b.Fatal(err)
 	}
 	prec := os.Getenv("GORUN_BENCH_PRECISION")
-	acts := kernels.F32
+	acts := dtype.Float32
 	if mp, ok := be.(kernels.MixedPrecision); ok {
 		if prec == "" {
 			prec = "fp16"
 		}
-		acts = map[string]kernels.DType{"fp32": kernels.F32, "fp16": kernels.F16, "bf16": kernels.BF16}[prec]
+		acts = map[string]dtype.DType{"fp32": dtype.Float32, "fp16": dtype.Float16, "bf16": dtype.BFloat16}[prec]
 		mp.SetMatmulPrecision(acts)
 	} else {
 		prec = "fp32"

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -34,9 +35,9 @@ func lengths(n int) []int {
 }
 
 // variant is one (dtype, wire) pair.
-type variant struct{ dt, wire DType }
+type variant struct{ dt, wire dtype.DType }
 
-var variants = []variant{{Float32, Float32}, {Float32, Float16}, {Float32, BFloat16}, {Float16, Float16}, {BFloat16, BFloat16}}
+var variants = []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}, {dtype.Float32, dtype.BFloat16}, {dtype.Float16, dtype.Float16}, {dtype.BFloat16, dtype.BFloat16}}
 
 var ops = []Op{Sum, Average, Min, Max}
 
@@ -151,7 +152,7 @@ func TestAllreduceProperty(t *testing.T) {
 					for _, v := range variants {
 						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
 							i++
-							if l > 1000 && (op == Min || v.dt == Float16) {
+							if l > 1000 && (op == Min || v.dt == dtype.Float16) {
 								continue // the long length for a subset (test time under -race)
 							}
 							cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: i%2 == 0})
@@ -170,23 +171,23 @@ func TestAllreduceProperty(t *testing.T) {
 // thousands (both channels, many slices of the default size).
 func TestAllreduceLarge(t *testing.T) {
 	cases := []arCase{
-		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: Ring},
-		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: Tree, inPlace: true},
-		{count: 150_001, op: Average, v: variant{Float32, Float16}, algo: Ring, inPlace: true},
-		{count: 150_001, op: Average, v: variant{Float32, BFloat16}, algo: Tree},
-		{count: 100_003, op: Max, v: variant{BFloat16, BFloat16}, algo: Tree},
-		{count: 100_003, op: Min, v: variant{Float16, Float16}, algo: Ring},
-		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: HalvingDoubling},
-		{count: 150_001, op: Average, v: variant{Float32, Float16}, algo: HalvingDoubling, inPlace: true},
-		{count: 100_003, op: Max, v: variant{BFloat16, BFloat16}, algo: HalvingDoubling},
-		{count: 1_000_003, op: Sum, v: variant{Float32, Float32}, algo: RecursiveDoubling},
-		{count: 150_001, op: Average, v: variant{Float32, Float16}, algo: RecursiveDoubling, inPlace: true},
-		{count: 100_003, op: Min, v: variant{Float16, Float16}, algo: RecursiveDoubling},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: Ring},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: Tree, inPlace: true},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: Ring, inPlace: true},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.BFloat16}, algo: Tree},
+		{count: 100_003, op: Max, v: variant{dtype.BFloat16, dtype.BFloat16}, algo: Tree},
+		{count: 100_003, op: Min, v: variant{dtype.Float16, dtype.Float16}, algo: Ring},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: HalvingDoubling},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: HalvingDoubling, inPlace: true},
+		{count: 100_003, op: Max, v: variant{dtype.BFloat16, dtype.BFloat16}, algo: HalvingDoubling},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: RecursiveDoubling},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: RecursiveDoubling, inPlace: true},
+		{count: 100_003, op: Min, v: variant{dtype.Float16, dtype.Float16}, algo: RecursiveDoubling},
 		// Direct asked for on more than DirectLimit bytes runs the ring or tree
-		{count: 100_003, op: Sum, v: variant{Float32, Float32}, algo: Direct},
+		{count: 100_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: Direct},
 		// the largest direct call, and one just above the limit
-		{count: DirectLimit / 4, op: Average, v: variant{Float32, Float32}, algo: Direct, inPlace: true},
-		{count: DirectLimit/2 + 1, op: Sum, v: variant{Float32, BFloat16}, algo: Auto},
+		{count: DirectLimit / 4, op: Average, v: variant{dtype.Float32, dtype.Float32}, algo: Direct, inPlace: true},
+		{count: DirectLimit/2 + 1, op: Sum, v: variant{dtype.Float32, dtype.BFloat16}, algo: Auto},
 	}
 	checkAllreduceInts(t, ranktest.InMemory(3, 2), Config{}, cases)
 }
@@ -240,8 +241,8 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 			if err := firstErr(errs); err != nil {
 				t.Fatal(err)
 			}
-			unit := map[DType]float64{Float32: 0x1p-24, Float16: 0x1p-11, BFloat16: 0x1p-8}
-			tiny := map[DType]float64{Float16: 0x1p-25} // half the float16 subnormal step
+			unit := map[dtype.DType]float64{dtype.Float32: 0x1p-24, dtype.Float16: 0x1p-11, dtype.BFloat16: 0x1p-8}
+			tiny := map[dtype.DType]float64{dtype.Float16: 0x1p-25} // half the float16 subnormal step
 			for ci, k := range cases {
 				// the inputs as stored in the data type
 				vals := make([][]float64, n)
@@ -299,7 +300,7 @@ func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 					ts := ranktest.InMemory(np, 2)
 					errs := group(ts, Config{Timeout: 20 * time.Second}, func(c *Communicator) error {
 						buf := make([]float32, count)
-						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), Float32, Sum, WithWire(Float16), WithAlgorithm(algo))
+						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), dtype.Float32, Sum, WithWire(dtype.Float16), WithAlgorithm(algo))
 					})
 					ranktest.CloseAll(ts)
 					if err := firstErr(errs); err != nil {
@@ -360,7 +361,7 @@ func TestSeveralChannels(t *testing.T) {
 	var cases []arCase
 	for i, a := range []Algorithm{Ring, HalvingDoubling, RecursiveDoubling} {
 		cases = append(cases, arCase{count: count, op: Sum, v: variants[0], algo: a, inPlace: i%2 == 0},
-			arCase{count: count, op: Average, v: variant{Float32, Float16}, algo: a, inPlace: i%2 == 1})
+			arCase{count: count, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: a, inPlace: i%2 == 1})
 	}
 	cfg := Config{Channels: 3, SliceBytes: 16 << 10}
 	checkAllreduceInts(t, ts, cfg, cases)
@@ -400,10 +401,10 @@ func TestSeveralChannels(t *testing.T) {
 			vals[i] = intValue(me, i)
 		}
 		out := make([]byte, 4*per)
-		if err := c.ReduceScatter(testCtx(t), makeBuf(Float32, vals), out, Float32, Sum); err != nil {
+		if err := c.ReduceScatter(testCtx(t), makeBuf(dtype.Float32, vals), out, dtype.Float32, Sum); err != nil {
 			return err
 		}
-		for i, x := range readBuf(Float32, out) {
+		for i, x := range readBuf(dtype.Float32, out) {
 			var want float64
 			for r := 0; r < n; r++ {
 				want += intValue(r, me*per+i)

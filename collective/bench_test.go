@@ -8,6 +8,7 @@ import (
 
 	"gonum.org/v1/gonum/blas/blas32"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkLocalAllreduce(b *testing.B) {
 						go func(r int) {
 							defer wg.Done()
 							for i := 0; i < b.N; i++ {
-								if err := comms[r].Allreduce(context.Background(), nil, bufs[r], Float32, Sum, WithAlgorithm(a)); err != nil {
+								if err := comms[r].Allreduce(context.Background(), nil, bufs[r], dtype.Float32, Sum, WithAlgorithm(a)); err != nil {
 									b.Error(err)
 									return
 								}

@@ -4,7 +4,7 @@
 // Broadcast, Allgather, ReduceScatter and Barrier, for float32, float16 and
 // bfloat16 buffers.
 //
-// Buffers are byte slices holding elements of the call's DType in the
+// Buffers are byte slices holding elements of the call's dtype.DType in the
 // machine's byte order (Float32Bytes views a float32 slice as bytes
 // without copying). Every rank must make the same calls in the same
 // order with the same lengths, types, reductions and roots; a rank that
@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -335,7 +336,7 @@ type CallOption func(*callOpts)
 
 type callOpts struct {
 	algo Algorithm
-	wire DType
+	wire dtype.DType
 }
 
 // WithAlgorithm forces ring, tree, direct, shm or halving-doubling for
@@ -345,20 +346,20 @@ func WithAlgorithm(a Algorithm) CallOption { return func(o *callOpts) { o.algo =
 // WithWire sends float32 data as float16 or bfloat16: the sender rounds to
 // the wire type, the receiver accumulates in float32, so the result is the
 // float32 reduction rounded once per hop (half the bytes on the wire).
-func WithWire(t DType) CallOption { return func(o *callOpts) { o.wire = t } }
+func WithWire(t dtype.DType) CallOption { return func(o *callOpts) { o.wire = t } }
 
-func (c *Communicator) opts(dt DType, os []CallOption) (callOpts, error) {
+func (c *Communicator) opts(dt dtype.DType, os []CallOption) (callOpts, error) {
 	o := callOpts{wire: dt}
 	for _, f := range os {
 		f(&o)
 	}
-	if o.wire != dt && (dt != Float32 || (o.wire != Float16 && o.wire != BFloat16)) {
+	if o.wire != dt && (dt != dtype.Float32 || (o.wire != dtype.Float16 && o.wire != dtype.BFloat16)) {
 		return o, fmt.Errorf("collective: wire type %s for %s data (only float32 data can travel as float16 or bfloat16)", o.wire, dt)
 	}
 	return o, nil
 }
 
-func checkBuf(what string, b []byte, dt DType) error {
+func checkBuf(what string, b []byte, dt dtype.DType) error {
 	if len(b)%dt.Size() != 0 {
 		return fmt.Errorf("collective: %s buffer of %d bytes is not a whole number of %s elements", what, len(b), dt)
 	}
@@ -369,17 +370,17 @@ func checkBuf(what string, b []byte, dt DType) error {
 // recv on every rank (bit-identical everywhere). send and recv have the same
 // length; they may be the same slice (in place), or send may be nil (in
 // place on recv).
-func (c *Communicator) Allreduce(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) error {
+func (c *Communicator) Allreduce(ctx context.Context, send, recv []byte, dt dtype.DType, op Op, o ...CallOption) error {
 	return c.AllreduceAsync(inline(ctx), send, recv, dt, op, o...).Wait()
 }
 
 // AllreduceAsync queues an Allreduce and returns at once. The buffers must
 // not be touched until the Handle's Wait returns.
-func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) *Handle {
+func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt dtype.DType, op Op, o ...CallOption) *Handle {
 	if send == nil {
 		send = recv
 	}
-	if !dt.valid() || dt == rawBytes || !op.valid() {
+	if !dt.Float() || !op.valid() {
 		return c.invalid(ctx, kAllreduce, fmt.Errorf("collective: allreduce: bad data type %v or reduction %v", dt, op))
 	}
 	if len(send) != len(recv) {
@@ -518,7 +519,7 @@ func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int)
 	if root < 0 || root >= n || root > 0xffff {
 		return c.invalid(ctx, kBroadcast, fmt.Errorf("collective: broadcast: root %d out of range (world size %d)", root, n))
 	}
-	cl := call{kind: kBroadcast, count: len(buf), dtype: rawBytes, wire: rawBytes, root: root}
+	cl := call{kind: kBroadcast, count: len(buf), dtype: dtype.Uint8, wire: dtype.Uint8, root: root}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
 		if n == 1 {
 			return nil
@@ -529,7 +530,7 @@ func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int)
 		parts := split(len(buf), nch)
 		for ch := 0; ch < nch; ch++ {
 			r.tree(treeSpec{acc: buf, lo: parts[ch], hi: parts[ch+1], ch: ch, shape: sh,
-				sliceBytes: c.flatSlice, dtype: rawBytes, wire: rawBytes, op: Sum})
+				sliceBytes: c.flatSlice, dtype: dtype.Uint8, wire: dtype.Uint8, op: Sum})
 		}
 		return r.wait()
 	})
@@ -547,7 +548,7 @@ func (c *Communicator) AllgatherAsync(ctx context.Context, send, recv []byte) *H
 	if len(recv) != n*len(send) {
 		return c.invalid(ctx, kAllgather, fmt.Errorf("collective: allgather: recv has %d bytes, want %d x %d", len(recv), n, len(send)))
 	}
-	cl := call{kind: kAllgather, count: len(send), dtype: rawBytes, wire: rawBytes}
+	cl := call{kind: kAllgather, count: len(send), dtype: dtype.Uint8, wire: dtype.Uint8}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
 		me := c.t.Rank()
 		copy(recv[me*len(send):], send)
@@ -560,21 +561,21 @@ func (c *Communicator) AllgatherAsync(ctx context.Context, send, recv []byte) *H
 			chunks[j] = j * len(send)
 		}
 		r.ring(ringSpec{acc: recv, chunks: chunks, ag: true, nch: c.channelsFor(len(recv)),
-			sliceBytes: sliceFor(len(recv), n, c.flatSlice), dtype: rawBytes, wire: rawBytes, op: Sum})
+			sliceBytes: sliceFor(len(recv), n, c.flatSlice), dtype: dtype.Uint8, wire: dtype.Uint8, op: Sum})
 		return r.wait()
 	})
 }
 
 // ReduceScatter reduces send (Size() blocks of len(recv) bytes) across the
 // ranks and leaves block Rank() of the result in recv.
-func (c *Communicator) ReduceScatter(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) error {
+func (c *Communicator) ReduceScatter(ctx context.Context, send, recv []byte, dt dtype.DType, op Op, o ...CallOption) error {
 	return c.ReduceScatterAsync(inline(ctx), send, recv, dt, op, o...).Wait()
 }
 
 // ReduceScatterAsync queues a ReduceScatter.
-func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte, dt DType, op Op, o ...CallOption) *Handle {
+func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte, dt dtype.DType, op Op, o ...CallOption) *Handle {
 	n := c.t.Size()
-	if !dt.valid() || dt == rawBytes || !op.valid() {
+	if !dt.Float() || !op.valid() {
 		return c.invalid(ctx, kReduceScatter, fmt.Errorf("collective: reduce-scatter: bad data type %v or reduction %v", dt, op))
 	}
 	if len(send) != n*len(recv) {
@@ -617,7 +618,7 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 // BarrierAsync queues a Barrier.
 func (c *Communicator) BarrierAsync(ctx context.Context) *Handle {
 	n := c.t.Size()
-	cl := call{kind: kBarrier, dtype: Float32, wire: Float32, op: Sum}
+	cl := call{kind: kBarrier, dtype: dtype.Float32, wire: dtype.Float32, op: Sum}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
 		if n == 1 {
 			return nil
@@ -625,7 +626,7 @@ func (c *Communicator) BarrierAsync(ctx context.Context) *Handle {
 		r := newRun(ctx, c.t, cl, c.settings)
 		sh := inorderTree(n)
 		r.tree(treeSpec{acc: nil, ch: 0, shape: sh[c.t.Rank()], up: true, sliceBytes: c.flatSlice,
-			dtype: Float32, wire: Float32, op: Sum})
+			dtype: dtype.Float32, wire: dtype.Float32, op: Sum})
 		return r.wait()
 	})
 }

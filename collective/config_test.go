@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
 
@@ -50,7 +51,7 @@ func TestConfigAlgorithm(t *testing.T) {
 		{{Algorithm: Tree}, {Algorithm: Direct}, {Algorithm: Tree}},
 		{{Algorithm: HalvingDoubling}, {Algorithm: HalvingDoubling}, {Algorithm: Ring}}} {
 		errs := timedCfgs(t, ts, cfgs, 10*time.Second, func(c *Communicator) error {
-			return c.Allreduce(testCtx(t), nil, make([]byte, 400), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, make([]byte, 400), dtype.Float32, Sum)
 		})
 		for r, err := range errs {
 			if err == nil || !strings.Contains(err.Error(), "algorithm") {

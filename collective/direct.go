@@ -1,6 +1,10 @@
 package collective
 
-import "context"
+import (
+	"context"
+
+	"github.com/gorun/gorun/dtype"
+)
 
 // Direct allreduce, for small calls: every rank sends its whole buffer
 // (in the wire format) to every peer on channel 0, receives every peer's,
@@ -89,7 +93,7 @@ func (c *Communicator) directAllreduce(ctx context.Context, buf []byte, count in
 	decode(acc, get(0), cl.wire)
 	for r := 1; r < n; r++ {
 		y := tmp
-		if cl.wire == Float32 {
+		if cl.wire == dtype.Float32 {
 			y = Float32s(get(r))
 		} else {
 			decode(tmp, get(r), cl.wire)

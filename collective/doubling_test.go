@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
 
@@ -72,7 +73,7 @@ func TestRecursiveDoublingSameBits(t *testing.T) {
 	const count = 1000
 	nans := []uint32{0x7fc0_1234, 0xffc0_0042, 0x7fc0_0777, 0xffc0_5555}
 	for _, n := range []int{2, 3, 4} {
-		for _, v := range []variant{{Float32, Float32}, {Float32, Float16}, {BFloat16, BFloat16}} {
+		for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}, {dtype.BFloat16, dtype.BFloat16}} {
 			ts := ranktest.InMemory(n, 2)
 			out := make([][]byte, n)
 			errs := group(ts, Config{SliceBytes: 512}, func(c *Communicator) error {
@@ -122,20 +123,20 @@ func TestRecursiveDoublingSameBits(t *testing.T) {
 
 // setNaN stores the float32 NaN with bits b (as the data type has it) in
 // element i of buf.
-func setNaN(buf []byte, dt DType, i int, b uint32) {
+func setNaN(buf []byte, dt dtype.DType, i int, b uint32) {
 	one := nanBuf(dt, b)
 	copy(buf[i*dt.Size():], one)
 }
 
 // nanBuf is one element holding the float32 NaN with bits b in type dt.
-func nanBuf(dt DType, b uint32) []byte {
+func nanBuf(dt dtype.DType, b uint32) []byte {
 	out := make([]byte, dt.Size())
 	encode(out, []float32{math.Float32frombits(b)}, dt)
 	return out
 }
 
 // nanBits returns element i of buf's bits.
-func nanBits(buf []byte, dt DType, i int) uint32 {
+func nanBits(buf []byte, dt dtype.DType, i int) uint32 {
 	f := make([]float32, 1)
 	decode(f, buf[i*dt.Size():(i+1)*dt.Size()], dt)
 	return math.Float32bits(f[0])
@@ -143,7 +144,7 @@ func nanBits(buf []byte, dt DType, i int) uint32 {
 
 // intSumsMatch reports whether every element of buf but the skipped ones
 // holds the sum over n ranks of their intValue inputs (reference).
-func intSumsMatch(buf []byte, dt DType, n int, skip func(int) bool) bool {
+func intSumsMatch(buf []byte, dt dtype.DType, n int, skip func(int) bool) bool {
 	count := len(buf) / dt.Size()
 	vals := make([][]float64, n)
 	for r := range vals {
@@ -167,7 +168,7 @@ func intSumsMatch(buf []byte, dt DType, n int, skip func(int) bool) bool {
 func TestRecursiveDoublingBytes(t *testing.T) {
 	const count = 4096
 	for n := 2; n <= 6; n++ {
-		for _, v := range []variant{{Float32, Float32}, {Float32, BFloat16}} {
+		for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.BFloat16}} {
 			for r, total := range checkPlanBytes(t, RecursiveDoubling, rdPlanFor, n, count, v) {
 				if k := bits.Len(uint(n)) - 1; n&(n-1) == 0 && total != uint64(k*count*v.wire.Size()) {
 					t.Errorf("N=%d: rank %d sent %d bytes, want log2(N) buffers of %d", n, r, total, count*v.wire.Size())
@@ -215,8 +216,8 @@ func TestRecursiveDoublingChosen(t *testing.T) {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v", s, a, err)
 		}
 	}
-	c := call{kind: kAllreduce, count: 5, dtype: Float32, op: Sum, wire: Float16, algo: RecursiveDoubling}
-	if got := fromTag(c.tag(0)); got.algo != RecursiveDoubling || got.wire != Float16 {
+	c := call{kind: kAllreduce, count: 5, dtype: dtype.Float32, op: Sum, wire: dtype.Float16, algo: RecursiveDoubling}
+	if got := fromTag(c.tag(0)); got.algo != RecursiveDoubling || got.wire != dtype.Float16 {
 		t.Errorf("tag round trip: %+v", got)
 	}
 }

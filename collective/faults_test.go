@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -92,75 +93,75 @@ func TestMismatch(t *testing.T) {
 			if odd {
 				n = 1001
 			}
-			return c.Allreduce(testCtx(t), nil, f32(n), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, f32(n), dtype.Float32, Sum)
 		}},
 		{"dtype", "data type", func(c *Communicator, odd bool) error {
 			if odd {
-				return c.Allreduce(testCtx(t), nil, make([]byte, 2000), Float16, Sum)
+				return c.Allreduce(testCtx(t), nil, make([]byte, 2000), dtype.Float16, Sum)
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum)
 		}},
 		{"op", "reduction", func(c *Communicator, odd bool) error {
 			op := Sum
 			if odd {
 				op = Max
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, op)
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, op)
 		}},
 		{"wire", "wire format", func(c *Communicator, odd bool) error {
 			var o []CallOption
 			if odd {
-				o = append(o, WithWire(Float16))
+				o = append(o, WithWire(dtype.Float16))
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, o...)
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, o...)
 		}},
 		{"algorithm", "algorithm", func(c *Communicator, odd bool) error {
 			a := Ring
 			if odd {
 				a = Tree
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"algorithm-direct", "algorithm", func(c *Communicator, odd bool) error {
 			a := Direct
 			if odd {
 				a = Ring
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"ring-vs-direct", "algorithm", func(c *Communicator, odd bool) error {
 			a := Ring
 			if odd {
 				a = Direct
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"ring-vs-hd", "algorithm", func(c *Communicator, odd bool) error {
 			a := Ring
 			if odd {
 				a = HalvingDoubling
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"rd-vs-hd", "algorithm", func(c *Communicator, odd bool) error {
 			a := RecursiveDoubling
 			if odd {
 				a = HalvingDoubling
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"hd-vs-direct", "algorithm", func(c *Communicator, odd bool) error {
 			a := HalvingDoubling
 			if odd {
 				a = Direct
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum, WithAlgorithm(a))
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"direct-vs-barrier", "collective", func(c *Communicator, odd bool) error {
 			if odd {
 				return c.Barrier(testCtx(t))
 			}
-			return c.Allreduce(testCtx(t), nil, f32(10), Float32, Sum, WithAlgorithm(Direct))
+			return c.Allreduce(testCtx(t), nil, f32(10), dtype.Float32, Sum, WithAlgorithm(Direct))
 		}},
 		{"root", "root", func(c *Communicator, odd bool) error {
 			root := 0
@@ -173,30 +174,30 @@ func TestMismatch(t *testing.T) {
 			if odd {
 				return c.Allgather(testCtx(t), make([]byte, 4000), make([]byte, 16000))
 			}
-			return c.Allreduce(testCtx(t), nil, f32(1000), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum)
 		}},
 		{"sequence", "collective", func(c *Communicator, odd bool) error {
 			// rank 2 skips the second allreduce and is in the barrier
 			// while the others are in that allreduce
 			b := f32(10)
-			if err := c.Allreduce(testCtx(t), nil, b, Float32, Sum); err != nil {
+			if err := c.Allreduce(testCtx(t), nil, b, dtype.Float32, Sum); err != nil {
 				return err
 			}
 			if !odd {
-				if err := c.Allreduce(testCtx(t), nil, b, Float32, Sum); err != nil {
+				if err := c.Allreduce(testCtx(t), nil, b, dtype.Float32, Sum); err != nil {
 					return err
 				}
 			}
 			return c.Barrier(testCtx(t))
 		}},
 		{"settings", "settings", func(c *Communicator, odd bool) error {
-			return c.Allreduce(testCtx(t), nil, f32(100000), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, f32(100000), dtype.Float32, Sum)
 		}},
 		// rank 2 sets DefaultSliceBytes, the others leave it: the same
 		// slices across hosts, others within one (its calls here would
 		// even match; the header tells it apart anyway)
 		{"settings-local", "settings", func(c *Communicator, odd bool) error {
-			return c.Allreduce(testCtx(t), nil, f32(100000), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, f32(100000), dtype.Float32, Sum)
 		}},
 	}
 	for _, k := range cases {
@@ -263,7 +264,7 @@ func TestPeerClosed(t *testing.T) {
 				if c.Rank() == 3 {
 					return c.Transport().Close()
 				}
-				return c.Allreduce(testCtx(t), nil, make([]byte, size), Float32, Sum, WithAlgorithm(a))
+				return c.Allreduce(testCtx(t), nil, make([]byte, size), dtype.Float32, Sum, WithAlgorithm(a))
 			})
 			for r := 0; r < 3; r++ {
 				if errs[r] == nil || !names(errs[r], 3) {
@@ -303,7 +304,7 @@ func TestDeadline(t *testing.T) {
 					ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
 					defer cancel()
 				}
-				return c.Allreduce(ctx, nil, make([]byte, 4000), Float32, Sum, WithAlgorithm(k.algo))
+				return c.Allreduce(ctx, nil, make([]byte, 4000), dtype.Float32, Sum, WithAlgorithm(k.algo))
 			})
 			if d := time.Since(start); d > 5*time.Second {
 				t.Errorf("took %v for a 300ms deadline", d)
@@ -342,7 +343,7 @@ func TestInvalidArguments(t *testing.T) {
 		if c.Rank() == 2 {
 			send = make([]byte, 3999) // not the length of recv
 		}
-		return c.Allreduce(testCtx(t), send, recv, Float32, Sum)
+		return c.Allreduce(testCtx(t), send, recv, dtype.Float32, Sum)
 	})
 	for r, err := range errs {
 		if r == 2 {
@@ -381,25 +382,25 @@ func TestInvalidArgumentsEveryCollective(t *testing.T) {
 			return c.Allgather(testCtx(t), make([]byte, 400), make([]byte, n*400-4))
 		}},
 		{"reduce-scatter send too long", "send has 1204 bytes, want 3 x 400", func(c *Communicator) error {
-			return c.ReduceScatter(testCtx(t), make([]byte, n*400+4), make([]byte, 400), Float32, Sum)
+			return c.ReduceScatter(testCtx(t), make([]byte, n*400+4), make([]byte, 400), dtype.Float32, Sum)
 		}},
 		{"reduce-scatter partial element", "not a whole number of float32 elements", func(c *Communicator) error {
-			return c.ReduceScatter(testCtx(t), make([]byte, n*6), make([]byte, 6), Float32, Sum)
+			return c.ReduceScatter(testCtx(t), make([]byte, n*6), make([]byte, 6), dtype.Float32, Sum)
 		}},
 		{"reduce-scatter bad op", "bad data type", func(c *Communicator) error {
-			return c.ReduceScatter(testCtx(t), make([]byte, n*8), make([]byte, 8), Float32, Op(9))
+			return c.ReduceScatter(testCtx(t), make([]byte, n*8), make([]byte, 8), dtype.Float32, Op(9))
 		}},
 		{"reduce-scatter wire for float16 data", "only float32 data", func(c *Communicator) error {
-			return c.ReduceScatter(testCtx(t), make([]byte, n*8), make([]byte, 8), Float16, Sum, WithWire(BFloat16))
+			return c.ReduceScatter(testCtx(t), make([]byte, n*8), make([]byte, 8), dtype.Float16, Sum, WithWire(dtype.BFloat16))
 		}},
 		{"allreduce wire for bfloat16 data", "only float32 data", func(c *Communicator) error {
-			return c.Allreduce(testCtx(t), nil, make([]byte, 800), BFloat16, Sum, WithWire(Float16))
+			return c.Allreduce(testCtx(t), nil, make([]byte, 800), dtype.BFloat16, Sum, WithWire(dtype.Float16))
 		}},
 		{"allreduce partial element", "not a whole number of float32 elements", func(c *Communicator) error {
-			return c.Allreduce(testCtx(t), nil, make([]byte, 802), Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, make([]byte, 802), dtype.Float32, Sum)
 		}},
 		{"allreduce bad op", "bad data type", func(c *Communicator) error {
-			return c.Allreduce(testCtx(t), nil, make([]byte, 800), Float32, Op(0))
+			return c.Allreduce(testCtx(t), nil, make([]byte, 800), dtype.Float32, Op(0))
 		}},
 	} {
 		t.Run(k.name, func(t *testing.T) {
@@ -425,7 +426,7 @@ func TestErrorTexts(t *testing.T) {
 	if got, want := me.Error(), "collective mismatch: rank 1 called allreduce #4 of 10 x float32, sum, ring but rank 2 called allreduce #4 of 11 x float32, sum, ring (length differs)"; got != want {
 		t.Errorf("MismatchError:\n got %s\nwant %s", got, want)
 	}
-	cl := call{seq: 7, kind: kAllreduce, count: 1000, dtype: Float32, op: Sum, wire: Float32, algo: Tree}
+	cl := call{seq: 7, kind: kAllreduce, count: 1000, dtype: dtype.Float32, op: Sum, wire: dtype.Float32, algo: Tree}
 	for _, k := range []struct {
 		reason abortReason
 		diff   uint16
@@ -449,8 +450,8 @@ func TestErrorTexts(t *testing.T) {
 		}
 	}
 	for _, c := range []call{
-		{seq: 9, kind: kAllreduce, count: 1<<20 + 3, dtype: Float32, op: Average, wire: BFloat16, algo: RecursiveDoubling},
-		{seq: 1<<32 - 1, kind: kReduceScatter, count: 70000, dtype: Float16, op: Min, wire: Float16, algo: Ring},
+		{seq: 9, kind: kAllreduce, count: 1<<20 + 3, dtype: dtype.Float32, op: Average, wire: dtype.BFloat16, algo: RecursiveDoubling},
+		{seq: 1<<32 - 1, kind: kReduceScatter, count: 70000, dtype: dtype.Float16, op: Min, wire: dtype.Float16, algo: Ring},
 		{seq: 3, kind: kBroadcast, count: 123456, root: 5},
 	} {
 		if got := fromTag(c.tag(2)); got != c {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/rank"
 )
@@ -75,7 +76,7 @@ func frozenChild() error {
 	}
 	buf := make([]byte, n/4*4)
 	for i := 0; ; i++ {
-		if err := c.Allreduce(context.Background(), nil, buf, Float32, Sum, WithAlgorithm(algo)); err != nil {
+		if err := c.Allreduce(context.Background(), nil, buf, dtype.Float32, Sum, WithAlgorithm(algo)); err != nil {
 			fmt.Printf("FAILED blaming %d: %v\n", blamed(err), err)
 			os.Exit(1)
 		}

@@ -1,5 +1,7 @@
 package collective
 
+import "github.com/gorun/gorun/dtype"
+
 // Halving-doubling allreduce (Rabenseifner's algorithm; gloo's
 // allreduce_halving_doubling, MPICH's reduce_scatter + allgather for long
 // vectors): a reduce-scatter by recursive vector halving and distance
@@ -164,8 +166,8 @@ type hdSpec struct {
 	lo, hi     int // elements of acc to reduce
 	nch        int // channels: channel c runs the algorithm on part c of [lo, hi)
 	sliceBytes int
-	dtype      DType
-	wire       DType
+	dtype      dtype.DType
+	wire       dtype.DType
 	op         Op
 	div        int // Average divides by this (0: the transport's size)
 	// plan is the algorithm: hdPlanFor or rdPlanFor.

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
 
@@ -164,8 +165,8 @@ func TestParseHalvingDoubling(t *testing.T) {
 		t.Errorf("String does not parse back: %v, %v", a, err)
 	}
 	// the algorithm travels in 4 bits of the tag
-	c := call{kind: kAllreduce, count: 5, dtype: Float32, op: Average, wire: BFloat16, algo: HalvingDoubling}
-	if got := fromTag(c.tag(0)); got.algo != HalvingDoubling || got.wire != BFloat16 || got.op != Average {
+	c := call{kind: kAllreduce, count: 5, dtype: dtype.Float32, op: Average, wire: dtype.BFloat16, algo: HalvingDoubling}
+	if got := fromTag(c.tag(0)); got.algo != HalvingDoubling || got.wire != dtype.BFloat16 || got.op != Average {
 		t.Errorf("tag round trip: %+v", got)
 	}
 }
@@ -204,7 +205,7 @@ func TestHalvingDoublingModel(t *testing.T) {
 func TestHalvingDoublingBytes(t *testing.T) {
 	const count = 4096
 	for n := 2; n <= 8; n++ {
-		for _, v := range []variant{{Float32, Float32}, {Float32, BFloat16}} {
+		for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.BFloat16}} {
 			for r, total := range checkPlanBytes(t, HalvingDoubling, hdPlanFor, n, count, v) {
 				if n&(n-1) == 0 && total != uint64(2*(n-1)*count/n*v.wire.Size()) {
 					t.Errorf("N=%d: rank %d sent %d bytes, want 2(N-1)/N of %d", n, r, total, count*v.wire.Size())

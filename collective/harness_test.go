@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/rank"
 )
@@ -45,20 +46,20 @@ func firstErr(errs []error) error {
 // inputs: small integers, so that sums are exact in every type.
 func intValue(r, i int) float64 { return float64((r*7+i*13)%17 - 8) }
 
-func makeBuf(dt DType, vals []float64) []byte {
+func makeBuf(dt dtype.DType, vals []float64) []byte {
 	b := make([]byte, len(vals)*dt.Size())
 	switch dt {
-	case Float32:
+	case dtype.Float32:
 		f := Float32s(b)
 		for i, v := range vals {
 			f[i] = float32(v)
 		}
-	case Float16:
+	case dtype.Float16:
 		u := Uint16s(b)
 		for i, v := range vals {
 			u[i] = half.F32ToF16(float32(v))
 		}
-	case BFloat16:
+	case dtype.BFloat16:
 		u := Uint16s(b)
 		for i, v := range vals {
 			u[i] = half.F32ToBF16(float32(v))
@@ -67,18 +68,18 @@ func makeBuf(dt DType, vals []float64) []byte {
 	return b
 }
 
-func readBuf(dt DType, b []byte) []float64 {
+func readBuf(dt dtype.DType, b []byte) []float64 {
 	out := make([]float64, len(b)/dt.Size())
 	switch dt {
-	case Float32:
+	case dtype.Float32:
 		for i, v := range Float32s(b) {
 			out[i] = float64(v)
 		}
-	case Float16:
+	case dtype.Float16:
 		for i, v := range Uint16s(b) {
 			out[i] = float64(half.F16ToF32(v))
 		}
-	case BFloat16:
+	case dtype.BFloat16:
 		for i, v := range Uint16s(b) {
 			out[i] = float64(half.BF16ToF32(v))
 		}
@@ -87,11 +88,11 @@ func readBuf(dt DType, b []byte) []float64 {
 }
 
 // roundTo rounds a float32 value to dt.
-func roundTo(dt DType, v float32) float64 {
+func roundTo(dt dtype.DType, v float32) float64 {
 	switch dt {
-	case Float16:
+	case dtype.Float16:
 		return float64(half.F16ToF32(half.F32ToF16(v)))
-	case BFloat16:
+	case dtype.BFloat16:
 		return float64(half.BF16ToF32(half.F32ToBF16(v)))
 	}
 	return float64(v)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -108,7 +109,7 @@ func lengthMismatch(t *testing.T, ts []rank.Transport, culprit int) {
 		if c.Rank() == culprit {
 			n = 999
 		}
-		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), dtype.Float32, Sum)
 		if err2 := c.Barrier(testCtx(t)); err2 == nil {
 			return fmt.Errorf("barrier after the mismatch succeeded (allreduce: %v)", err)
 		} else if err == nil {
@@ -247,7 +248,7 @@ func TestHierarchicalGroupMismatch(t *testing.T) {
 	// only the group segment's check between host-mates can tell.
 	errs := timed(t, realHosts(t, "a", "a", "b", "b"), Config{}, 10*time.Second, func(c *Communicator) error {
 		n := 1000 - c.Rank()%2
-		return c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+		return c.Allreduce(testCtx(t), nil, make([]byte, 4*n), dtype.Float32, Sum)
 	})
 	for r, err := range errs {
 		if mate := r ^ 1; err == nil || !names(err, mate) || !strings.Contains(err.Error(), "length") {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -42,7 +43,7 @@ func TestLoopback(t *testing.T) {
 			i := 0
 			for _, l := range []int{0, 1, k.n + 1, 1031, 100_003} {
 				for _, op := range ops {
-					for _, v := range []variant{{Float32, Float32}, {Float32, Float16}, {BFloat16, BFloat16}} {
+					for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}, {dtype.BFloat16, dtype.BFloat16}} {
 						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
 							if a == Direct { // small lengths only (larger ones run the ring or tree)
 								if l <= 2000 {
@@ -87,7 +88,7 @@ func TestLoopback(t *testing.T) {
 					send[i] = float32(i + c.Rank())
 				}
 				out := make([]float32, 1000)
-				if err := c.ReduceScatter(testCtx(t), Float32Bytes(send), Float32Bytes(out), Float32, Sum); err != nil {
+				if err := c.ReduceScatter(testCtx(t), Float32Bytes(send), Float32Bytes(out), dtype.Float32, Sum); err != nil {
 					return err
 				}
 				for i, x := range out {
@@ -113,14 +114,14 @@ func TestLoopbackPeerDies(t *testing.T) {
 	start := time.Now()
 	errs := timed(t, ts, Config{Timeout: 5 * time.Second}, 15*time.Second, func(c *Communicator) error {
 		buf := make([]byte, 8<<20)
-		if err := c.Allreduce(testCtx(t), nil, buf, Float32, Sum); err != nil {
+		if err := c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum); err != nil {
 			return fmt.Errorf("first allreduce: %w", err)
 		}
 		if c.Rank() == 2 {
 			go c.Transport().Close()
 			return nil
 		}
-		return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+		return c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum)
 	})
 	for r := 0; r < 2; r++ {
 		if errs[r] == nil || !names(errs[r], 2) {

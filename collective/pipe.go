@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -178,7 +179,7 @@ func (r *run) takeScratch(n int) []byte {
 }
 
 // newReducer is a reducer whose float32 scratch comes from the run's.
-func (r *run) newReducer(dtype, wire DType, op Op, n int) *reducer {
+func (r *run) newReducer(dtype, wire dtype.DType, op Op, n int) *reducer {
 	red := newReducer(dtype, wire, op, n)
 	red.take = r.takeScratch
 	return red

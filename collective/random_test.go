@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -63,8 +64,8 @@ func randomInputs(n, count int, seed uint64) [][]float64 {
 // wire is the data type; one rounding to the wire format (u*|ref| + tiny)
 // otherwise.
 func randomBound(k variant, algo Algorithm, op Op, n int, ref, abs float64) float64 {
-	unit := map[DType]float64{Float32: 0x1p-24, Float16: 0x1p-11, BFloat16: 0x1p-8}
-	tinies := map[DType]float64{Float16: 0x1p-25}
+	unit := map[dtype.DType]float64{dtype.Float32: 0x1p-24, dtype.Float16: 0x1p-11, dtype.BFloat16: 0x1p-8}
+	tinies := map[dtype.DType]float64{dtype.Float16: 0x1p-25}
 	conv := k.wire != k.dt
 	f := k.dt // the format results are rounded to: 16-bit data, or the wire
 	if conv {
@@ -79,7 +80,7 @@ func randomBound(k variant, algo Algorithm, op Op, n int, ref, abs float64) floa
 	}
 	var roundings float64 // to the 16-bit format f
 	switch {
-	case f == Float32:
+	case f == dtype.Float32:
 	case algo == Direct && !conv:
 		roundings = 1
 	case conv && (algo == Direct || algo == Shared):
@@ -182,7 +183,7 @@ func checkRandom(t *testing.T, ts []rank.Transport, cfg Config, cases []randomCa
 	}
 }
 
-func firstDiff(dt DType, a, b []byte) int {
+func firstDiff(dt dtype.DType, a, b []byte) int {
 	for i := 0; i < len(a); i += dt.Size() {
 		if !bytes.Equal(a[i:i+dt.Size()], b[i:i+dt.Size()]) {
 			return i / dt.Size()
@@ -229,8 +230,8 @@ func TestRandomFloats(t *testing.T) {
 		ts := loopback(t, 3, "shm")
 		cases := randomCases(count, Shared, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling)
 		for _, op := range ops {
-			cases = append(cases, randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{Float32, Float32}, Shared},
-				randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{Float32, BFloat16}, Shared})
+			cases = append(cases, randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{dtype.Float32, dtype.Float32}, Shared},
+				randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{dtype.Float32, dtype.BFloat16}, Shared})
 		}
 		checkRandom(t, ts, cfg, cases, [2]int{})
 	})

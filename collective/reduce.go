@@ -1,6 +1,9 @@
 package collective
 
-import "github.com/gorun/gorun/half"
+import (
+	"github.com/gorun/gorun/dtype"
+	"github.com/gorun/gorun/half"
+)
 
 // reducer combines received slices into the accumulator. The accumulator
 // holds elements of type dtype; received and sent slices hold elements of
@@ -9,14 +12,14 @@ import "github.com/gorun/gorun/half"
 // operations in the same order to each element, so results are
 // reproducible bit for bit.
 type reducer struct {
-	dtype, wire DType
+	dtype, wire dtype.DType
 	op          Op
 	n           int // world size, for Average
 	a, b        []float32
 	take        func(n int) []byte // where a and b come from (nil: make)
 }
 
-func newReducer(dtype, wire DType, op Op, n int) *reducer {
+func newReducer(dtype, wire dtype.DType, op Op, n int) *reducer {
 	return &reducer{dtype: dtype, wire: wire, op: op, n: n}
 }
 
@@ -34,25 +37,25 @@ func (r *reducer) scratch(p *[]float32, n int) []float32 {
 }
 
 // decode converts wire-format bytes into float32.
-func decode(dst []float32, src []byte, t DType) {
+func decode(dst []float32, src []byte, t dtype.DType) {
 	switch t {
-	case Float32:
+	case dtype.Float32:
 		copy(dst, Float32s(src))
-	case Float16:
+	case dtype.Float16:
 		half.Float16ToFloat32(dst, Uint16s(src))
-	case BFloat16:
+	case dtype.BFloat16:
 		half.BFloat16ToFloat32(dst, Uint16s(src))
 	}
 }
 
 // encode converts float32 into bytes of type t.
-func encode(dst []byte, src []float32, t DType) {
+func encode(dst []byte, src []float32, t dtype.DType) {
 	switch t {
-	case Float32:
+	case dtype.Float32:
 		copy(Float32s(dst), src)
-	case Float16:
+	case dtype.Float16:
 		half.Float32ToFloat16(Uint16s(dst), src)
-	case BFloat16:
+	case dtype.BFloat16:
 		half.Float32ToBFloat16(Uint16s(dst), src)
 	}
 }
@@ -70,10 +73,10 @@ func (r *reducer) combineOrdered(acc, in []byte, inFirst bool) {
 	if ne == 0 {
 		return
 	}
-	if r.dtype == Float32 {
+	if r.dtype == dtype.Float32 {
 		x := Float32s(acc)
 		var y []float32
-		if r.wire == Float32 {
+		if r.wire == dtype.Float32 {
 			y = Float32s(in)
 		} else {
 			b := r.scratch(&r.b, ne)
@@ -109,7 +112,7 @@ func (r *reducer) finish(acc []byte) {
 		return
 	}
 	d := float32(r.n)
-	if r.dtype == Float32 {
+	if r.dtype == dtype.Float32 {
 		x := Float32s(acc)
 		for i := range x {
 			x[i] /= d

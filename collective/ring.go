@@ -1,5 +1,7 @@
 package collective
 
+import "github.com/gorun/gorun/dtype"
+
 // ringGroup is how many slices of each step a ring handles before moving
 // to the next step (see ring). It bounds the messages in flight on each
 // link, which the send queue and the slot pools must hold.
@@ -12,8 +14,8 @@ type ringSpec struct {
 	rs, ag     bool   // phases: reduce-scatter, allgather
 	nch        int    // rings (one per channel)
 	sliceBytes int
-	dtype      DType
-	wire       DType
+	dtype      dtype.DType
+	wire       dtype.DType
 	op         Op
 	roundOwn   bool // allreduce with wire != dtype: the owner's result goes through the wire format too
 	noFinish   bool // reduce-scatter leaves partial results (no Average division)

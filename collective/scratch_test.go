@@ -3,6 +3,8 @@ package collective
 import (
 	"runtime"
 	"testing"
+
+	"github.com/gorun/gorun/dtype"
 )
 
 // TestScratchReused: calls after the first take their receive slots and
@@ -19,9 +21,9 @@ func TestScratchReused(t *testing.T) {
 		v            variant
 		count, calls int
 	}{
-		{variant{Float32, Float32}, 1 << 18, 20},
-		{variant{Float32, Float16}, 1 << 18, 20},
-		{variant{Float32, Float32}, 1 << 24, 3},
+		{variant{dtype.Float32, dtype.Float32}, 1 << 18, 20},
+		{variant{dtype.Float32, dtype.Float16}, 1 << 18, 20},
+		{variant{dtype.Float32, dtype.Float32}, 1 << 24, 3},
 	}
 	for _, tc := range cases {
 		v := tc.v

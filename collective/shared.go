@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -130,8 +131,8 @@ func packCall(c call) uint64 {
 }
 
 func unpackCall(seq, v, count uint64) call {
-	return call{seq: uint32(seq), kind: kind(uint16(v)), dtype: DType(v >> 16 & 15), op: Op(v >> 20 & 15),
-		wire: DType(v >> 24 & 15), algo: Algorithm(v >> 28 & 15), root: int(uint32(v >> 32)), count: int(count)}
+	return call{seq: uint32(seq), kind: kind(uint16(v)), dtype: dtype.DType(v >> 16 & 15), op: Op(v >> 20 & 15),
+		wire: dtype.DType(v >> 24 & 15), algo: Algorithm(v >> 28 & 15), root: int(uint32(v >> 32)), count: int(count)}
 }
 
 func sameCall(a, b call) bool {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -47,7 +48,7 @@ func TestSharedAllreduce(t *testing.T) {
 			i := 0
 			for _, l := range lengths {
 				for _, op := range ops {
-					for _, v := range []variant{{Float32, Float32}, {Float16, Float16}, {BFloat16, BFloat16}, {Float32, Float16}} {
+					for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float16, dtype.Float16}, {dtype.BFloat16, dtype.BFloat16}, {dtype.Float32, dtype.Float16}} {
 						i++
 						if l > 10000 && i%4 != 0 {
 							continue // keep the large ones few
@@ -88,7 +89,7 @@ func TestSharedCommunicatorsInTurn(t *testing.T) {
 			for i := range buf {
 				buf[i] = float32(c.Rank()*1000 + i%1000)
 			}
-			if err := c.Allreduce(testCtx(t), nil, Float32Bytes(buf), Float32, Sum); err != nil {
+			if err := c.Allreduce(testCtx(t), nil, Float32Bytes(buf), dtype.Float32, Sum); err != nil {
 				return err
 			}
 			for i, x := range buf {
@@ -127,7 +128,7 @@ func TestSharedMismatch(t *testing.T) {
 			if c.Rank() == bad {
 				buf = buf[:len(buf)-4]
 			}
-			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum)
 		}, "length"},
 		{"algorithm", func(c *Communicator, buf []byte) error {
 			var o []CallOption
@@ -138,26 +139,26 @@ func TestSharedMismatch(t *testing.T) {
 				}
 				o = append(o, WithAlgorithm(a))
 			}
-			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum, o...)
+			return c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum, o...)
 		}, "algorithm"},
 		{"collective", func(c *Communicator, buf []byte) error {
 			if c.Rank() == bad {
 				return c.Broadcast(testCtx(t), buf, 0)
 			}
-			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum)
 		}, "collective"},
 		{"skipped", func(c *Communicator, buf []byte) error {
 			if c.Rank() != bad {
-				if err := c.Allreduce(testCtx(t), nil, buf, Float32, Max); err != nil {
+				if err := c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Max); err != nil {
 					return err
 				}
 			}
-			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum)
 		}, "reduction"}, // a skipped call shows as a different call under the same number
 		{"invalid", func(c *Communicator, buf []byte) error {
-			dt := Float32
+			dt := dtype.Float32
 			if c.Rank() == bad {
-				dt = DType(9)
+				dt = dtype.DType(9)
 			}
 			return c.Allreduce(testCtx(t), nil, buf, dt, Sum)
 		}, "invalid arguments"},
@@ -165,7 +166,7 @@ func TestSharedMismatch(t *testing.T) {
 			if c.Rank() == bad {
 				return c.Transport().Close()
 			}
-			return c.Allreduce(testCtx(t), nil, buf, Float32, Sum)
+			return c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum)
 		}, "rank 2"},
 		{"deadline", func(c *Communicator, buf []byte) error {
 			if c.Rank() == bad {
@@ -174,7 +175,7 @@ func TestSharedMismatch(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
 			defer cancel()
-			return c.Allreduce(ctx, nil, buf, Float32, Sum)
+			return c.Allreduce(ctx, nil, buf, dtype.Float32, Sum)
 		}, "deadline"},
 	} {
 		for _, layout := range []string{"one-host", "2x2"} {
@@ -199,7 +200,7 @@ func sharedMismatchCase(t *testing.T, layout string, bad int, name, want string,
 	start := time.Now()
 	errs := timed(t, ts, Config{Timeout: 8 * time.Second}, 20*time.Second, func(c *Communicator) error {
 		buf := make([]byte, 600_000)
-		if err := c.Allreduce(testCtx(t), nil, buf, Float32, Sum); err != nil {
+		if err := c.Allreduce(testCtx(t), nil, buf, dtype.Float32, Sum); err != nil {
 			return fmt.Errorf("first allreduce: %w", err)
 		}
 		return f(c, buf)
@@ -238,7 +239,7 @@ func sharedMismatchCase(t *testing.T, layout string, bad int, name, want string,
 func TestSharedAllreduceCounted(t *testing.T) {
 	const n = 3
 	ts := loopback(t, n, "shm")
-	for _, v := range []variant{{Float32, Float32}, {Float32, Float16}} {
+	for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}} {
 		ws := v.wire.Size()
 		per := min(DefaultSharedRoundBytes, rank.GroupSlotBytes/2) / ws
 		count := 2*per + 5 // three rounds
@@ -258,7 +259,7 @@ func TestSharedAllreduceCounted(t *testing.T) {
 		errs := group(ts, Config{}, func(c *Communicator) error {
 			before := c.Transport().Stats()
 			buf := make([]float32, count)
-			if err := c.Allreduce(testCtx(t), nil, Float32Bytes(buf), Float32, Sum, WithWire(v.wire)); err != nil {
+			if err := c.Allreduce(testCtx(t), nil, Float32Bytes(buf), dtype.Float32, Sum, WithWire(v.wire)); err != nil {
 				return err
 			}
 			after := c.Transport().Stats()
@@ -296,7 +297,7 @@ func TestSharedAllreduceCounted(t *testing.T) {
 func TestSharedMismatchFailsTheCall(t *testing.T) {
 	ts := loopback(t, 2, "shm")
 	errs := timed(t, ts, Config{Timeout: 8 * time.Second}, 20*time.Second, func(c *Communicator) error {
-		if err := c.Allreduce(testCtx(t), nil, make([]byte, 4000), Float32, Sum); err != nil {
+		if err := c.Allreduce(testCtx(t), nil, make([]byte, 4000), dtype.Float32, Sum); err != nil {
 			return fmt.Errorf("first allreduce: %w", err)
 		}
 		n := 1000
@@ -305,7 +306,7 @@ func TestSharedMismatchFailsTheCall(t *testing.T) {
 		} else {
 			n = 999
 		}
-		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), Float32, Sum)
+		err := c.Allreduce(testCtx(t), nil, make([]byte, 4*n), dtype.Float32, Sum)
 		if err == nil {
 			return errors.New("the mismatched allreduce (1000 elements on rank 0, 999 on rank 1) succeeded")
 		}

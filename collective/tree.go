@@ -1,5 +1,7 @@
 package collective
 
+import "github.com/gorun/gorun/dtype"
+
 // treeShape is one rank's place in a tree: its parent (-1 at the root) and
 // its children, in the fixed order in which their contributions are
 // reduced.
@@ -96,8 +98,8 @@ type treeSpec struct {
 	shape      treeShape
 	up         bool // reduce toward the root (else the root's data is broadcast as is)
 	sliceBytes int
-	dtype      DType
-	wire       DType
+	dtype      dtype.DType
+	wire       dtype.DType
 	op         Op
 	div        int // Average divides by this (0: the transport's size)
 }

@@ -5,59 +5,9 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
-
-// DType is the element type of a buffer.
-type DType uint8
-
-const (
-	Float32  DType = 1
-	Float16  DType = 2 // IEEE 754 binary16
-	BFloat16 DType = 3
-	rawBytes DType = 15 // Allgather and Broadcast move bytes
-)
-
-// Size is the size of one element in bytes.
-func (d DType) Size() int {
-	switch d {
-	case Float32:
-		return 4
-	case rawBytes:
-		return 1
-	}
-	return 2
-}
-
-func (d DType) valid() bool { return d >= Float32 && d <= BFloat16 }
-
-func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case Float16:
-		return "float16"
-	case BFloat16:
-		return "bfloat16"
-	case rawBytes:
-		return "bytes"
-	}
-	return fmt.Sprintf("dtype(%d)", uint8(d))
-}
-
-// ParseDType accepts the names allreduce-perf uses (float, half, bfloat16)
-// and the String forms.
-func ParseDType(s string) (DType, error) {
-	switch s {
-	case "float", "float32", "f32", "fp32":
-		return Float32, nil
-	case "half", "float16", "f16", "fp16":
-		return Float16, nil
-	case "bfloat16", "bf16":
-		return BFloat16, nil
-	}
-	return 0, fmt.Errorf("unknown data type %q (want float, half or bfloat16)", s)
-}
 
 // Op is a reduction.
 type Op uint8
@@ -207,9 +157,9 @@ type call struct {
 	seq   uint32
 	kind  kind
 	count int // elements
-	dtype DType
+	dtype dtype.DType
 	op    Op
-	wire  DType
+	wire  dtype.DType
 	algo  Algorithm
 	root  int
 	bad   bool // invalid arguments on this rank: fails without moving data
@@ -228,7 +178,7 @@ func fromTag(t rank.Tag) call {
 	if c.kind == kBroadcast {
 		c.root = int(t.Aux)
 	} else {
-		c.dtype, c.op, c.wire, c.algo = DType(t.Aux&15), Op(t.Aux>>4&15), DType(t.Aux>>8&15), Algorithm(t.Aux>>12)
+		c.dtype, c.op, c.wire, c.algo = dtype.DType(t.Aux&15), Op(t.Aux>>4&15), dtype.DType(t.Aux>>8&15), Algorithm(t.Aux>>12)
 	}
 	return c
 }

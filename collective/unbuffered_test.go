@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -76,7 +77,7 @@ func TestUnbufferedLinks(t *testing.T) {
 	const count = 1 << 14
 	for _, a := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
 		for _, n := range []int{2, 3, 4} {
-			for _, v := range []variant{{Float32, Float32}, {Float32, Float16}} {
+			for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}} {
 				ts := syncGroup(n, 2)
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				// waiters on the links wake up at the deadline too

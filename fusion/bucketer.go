@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/metrics"
 )
 
@@ -27,24 +28,24 @@ import (
 // --compression names it: none (float32, as they are; also "", fp32,
 // float32), fp16 (float16, half) or bf16 (bfloat16), the last two rounded on
 // the wire to half the bytes.
-func ParseWire(s string) (collective.DType, error) {
+func ParseWire(s string) (dtype.DType, error) {
 	switch strings.ToLower(s) {
 	case "none", "", "fp32", "float32":
-		return collective.Float32, nil
+		return dtype.Float32, nil
 	case "fp16", "float16", "half":
-		return collective.Float16, nil
+		return dtype.Float16, nil
 	case "bf16", "bfloat16":
-		return collective.BFloat16, nil
+		return dtype.BFloat16, nil
 	}
 	return 0, fmt.Errorf("unknown compression %q (want none, fp16 or bf16)", s)
 }
 
 // wireName is the --compression name of wire type d, as ParseWire reads it.
-func wireName(d collective.DType) string {
+func wireName(d dtype.DType) string {
 	switch d {
-	case collective.Float16:
+	case dtype.Float16:
 		return "fp16"
-	case collective.BFloat16:
+	case dtype.BFloat16:
 		return "bf16"
 	}
 	return "none"
@@ -82,7 +83,7 @@ type BucketConfig struct {
 	// Wire is the gradients' type on the wire: collective.Float16 or
 	// BFloat16 round them to half the bytes; Float32 (or zero) sends them
 	// as they are.
-	Wire collective.DType
+	Wire dtype.DType
 	// CycleTime, if positive, rebuilds the buckets once, after the first
 	// step, from rank 0's measured readiness times: a bucket is also closed
 	// when the next gradient became ready more than CycleTime after the
@@ -203,7 +204,7 @@ type Bucketer struct {
 	offsets []int
 	total   int // elements of all the gradients
 	cfg     BucketConfig
-	wire    collective.DType
+	wire    dtype.DType
 	desc    []byte // fingerprint material
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -245,13 +246,13 @@ func NewBucketer(c *collective.Communicator, params []ParamInfo, cfg BucketConfi
 		return nil, fmt.Errorf("bucketer: negative bucket cap (%d, first %d)", cfg.CapBytes, cfg.FirstCapBytes)
 	case cfg.BackwardPassesPerStep < 0:
 		return nil, fmt.Errorf("bucketer: %d backward passes per step", cfg.BackwardPassesPerStep)
-	case cfg.Wire != 0 && cfg.Wire != collective.Float32 && cfg.Wire != collective.Float16 && cfg.Wire != collective.BFloat16:
+	case cfg.Wire != 0 && cfg.Wire != dtype.Float32 && cfg.Wire != dtype.Float16 && cfg.Wire != dtype.BFloat16:
 		return nil, fmt.Errorf("bucketer: unknown wire type %v", cfg.Wire)
 	case cfg.Timeout < 0 || cfg.CycleTime < 0:
 		return nil, errors.New("bucketer: negative timeout or cycle time")
 	}
 	if cfg.Wire == 0 {
-		cfg.Wire = collective.Float32
+		cfg.Wire = dtype.Float32
 	}
 	b := &Bucketer{c: c, params: append([]ParamInfo(nil), params...), cfg: cfg, wire: cfg.Wire, scale: 1}
 	off := 0
@@ -392,7 +393,7 @@ type description struct {
 func (b *Bucketer) describe() error {
 	d := description{Compression: wireName(b.wire), Average: b.cfg.Average, Passes: b.cfg.BackwardPassesPerStep,
 		CapBytes: b.cfg.CapBytes, FirstCap: b.cfg.FirstCapBytes, CycleTime: int64(b.cfg.CycleTime),
-		DeviceWire: b.dev != nil && b.wire != collective.Float32}
+		DeviceWire: b.dev != nil && b.wire != dtype.Float32}
 	for _, p := range b.params {
 		d.Names = append(d.Names, p.Name)
 		d.Lens = append(d.Lens, p.Len)
@@ -751,7 +752,7 @@ func (b *Bucketer) launch(s *stepState, check bool) {
 		op = collective.Average // each rank divides only the part it owns
 	}
 	var opts []collective.CallOption
-	if b.wire != collective.Float32 && s.dev == nil {
+	if b.wire != dtype.Float32 && s.dev == nil {
 		opts = append(opts, collective.WithWire(b.wire))
 	}
 	failFrom := func(k int, err error) {
@@ -807,7 +808,7 @@ func (b *Bucketer) launch(s *stepState, check bool) {
 				}
 				b.cfg.Timeline.Span("fusion", fmt.Sprintf("pack b%d", k), st.Launch, time.Now())
 			}
-			h = b.c.AllreduceAsync(b.ctx, nil, collective.Float32Bytes(buf), collective.Float32, op, opts...)
+			h = b.c.AllreduceAsync(b.ctx, nil, collective.Float32Bytes(buf), dtype.Float32, op, opts...)
 		}
 		st.Start = time.Now() // corrected by finish to when the call could run
 		fin <- launched{k: k, h: h}

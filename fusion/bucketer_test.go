@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion/fusiontest"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
@@ -130,7 +131,7 @@ func attachGrads(b *Bucketer, ps []ParamInfo, flat []float32, m gradMode, seed u
 // bkDeviceOK checks what the double saw after steps communicating steps of
 // b: no contract violation, one copy out and one copy in per non-empty
 // bucket and step, and the pinned buffer allocated once.
-func bkDeviceOK(be *fusiontest.StagedCPU, b *Bucketer, steps int, wire collective.DType) error {
+func bkDeviceOK(be *fusiontest.StagedCPU, b *Bucketer, steps int, wire dtype.DType) error {
 	if be == nil {
 		return nil
 	}
@@ -227,7 +228,7 @@ func TestBucketLayout(t *testing.T) {
 
 type bucketReduceCase struct {
 	np    int
-	comp  collective.DType
+	comp  dtype.DType
 	avg   bool
 	scale float32
 	mode  gradMode
@@ -236,16 +237,16 @@ type bucketReduceCase struct {
 func TestBucketerMatchesPlainAllreduce(t *testing.T) {
 	var cases []bucketReduceCase
 	for np := 1; np <= 4; np++ {
-		cases = append(cases, bucketReduceCase{np: np}, bucketReduceCase{np: np, avg: true}, bucketReduceCase{np: np, comp: collective.Float16, avg: true})
+		cases = append(cases, bucketReduceCase{np: np}, bucketReduceCase{np: np, avg: true}, bucketReduceCase{np: np, comp: dtype.Float16, avg: true})
 	}
 	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125}, bucketReduceCase{np: 3, mode: modeAttach, avg: true},
-		bucketReduceCase{np: 2, comp: collective.BFloat16}, bucketReduceCase{np: 4, comp: collective.Float16, scale: 0.5, mode: modeAttach})
+		bucketReduceCase{np: 2, comp: dtype.BFloat16}, bucketReduceCase{np: 4, comp: dtype.Float16, scale: 0.5, mode: modeAttach})
 	// Device gradients: the same sums through the asynchronous staging.
 	for np := 1; np <= 4; np++ {
-		cases = append(cases, bucketReduceCase{np: np, mode: modeDevice}, bucketReduceCase{np: np, comp: collective.Float16, avg: true, mode: modeDevice})
+		cases = append(cases, bucketReduceCase{np: np, mode: modeDevice}, bucketReduceCase{np: np, comp: dtype.Float16, avg: true, mode: modeDevice})
 	}
-	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125, mode: modeDevice}, bucketReduceCase{np: 2, comp: collective.BFloat16, mode: modeDevice},
-		bucketReduceCase{np: 3, comp: collective.BFloat16, avg: true, scale: 0.25, mode: modeDevice}, bucketReduceCase{np: 4, comp: collective.Float16, scale: 0.5, mode: modeDevice})
+	cases = append(cases, bucketReduceCase{np: 3, scale: 0.125, mode: modeDevice}, bucketReduceCase{np: 2, comp: dtype.BFloat16, mode: modeDevice},
+		bucketReduceCase{np: 3, comp: dtype.BFloat16, avg: true, scale: 0.25, mode: modeDevice}, bucketReduceCase{np: 4, comp: dtype.Float16, scale: 0.5, mode: modeDevice})
 	for _, tc := range cases {
 		name := fmt.Sprintf("np%d/%v/avg=%v/scale=%v/%v", tc.np, tc.comp, tc.avg, tc.scale, tc.mode)
 		t.Run(name, func(t *testing.T) { checkBucketReduce(t, tc) })
@@ -302,7 +303,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 			op = collective.Average
 		}
 		for _, v := range bkViews(ref, ps) {
-			if err := c.Allreduce(context.Background(), nil, collective.Float32Bytes(v), collective.Float32, op); err != nil {
+			if err := c.Allreduce(context.Background(), nil, collective.Float32Bytes(v), dtype.Float32, op); err != nil {
 				return err
 			}
 			if tc.scale != 0 {
@@ -333,7 +334,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 		}
 		for i, x := range v {
 			want := ref[o+i]
-			if tc.comp == 0 || tc.comp == collective.Float32 {
+			if tc.comp == 0 || tc.comp == dtype.Float32 {
 				if math.Float32bits(x) != math.Float32bits(want) {
 					t.Fatalf("parameter %d element %d = %v, plain allreduce gives %v", p, i, x, want)
 				}
@@ -353,7 +354,7 @@ func checkBucketReduce(t *testing.T, tc bucketReduceCase) {
 				f *= float64(tc.scale)
 			}
 			eps := math.Ldexp(1, -11)
-			if tc.comp == collective.BFloat16 {
+			if tc.comp == dtype.BFloat16 {
 				eps = math.Ldexp(1, -8)
 			}
 			if d := math.Abs(float64(x) - float64(want)); d > float64(tc.np)*eps*abs*f+1e-7 {
@@ -431,7 +432,7 @@ func checkMarkOrders(t *testing.T, mode gradMode) {
 				return fmt.Errorf("bucket %d launched or started before bucket %d: %+v", k, k-1, st.Buckets)
 			}
 		}
-		if err := bkDeviceOK(dev, b, 1, collective.Float32); err != nil {
+		if err := bkDeviceOK(dev, b, 1, dtype.Float32); err != nil {
 			return err
 		}
 		results[r] = flat
@@ -513,7 +514,7 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 		}, `parameter 9 is "layer_9/w" (2 elements) on rank 0 but missing on rank 1`},
 		{"compression", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
 			if r == 1 {
-				cfg.Wire = collective.Float16
+				cfg.Wire = dtype.Float16
 			}
 			return ps
 		}, "compression is none on rank 0 but fp16 on rank 1"},
@@ -535,7 +536,7 @@ func TestBucketerFingerprintMismatch(t *testing.T) {
 			return ps
 		}, "first bucket cap (bytes) is 512 on rank 0 but 256 on rank 1"},
 		{"device", func(r int, ps []ParamInfo, cfg *BucketConfig) []ParamInfo {
-			cfg.Wire = collective.Float16
+			cfg.Wire = dtype.Float16
 			return ps
 		}, "the buckets are float32 data sent as 16 bits on rank 0 but 16-bit data staged from a device on rank 1"},
 	} {
@@ -622,7 +623,7 @@ func checkPassesPerStep(t *testing.T, mode gradMode) {
 				return fmt.Errorf("the communicating pass reports no bytes sent: %+v", st)
 			}
 		}
-		if err := bkDeviceOK(dev, b, 1, collective.Float32); err != nil {
+		if err := bkDeviceOK(dev, b, 1, dtype.Float32); err != nil {
 			return err
 		}
 		results[r] = flat
@@ -658,7 +659,7 @@ func checkOverflow(t *testing.T, mode gradMode) {
 	ts := ranktest.InMemory(2, 1)
 	defer ranktest.CloseAll(ts)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
-		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Wire: collective.Float16, Average: true})
+		b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 4096, FirstCapBytes: 512, Wire: dtype.Float16, Average: true})
 		if err != nil {
 			return err
 		}
@@ -683,7 +684,7 @@ func checkOverflow(t *testing.T, mode gradMode) {
 				return fmt.Errorf("step %d (bad value %v on rank 1): Overflow = %v", step, bad, st.Overflow)
 			}
 		}
-		return bkDeviceOK(dev, b, 4, collective.Float16)
+		return bkDeviceOK(dev, b, 4, dtype.Float16)
 	})
 	bkNoErrs(t, errs)
 }
@@ -711,9 +712,9 @@ func TestOverflowChecks(t *testing.T) {
 		y := float64(x * s)
 		return math.IsInf(y, 0) || math.IsNaN(y)
 	}
-	for _, wire := range []collective.DType{collective.Float16, collective.BFloat16} {
+	for _, wire := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 		dec := half.F16ToF32
-		if wire == collective.BFloat16 {
+		if wire == dtype.BFloat16 {
 			dec = half.BF16ToF32
 		}
 		all := make([]uint16, 1<<16)
@@ -741,12 +742,12 @@ func TestOverflowChecks(t *testing.T) {
 	for _, sc := range scales {
 		for _, x := range f32s {
 			buf := []float32{1, x, -1}
-			if got, want := wireOverflow(collective.Float32Bytes(buf), collective.Float32, sc), bad(x, sc); got != want {
+			if got, want := wireOverflow(collective.Float32Bytes(buf), dtype.Float32, sc), bad(x, sc); got != want {
 				t.Fatalf("float32 %v scale %v: overflow %v, want %v", x, sc, got, want)
 			}
 		}
 	}
-	if wireOverflow(nil, collective.Float16, 1) || wireOverflow(nil, collective.Float32, 2) {
+	if wireOverflow(nil, dtype.Float16, 1) || wireOverflow(nil, dtype.Float32, 2) {
 		t.Fatal("an empty bucket overflows")
 	}
 }
@@ -828,7 +829,7 @@ func checkOverlap(t *testing.T, mode gradMode) {
 					st.Buckets[0].Launch.Sub(st.BackwardDone), st)
 			}
 		}
-		return bkDeviceOK(dev, b, 2, collective.Float32)
+		return bkDeviceOK(dev, b, 2, dtype.Float32)
 	})
 	bkNoErrs(t, errs)
 }
@@ -921,7 +922,7 @@ func checkQUIC(t *testing.T, mode gradMode) {
 	}
 	sent := make([][2]uint64, np)
 	errs := bkOnRanks(ts, func(r int, c *collective.Communicator) error {
-		for ci, comp := range []collective.DType{collective.Float32, collective.Float16} {
+		for ci, comp := range []dtype.DType{dtype.Float32, dtype.Float16} {
 			b, err := NewBucketer(c, ps, BucketConfig{CapBytes: 200 << 10, FirstCapBytes: 64 << 10, Wire: comp})
 			if err != nil {
 				return err
@@ -968,9 +969,9 @@ func checkQUIC(t *testing.T, mode gradMode) {
 
 // orFloat32 is a case's wire type, Float32 where the case leaves it zero
 // (as the Bucketer reads BucketConfig.Wire).
-func orFloat32(d collective.DType) collective.DType {
+func orFloat32(d dtype.DType) dtype.DType {
 	if d == 0 {
-		return collective.Float32
+		return dtype.Float32
 	}
 	return d
 }
@@ -978,14 +979,14 @@ func orFloat32(d collective.DType) collective.DType {
 // TestParseWire: every spelling nmt-train's --compression accepts, its
 // wire type and its name; anything else is refused with the choices.
 func TestParseWire(t *testing.T) {
-	for s, want := range map[string]collective.DType{"none": collective.Float32, "fp32": collective.Float32, "": collective.Float32,
-		"fp16": collective.Float16, "half": collective.Float16, "BF16": collective.BFloat16, "bfloat16": collective.BFloat16} {
+	for s, want := range map[string]dtype.DType{"none": dtype.Float32, "fp32": dtype.Float32, "": dtype.Float32,
+		"fp16": dtype.Float16, "half": dtype.Float16, "BF16": dtype.BFloat16, "bfloat16": dtype.BFloat16} {
 		got, err := ParseWire(s)
 		if err != nil || got != want {
 			t.Errorf("ParseWire(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
-	for _, d := range []collective.DType{collective.Float32, collective.Float16, collective.BFloat16} {
+	for _, d := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
 		if back, err := ParseWire(wireName(d)); err != nil || back != d {
 			t.Errorf("%v (%q) does not parse back: %v, %v", d, wireName(d), back, err)
 		}
@@ -1196,8 +1197,8 @@ func TestBucketerMisuse(t *testing.T) {
 func TestBucketerOverflowFromScale(t *testing.T) {
 	for _, k := range []struct {
 		mode gradMode
-		comp collective.DType
-	}{{modeFlat, collective.Float32}, {modeDevice, collective.Float32}, {modeDevice, collective.Float16}} {
+		comp dtype.DType
+	}{{modeFlat, dtype.Float32}, {modeDevice, dtype.Float32}, {modeDevice, dtype.Float16}} {
 		t.Run(fmt.Sprintf("%v/%v", k.mode, k.comp), func(t *testing.T) {
 			ps := bkOddParams()
 			ts := ranktest.InMemory(2, 1)

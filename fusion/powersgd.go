@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -278,7 +279,7 @@ func (c *compressor) attachDevice(s GradStaging) error {
 		if n == 0 {
 			return kernels.Tensor{}
 		}
-		return c.be.Alloc(kernels.F32, n)
+		return c.be.Alloc(dtype.Float32, n)
 	}
 	c.e, c.p, c.q, c.qPrev = alloc(c.nE), alloc(c.nP), alloc(c.nQ), alloc(c.nQ)
 	c.pWire, c.qWire = c.hs.PinnedHost(4*c.nP), c.hs.PinnedHost(4*c.nQ)

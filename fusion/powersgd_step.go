@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
-	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/dtype"
 )
 
 // A PowerSGD bucket's step. The launcher (one goroutine per step, which
@@ -59,7 +59,7 @@ func (b *Bucketer) launchPSGD(s *stepState, k int, op collective.Op, opts []coll
 			for _, r := range pb.runs {
 				pos += copy(buf[pos:], b.flat[r.off:r.off+r.n])
 			}
-			l.h = b.c.AllreduceAsync(b.ctx, nil, collective.Float32Bytes(buf), collective.Float32, op, opts...)
+			l.h = b.c.AllreduceAsync(b.ctx, nil, collective.Float32Bytes(buf), dtype.Float32, op, opts...)
 		}
 		t0 := time.Now()
 		c.mu.Lock()
@@ -70,7 +70,7 @@ func (b *Bucketer) launchPSGD(s *stepState, k int, op collective.Op, opts []coll
 		tl.Span("fusion", fmt.Sprintf("compress P b%d", k), t0, now)
 	}
 	st.Start = time.Now()
-	hp := b.c.AllreduceAsync(b.ctx, nil, c.pWire[4*pb.pLo:4*pb.pHi], collective.Float32, collective.Sum)
+	hp := b.c.AllreduceAsync(b.ctx, nil, c.pWire[4*pb.pLo:4*pb.pHi], dtype.Float32, collective.Sum)
 	if err := hp.Wait(); err != nil {
 		return l, err
 	}
@@ -98,7 +98,7 @@ func (b *Bucketer) launchPSGD(s *stepState, k int, op collective.Op, opts []coll
 	now := time.Now()
 	s.psgdNs.Add(int64(now.Sub(t1)))
 	tl.Span("fusion", fmt.Sprintf("compress Q b%d", k), t1, now)
-	l.hq = b.c.AllreduceAsync(b.ctx, nil, c.qWire[4*pb.qLo:4*pb.qHi], collective.Float32, collective.Sum)
+	l.hq = b.c.AllreduceAsync(b.ctx, nil, c.qWire[4*pb.qLo:4*pb.qHi], dtype.Float32, collective.Sum)
 	return l, nil
 }
 
@@ -162,7 +162,7 @@ func (b *Bucketer) devPhase1(s *stepState, k int) {
 		pos += r.n
 	}
 	c.phase1(pb, s.scale)
-	fs = append(fs, c.hs.CopyOutAsync(c.pWire[4*pb.pLo:4*pb.pHi], c.p.Slice(pb.pLo, pb.pHi-pb.pLo), kernels.F32))
+	fs = append(fs, c.hs.CopyOutAsync(c.pWire[4*pb.pLo:4*pb.pHi], c.p.Slice(pb.pLo, pb.pHi-pb.pLo), dtype.Float32))
 	s.cfences[k] = fs
 }
 
@@ -170,9 +170,9 @@ func (b *Bucketer) devPhase1(s *stepState, k int) {
 // reduced P back to the device, phase 2, and Q's copy out.
 func (b *Bucketer) devPhase2(s *stepState, k int) {
 	c, pb := b.psgd, &s.pbk[k]
-	c.hs.CopyIn(c.p.Slice(pb.pLo, pb.pHi-pb.pLo), c.pWire[4*pb.pLo:4*pb.pHi], kernels.F32)
+	c.hs.CopyIn(c.p.Slice(pb.pLo, pb.pHi-pb.pLo), c.pWire[4*pb.pLo:4*pb.pHi], dtype.Float32)
 	c.phase2(pb)
-	s.qfence[k] = c.hs.CopyOutAsync(c.qWire[4*pb.qLo:4*pb.qHi], c.q.Slice(pb.qLo, pb.qHi-pb.qLo), kernels.F32)
+	s.qfence[k] = c.hs.CopyOutAsync(c.qWire[4*pb.qLo:4*pb.qHi], c.q.Slice(pb.qLo, pb.qHi-pb.qLo), dtype.Float32)
 	close(s.q2done[k])
 }
 
@@ -188,7 +188,7 @@ func (b *Bucketer) devPhase3(s *stepState, k int) {
 		pos += r.n
 	}
 	if !s.pqOver[k] {
-		c.hs.CopyIn(c.q.Slice(pb.qLo, pb.qHi-pb.qLo), c.qWire[4*pb.qLo:4*pb.qHi], kernels.F32)
+		c.hs.CopyIn(c.q.Slice(pb.qLo, pb.qHi-pb.qLo), c.qWire[4*pb.qLo:4*pb.qHi], dtype.Float32)
 	}
 	c.phase3(pb, b.outScale(), b.c.Size(), s.pqOver[k])
 	s.psgdNs.Add(int64(time.Since(t0)))

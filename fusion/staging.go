@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 )
@@ -30,13 +31,13 @@ type GradStaging interface {
 	// (Float32, Float16 or BFloat16, little-endian), after the work already
 	// queued (the backward pass that computed them), and returns at once;
 	// the Fence says when dst is filled.
-	CopyOut(dst []byte, off, n int, wire collective.DType) Fence
+	CopyOut(dst []byte, off, n int, wire dtype.DType) Fence
 	// CopyIn queues elements [off, off+n) = scale * (src converted from
 	// wire), ahead of the work queued after it (the optimizer). The
 	// Bucketer writes src again only after the Fence of a later CopyOut
 	// into it has been waited on: that copy, queued after this one, has
 	// then finished, and so has this one.
-	CopyIn(off, n int, src []byte, wire collective.DType, scale float32)
+	CopyIn(off, n int, src []byte, wire dtype.DType, scale float32)
 }
 
 // Fence says when a CopyOut has finished (kernels.Fence is one).
@@ -60,7 +61,7 @@ func HostStaged(be kernels.Backend, grads kernels.Tensor) (GradStaging, bool) {
 	if !ok {
 		return nil, false
 	}
-	if grads.DType != kernels.F32 {
+	if grads.DType != dtype.Float32 {
 		panic(fmt.Sprintf("fusion: HostStaged of a %v gradient tensor (want F32)", grads))
 	}
 	return &hostStaged{be: be, hs: hs, grads: grads}, true
@@ -75,11 +76,11 @@ type hostStaged struct {
 func (h *hostStaged) Len() int            { return h.grads.Len() }
 func (h *hostStaged) Pinned(n int) []byte { return h.hs.PinnedHost(n) }
 
-func (h *hostStaged) CopyOut(dst []byte, off, n int, wire collective.DType) Fence {
+func (h *hostStaged) CopyOut(dst []byte, off, n int, wire dtype.DType) Fence {
 	return h.hs.CopyOutAsync(dst[:n*wire.Size()], h.grads.Slice(off, n), kernelType(wire))
 }
 
-func (h *hostStaged) CopyIn(off, n int, src []byte, wire collective.DType, scale float32) {
+func (h *hostStaged) CopyIn(off, n int, src []byte, wire dtype.DType, scale float32) {
 	g := h.grads.Slice(off, n)
 	h.hs.CopyIn(g, src[:n*wire.Size()], kernelType(wire))
 	if scale != 1 {
@@ -87,14 +88,14 @@ func (h *hostStaged) CopyIn(off, n int, src []byte, wire collective.DType, scale
 	}
 }
 
-func kernelType(d collective.DType) kernels.DType {
+func kernelType(d dtype.DType) dtype.DType {
 	switch d {
-	case collective.Float16:
-		return kernels.F16
-	case collective.BFloat16:
-		return kernels.BF16
+	case dtype.Float16:
+		return dtype.Float16
+	case dtype.BFloat16:
+		return dtype.BFloat16
 	}
-	return kernels.F32
+	return dtype.Float32
 }
 
 // wireOverflow reports whether the reduced bucket buf (wire format) holds
@@ -104,16 +105,16 @@ func kernelType(d collective.DType) kernels.DType {
 // case exactly when a value is Inf or NaN in the wire format (|x*scale| <=
 // |x|), which the exponent bits tell: all ones (one OR per element, no
 // conversion). A larger scale (or a NaN) needs the conversion.
-func wireOverflow(buf []byte, wire collective.DType, scale float32) bool {
+func wireOverflow(buf []byte, wire dtype.DType, scale float32) bool {
 	if !(scale >= -1 && scale <= 1) {
 		return decodeOverflow(buf, wire, scale)
 	}
 	switch wire {
-	case collective.Float16, collective.BFloat16:
+	case dtype.Float16, dtype.BFloat16:
 		// (u & exp) + low bit of exp sets bit 15 exactly when the exponent
 		// is all ones: 0x7c00+0x0400 = 0x7f80+0x0080 = 0x8000.
 		exp, one := uint16(0x7c00), uint16(0x0400)
-		if wire == collective.BFloat16 {
+		if wire == dtype.BFloat16 {
 			exp, one = 0x7f80, 0x0080
 		}
 		var acc uint16
@@ -132,16 +133,16 @@ func wireOverflow(buf []byte, wire collective.DType, scale float32) bool {
 
 // decodeOverflow converts buf to float32 a chunk at a time and checks
 // x*scale.
-func decodeOverflow(buf []byte, wire collective.DType, scale float32) bool {
+func decodeOverflow(buf []byte, wire dtype.DType, scale float32) bool {
 	var chunk [1024]float32
 	n := len(buf) / wire.Size()
 	for lo := 0; lo < n; lo += len(chunk) {
 		hi := min(n, lo+len(chunk))
 		x := chunk[:hi-lo]
 		switch wire {
-		case collective.Float16:
+		case dtype.Float16:
 			half.Float16ToFloat32(x, collective.Uint16s(buf)[lo:hi])
-		case collective.BFloat16:
+		case dtype.BFloat16:
 			half.BFloat16ToFloat32(x, collective.Uint16s(buf)[lo:hi])
 		default:
 			copy(x, collective.Float32s(buf)[lo:hi])

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion/fusiontest"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
@@ -26,12 +27,12 @@ func TestHostStaged(t *testing.T) {
 		t.Fatalf("HostStaged: %v, Len %d", ok, gs.Len())
 	}
 	for _, tc := range []struct {
-		wire collective.DType
+		wire dtype.DType
 		dec  func([]byte, int) float32
 	}{
-		{collective.Float16, func(b []byte, i int) float32 { return half.F16ToF32(collective.Uint16s(b)[i]) }},
-		{collective.BFloat16, func(b []byte, i int) float32 { return half.BF16ToF32(collective.Uint16s(b)[i]) }},
-		{collective.Float32, func(b []byte, i int) float32 { return collective.Float32s(b)[i] }},
+		{dtype.Float16, func(b []byte, i int) float32 { return half.F16ToF32(collective.Uint16s(b)[i]) }},
+		{dtype.BFloat16, func(b []byte, i int) float32 { return half.BF16ToF32(collective.Uint16s(b)[i]) }},
+		{dtype.Float32, func(b []byte, i int) float32 { return collective.Float32s(b)[i] }},
 	} {
 		for i := range g {
 			g[i] = 1.0/3 + float32(i)*1000.7
@@ -45,9 +46,9 @@ func TestHostStaged(t *testing.T) {
 		for i := range want {
 			want[i] = g[3+i]
 			switch tc.wire {
-			case collective.Float16:
+			case dtype.Float16:
 				want[i] = half.F16ToF32(half.F32ToF16(want[i]))
-			case collective.BFloat16:
+			case dtype.BFloat16:
 				want[i] = half.BF16ToF32(half.F32ToBF16(want[i]))
 			}
 			if got := tc.dec(host, i); got != want[i] {
@@ -81,20 +82,20 @@ func TestStagedCPUContract(t *testing.T) {
 		{"goroutine", func(be *fusiontest.StagedCPU) {
 			p := be.PinnedHost(16)
 			done := make(chan struct{})
-			go func() { be.CopyOutAsync(p, g.Slice(0, 8), kernels.F16).Wait(); close(done) }()
+			go func() { be.CopyOutAsync(p, g.Slice(0, 8), dtype.Float16).Wait(); close(done) }()
 			<-done
 		}, "from goroutine"},
 		{"not pinned", func(be *fusiontest.StagedCPU) {
-			be.CopyOutAsync(make([]byte, 32), g, kernels.F32).Wait()
+			be.CopyOutAsync(make([]byte, 32), g, dtype.Float32).Wait()
 		}, "not PinnedHost"},
 		{"short", func(be *fusiontest.StagedCPU) {
-			be.CopyOutAsync(be.PinnedHost(8), g, kernels.F16).Wait()
+			be.CopyOutAsync(be.PinnedHost(8), g, dtype.Float16).Wait()
 		}, "host bytes"},
 		{"source written", func(be *fusiontest.StagedCPU) {
 			p := be.PinnedHost(16)
-			be.CopyIn(g, p, kernels.F16)
+			be.CopyIn(g, p, dtype.Float16)
 			p[3] = 1 // before a later copy finished or Sync
-			be.CopyOutAsync(p, g, kernels.F16).Wait()
+			be.CopyOutAsync(p, g, dtype.Float16).Wait()
 		}, "source of a CopyIn"},
 	} {
 		be := fusiontest.NewStagedCPU(cpu.New(), 1, 0)
@@ -106,10 +107,10 @@ func TestStagedCPUContract(t *testing.T) {
 	// Used as documented: no complaint.
 	be := fusiontest.NewStagedCPU(cpu.New(), 1, 0)
 	p := be.PinnedHost(16)
-	be.CopyIn(g, p, kernels.F16)
-	be.CopyOutAsync(p, g, kernels.F16).Wait()
+	be.CopyIn(g, p, dtype.Float16)
+	be.CopyOutAsync(p, g, dtype.Float16).Wait()
 	p[3] = 1 // after a later copy finished
-	be.CopyIn(g, p, kernels.F16)
+	be.CopyIn(g, p, dtype.Float16)
 	be.Sync()
 	p[3] = 2 // after Sync
 	if err := be.Err(); err != nil {

@@ -1,6 +1,10 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/gorun/gorun/dtype"
+)
 
 // AttnArgs describes one multi-head scaled-dot-product attention call.
 //
@@ -72,7 +76,7 @@ type AdamArgs struct {
 // (tensor cores, float32 accumulation and output; F32 turns it off); a
 // product with a half-precision operand runs in that type regardless.
 type MixedPrecision interface {
-	SetMatmulPrecision(dt DType)
+	SetMatmulPrecision(dt dtype.DType)
 }
 
 // CastCache is implemented by backends that round float32 operands of
@@ -121,7 +125,7 @@ type Backend interface {
 	Name() string
 	Device() Device
 	// Alloc returns a zeroed tensor.
-	Alloc(dt DType, dims ...int) Tensor
+	Alloc(dt dtype.DType, dims ...int) Tensor
 	// Free gives back a tensor that Alloc returned (not a view of one);
 	// it and its views must not be used afterwards. The CPU backend leaves
 	// it to the garbage collector; a device backend reuses the memory.

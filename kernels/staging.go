@@ -1,5 +1,7 @@
 package kernels
 
+import "github.com/gorun/gorun/dtype"
+
 // HostStaging is implemented by backends whose tensors live in memory the
 // host cannot read (a GPU). It moves gradient buckets to and from the
 // host for the collectives, converting to and from the wire format on the
@@ -15,11 +17,11 @@ type HostStaging interface {
 	// converted to wire (F32, F16 or BF16, stored little-endian). src is an
 	// F32 tensor, dst holds src.Len()*wire.Size() bytes of PinnedHost
 	// memory. It returns at once; the Fence says when dst is filled.
-	CopyOutAsync(dst []byte, src Tensor, wire DType) Fence
+	CopyOutAsync(dst []byte, src Tensor, wire dtype.DType) Fence
 	// CopyIn queues dst (F32) = src converted from wire, ordered before
 	// every op queued after it. src (PinnedHost memory) must not change
 	// until the backend's next Sync.
-	CopyIn(dst Tensor, src []byte, wire DType)
+	CopyIn(dst Tensor, src []byte, wire dtype.DType)
 }
 
 // Fence marks a point in a backend's queue of work.

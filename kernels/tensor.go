@@ -8,42 +8,11 @@
 // plain values, so slicing a tensor or reshaping it allocates nothing.
 package kernels
 
-import "fmt"
+import (
+	"fmt"
 
-// DType is the element type of a Tensor.
-type DType uint8
-
-// Element types.
-const (
-	F32 DType = iota
-	F16
-	BF16
-	I32
+	"github.com/gorun/gorun/dtype"
 )
-
-// Size is the size of one element in bytes.
-func (d DType) Size() int {
-	switch d {
-	case F16, BF16:
-		return 2
-	default:
-		return 4
-	}
-}
-
-func (d DType) String() string {
-	switch d {
-	case F32:
-		return "F32"
-	case F16:
-		return "F16"
-	case BF16:
-		return "BF16"
-	case I32:
-		return "I32"
-	}
-	return fmt.Sprintf("DType(%d)", uint8(d))
-}
 
 // DeviceKind says where storage lives.
 type DeviceKind uint8
@@ -72,7 +41,7 @@ const MaxRank = 4
 
 // Tensor is a typed, shaped view of storage on one device.
 type Tensor struct {
-	DType DType
+	DType dtype.DType
 	Rank  int
 	Dims  [MaxRank]int
 	Dev   Device
@@ -187,7 +156,7 @@ func (t Tensor) RowSlice(lo, hi int) Tensor {
 
 // FromF32 wraps a CPU float32 slice as a tensor.
 func FromF32(data []float32, dims ...int) Tensor {
-	t := Tensor{DType: F32, F32: data, Rank: len(dims)}
+	t := Tensor{DType: dtype.Float32, F32: data, Rank: len(dims)}
 	copy(t.Dims[:], dims)
 	if t.Len() != len(data) {
 		panic(fmt.Sprintf("kernels: %d elements for shape %s", len(data), dimsOf(t)))
@@ -197,7 +166,7 @@ func FromF32(data []float32, dims ...int) Tensor {
 
 // FromI32 wraps a CPU int32 slice as a tensor.
 func FromI32(data []int32, dims ...int) Tensor {
-	t := Tensor{DType: I32, I32: data, Rank: len(dims)}
+	t := Tensor{DType: dtype.Int32, I32: data, Rank: len(dims)}
 	copy(t.Dims[:], dims)
 	if t.Len() != len(data) {
 		panic(fmt.Sprintf("kernels: %d elements for shape %s", len(data), dimsOf(t)))

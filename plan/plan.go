@@ -13,6 +13,7 @@ import (
 	"math"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 )
 
 // Cluster is where the job would run.
@@ -72,7 +73,7 @@ type Workload struct {
 	TokensPerRank float64
 	// Wire: the gradients' type on the wire (Float32, Float16, BFloat16);
 	// with PowerSGD, the type of the tensors it leaves uncompressed.
-	Wire    collective.DType
+	Wire    dtype.DType
 	Overlap bool // buckets all-reduced while backward runs (else one allreduce after it)
 	// PowerSGD, when not nil, compresses the buckets' matrices (powersgd.go).
 	PowerSGD *PowerSGD
@@ -165,7 +166,7 @@ func check(c Cluster, w Workload) error {
 			errInput, w.ComputeS, w.BackwardS, w.ComputeSD)
 	case w.Params < 0 || w.HeadBytes < 0 || w.Threads < 0 || w.TokensPerRank < 0:
 		return fmt.Errorf("%w: negative parameters, bytes, threads or tokens", errInput)
-	case w.Wire != collective.Float32 && w.Wire != collective.Float16 && w.Wire != collective.BFloat16:
+	case w.Wire != dtype.Float32 && w.Wire != dtype.Float16 && w.Wire != dtype.BFloat16:
 		return fmt.Errorf("%w: wire type %v: want float32, float16 or bfloat16", errInput, w.Wire)
 	}
 	for i, b := range w.Buckets {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/choice"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -27,7 +28,7 @@ func near(t *testing.T, what string, got, want float64) {
 func baseWorkload() Workload {
 	return Workload{Params: 5626624, Buckets: []int{1 << 20, 21 << 20, 1 << 20}, HeadBytes: 4 << 20,
 		ComputeS: 0.4, ComputeSD: 0.05, BackwardS: 0.25, Threads: 1, TokensPerRank: 2000,
-		Wire: collective.Float16, Overlap: true}
+		Wire: dtype.Float16, Overlap: true}
 }
 
 // A hand-computed case: 2 hosts, one rank each, 1 Gbit/s, TLS/TCP, one
@@ -35,7 +36,7 @@ func baseWorkload() Workload {
 // spread. Ring on 2 ranks: 2 steps + 2 MB / 125 MB/s; the token count:
 // the ring's 2 steps + 16 B.
 func TestPredictByHand(t *testing.T) {
-	w := Workload{Params: 1e6, Buckets: []int{4e6}, ComputeS: 0.1, TokensPerRank: 1000, Wire: collective.Float16}
+	w := Workload{Params: 1e6, Buckets: []int{4e6}, ComputeS: 0.1, TokensPerRank: 1000, Wire: dtype.Float16}
 	c := Cluster{Hosts: 2, PerHost: 1, LinkGbps: 1, LatencyUs: 40, Transport: "tcp"}
 	p, err := Predict(c, w)
 	if err != nil {
@@ -134,7 +135,7 @@ func randomCase(r *rand.Rand) (Cluster, Workload) {
 	if r.Intn(2) == 0 {
 		c.CoresPerHost, c.ThreadsPerRank = 1+r.Intn(64), 1+r.Intn(8)
 	}
-	w := Workload{Params: 1e6, ComputeS: 0.01 + r.Float64(), Wire: []collective.DType{collective.Float32, collective.Float16, collective.BFloat16}[r.Intn(3)],
+	w := Workload{Params: 1e6, ComputeS: 0.01 + r.Float64(), Wire: []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16}[r.Intn(3)],
 		TokensPerRank: 4096, Threads: 1 + r.Intn(4), Overlap: r.Intn(2) == 0}
 	w.ComputeSD = r.Float64() * w.ComputeS / 2
 	w.BackwardS = r.Float64() * w.ComputeS
@@ -313,7 +314,7 @@ func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []i
 	t.Helper()
 	var chose []collective.Algorithm
 	for _, b := range sizes {
-		w := Workload{Params: int64(b / 4), Buckets: []int{b}, ComputeS: 1, Wire: collective.Float32, Overlap: true}
+		w := Workload{Params: int64(b / 4), Buckets: []int{b}, ComputeS: 1, Wire: dtype.Float32, Overlap: true}
 		p, err := Predict(c, w)
 		if err != nil {
 			t.Fatal(err)

@@ -3,7 +3,7 @@ package plan
 import (
 	"fmt"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 )
 
 // DefaultPowerSGDRank is PowerSGD's rank R (the columns of P and Q) when
@@ -96,7 +96,7 @@ func (b PowerSGDBucket) FLOPs() float64 { return b.Phases[0] + b.Phases[1] + b.P
 
 // WireBytes is the bytes of the bucket's allreduces, the uncompressed
 // tensors in rest (the run's fp16, bf16 or fp32).
-func (b PowerSGDBucket) WireBytes(rest collective.DType) int {
+func (b PowerSGDBucket) WireBytes(rest dtype.DType) int {
 	return b.RestBytes/4*rest.Size() + b.PBytes + b.QBytes
 }
 
@@ -127,7 +127,7 @@ func (p *PowerSGD) FLOPs() float64 {
 
 // WireBytes is a step's bytes of allreduces, the uncompressed tensors in
 // rest.
-func (p *PowerSGD) WireBytes(rest collective.DType) int {
+func (p *PowerSGD) WireBytes(rest dtype.DType) int {
 	s := 0
 	for _, b := range p.Buckets {
 		s += b.WireBytes(rest)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 )
 
 // A small model's shapes in the order a model registers them, and its
@@ -49,11 +50,11 @@ func TestPowerSGDBytesByHand(t *testing.T) {
 	// fp16 for the rest: bucket 0 640 + 1,024 + 4,096; bucket 1 128 +
 	// 1,024 + 1,024; bucket 2 16,000 + 1,024
 	for k, w := range []int{5760, 2176, 17024} {
-		if got := p.Buckets[k].WireBytes(collective.Float16); got != w {
+		if got := p.Buckets[k].WireBytes(dtype.Float16); got != w {
 			t.Errorf("bucket %d: %d bytes on the wire, want %d", k, got, w)
 		}
 	}
-	if got := p.WireBytes(collective.Float16); got != 24960 {
+	if got := p.WireBytes(dtype.Float16); got != 24960 {
 		t.Errorf("a step: %d bytes on the wire, want 24,960", got)
 	}
 	// the FLOPs: 6nmr + 3nm + 2(n+m)r² each
@@ -130,7 +131,7 @@ func psgdWorkload(t *testing.T, c float64) Workload {
 		t.Fatal(err)
 	}
 	p.ComputeS = c
-	return Workload{Params: 336960 / 4, Buckets: smallBuckets, ComputeS: 1, TokensPerRank: 1000, Wire: collective.Float16, PowerSGD: p}
+	return Workload{Params: 336960 / 4, Buckets: smallBuckets, ComputeS: 1, TokensPerRank: 1000, Wire: dtype.Float16, PowerSGD: p}
 }
 
 // Each bucket sends its uncompressed tensors in fp16, then P, then Q in
@@ -214,7 +215,7 @@ func TestPowerSGDTwoAllreduceLatency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := Workload{Params: int64(bytes / 4), Buckets: []int{bytes}, ComputeS: 1, Wire: collective.Float16}
+		w := Workload{Params: int64(bytes / 4), Buckets: []int{bytes}, ComputeS: 1, Wire: dtype.Float16}
 		plain, err := Predict(c, w)
 		if err != nil {
 			t.Fatal(err)
@@ -257,7 +258,7 @@ func TestPowerSGDMoreBandwidthNeverSlower(t *testing.T) {
 	r := rand.New(rand.NewSource(3))
 	for i := 0; i < 1000; i++ {
 		c, w := randomCase(r)
-		w.Wire = collective.Float16
+		w.Wire = dtype.Float16
 		ps := &PowerSGD{Rank: 4, ComputeS: r.Float64() * 0.05}
 		for _, b := range w.Buckets {
 			e := r.Intn(b/4 + 1)

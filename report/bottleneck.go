@@ -5,7 +5,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
@@ -125,7 +125,7 @@ func AnalyzeBottleneck(ri metrics.RunInfo, st StepTimes) Bottleneck {
 	b.Verdict = b.Pred.Verdict
 	if own != nil {
 		b.PowerSGD, b.PowerSGDPlan = &b.Pred, own
-		b.MinCommPowerSGD = f * float64(own.WireBytes(collective.Float16)) / bytesPerSec
+		b.MinCommPowerSGD = f * float64(own.WireBytes(dtype.Float16)) / bytesPerSec
 		return b
 	}
 	if b.Verdict != "network-bound" {
@@ -146,14 +146,14 @@ func AnalyzeBottleneck(ri metrics.RunInfo, st StepTimes) Bottleneck {
 		b.PowerSGDNone = "none (" + err.Error() + ")"
 		return b
 	}
-	w.PowerSGD, w.Wire = ps, collective.Float16
+	w.PowerSGD, w.Wire = ps, dtype.Float16
 	p, err := plan.Predict(c, w)
 	if err != nil {
 		b.PowerSGDNone = "none (" + err.Error() + ")"
 		return b
 	}
 	b.PowerSGD, b.PowerSGDHow, b.PowerSGDPlan = &p, how, ps
-	b.MinCommPowerSGD = f * float64(ps.WireBytes(collective.Float16)) / bytesPerSec
+	b.MinCommPowerSGD = f * float64(ps.WireBytes(dtype.Float16)) / bytesPerSec
 	return b
 }
 

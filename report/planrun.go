@@ -5,7 +5,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/metrics"
@@ -305,11 +305,11 @@ func RunPowerSGD(ri metrics.RunInfo, w plan.Workload, st StepTimes, r int) (*pla
 // WireType is the gradients' type on the wire for a run's --compression
 // (run.json's): fusion.ParseWire's, and fp16 for powersgd (its other
 // gradients' wire) and for a run that recorded none.
-func WireType(compression string) collective.DType {
+func WireType(compression string) dtype.DType {
 	if w, err := fusion.ParseWire(compression); err == nil && compression != "" {
 		return w
 	}
-	return collective.Float16
+	return dtype.Float16
 }
 
 // RunCluster is the cluster a run ran on: its hosts and ranks per host

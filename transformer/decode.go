@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -86,13 +87,13 @@ func (m *Model) Translate(src [][]int32, opt DecodeOptions) ([][]int32, error) {
 	for r := range expand {
 		expand[r] = int32(r / beam)
 	}
-	idx := dc.order.shape(be, kernels.I32, R)
+	idx := dc.order.shape(be, dtype.Int32, R)
 	be.UploadI32(idx, expand)
 	lens := make([]int32, R)
 	for r := range lens {
 		lens[r] = m.srcLenI32[r/beam]
 	}
-	be.UploadI32(dc.keyLen.shape(be, kernels.I32, R), lens)
+	be.UploadI32(dc.keyLen.shape(be, dtype.Int32, R), lens)
 	tmp := dc.tmp.shape(be, f32, B*S, d)
 	for l := range m.dec {
 		for _, kv := range []struct {
@@ -122,7 +123,7 @@ func (m *Model) step(dc *decoder, ids []int32, t int, host []float32) {
 	be, c := m.be, m.Cfg
 	d, R := c.DModel, dc.R
 	w := m.w
-	idt := dc.ids.shape(be, kernels.I32, R)
+	idt := dc.ids.shape(be, dtype.Int32, R)
 	be.UploadI32(idt, ids)
 	x := dc.x.shape(be, f32, R, d)
 	be.Embedding(x, w[m.emb], idt, m.embMul, PAD)
@@ -318,7 +319,7 @@ func (m *Model) beamSearch(dc *decoder, B, beam int, maxLen []int, Tcap int, alp
 			break
 		}
 		// reorder the self-attention caches to follow the surviving parents
-		ot := dc.order.shape(be, kernels.I32, R)
+		ot := dc.order.shape(be, dtype.Int32, R)
 		be.UploadI32(ot, order)
 		cols := (t + 1) * m.Cfg.DModel
 		for l := range m.dec {

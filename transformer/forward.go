@@ -4,10 +4,11 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
-const f32 = kernels.F32
+const f32 = dtype.Float32
 
 // dropout site numbers (see site): encoder embedding 0, encoder layer l
 // 1+4l+{0 attention weights, 1 attention output, 2 relu, 3 ffn output};
@@ -39,8 +40,8 @@ func (m *Model) Forward(b *Batch, train bool) (Loss, error) {
 	m.encode(b.Src, B, S)
 
 	// decoder input: target shifted right, PAD (zero embedding) first.
-	din := m.dinIDs.shape(be, kernels.I32, B, T)
-	tgt := m.tgtIDs.shape(be, kernels.I32, Nt)
+	din := m.dinIDs.shape(be, dtype.Int32, B, T)
+	tgt := m.tgtIDs.shape(be, dtype.Int32, Nt)
 	if cap(m.hostIDs) < Nt {
 		m.hostIDs = make([]int32, Nt)
 	}
@@ -104,7 +105,7 @@ func (m *Model) sourceLengths(src []int32, B, S int) kernels.Tensor {
 		}
 		h[i] = n
 	}
-	t := m.srcLen.shape(m.be, kernels.I32, B)
+	t := m.srcLen.shape(m.be, dtype.Int32, B)
 	m.be.UploadI32(t, h)
 	return t
 }
@@ -117,7 +118,7 @@ func (m *Model) encode(src []int32, B, S int) {
 	be, c := m.be, m.Cfg
 	d, F := c.DModel, c.FFN
 	N := B * S
-	ids := m.srcIDs.shape(be, kernels.I32, B, S)
+	ids := m.srcIDs.shape(be, dtype.Int32, B, S)
 	be.UploadI32(ids, src)
 	keyLen := m.sourceLengths(src, B, S)
 	x := m.ea[0].x.shape(be, m.Activations, N, d)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -50,7 +51,7 @@ type slot struct {
 	T    kernels.Tensor
 }
 
-func (s *slot) shape(be kernels.Backend, dt kernels.DType, dims ...int) kernels.Tensor {
+func (s *slot) shape(be kernels.Backend, dt dtype.DType, dims ...int) kernels.Tensor {
 	n := 1
 	for _, d := range dims {
 		n *= d
@@ -135,13 +136,13 @@ type Model struct {
 	// (mixed-precision loss scaling): the gradients come out scaled by it,
 	// and the caller divides them back before the optimizer.
 	LossScale float32
-	// Activations is the type of the training activations: F32 (the
-	// zero value), or F16 or BF16 for mixed precision on a backend whose
+	// Activations is the type of the training activations: Float32 (as
+	// New sets it), or Float16 or BFloat16 for mixed precision on a backend whose
 	// ops take them (kernels.MixedPrecision: the CUDA backend). Weights,
 	// gradients, optimizer state and LayerNorm's statistics stay float32;
 	// decoding (Translate) computes in float32 after the encoder. Set it
 	// before a Forward; the activation buffers follow it.
-	Activations kernels.DType
+	Activations dtype.DType
 	// DeferLoss, on a backend with kernels.DeferredScalars (a GPU), makes
 	// a training Forward queue its loss (CrossEntropySum) instead of
 	// waiting for it: the Loss it returns has Tokens (counted on the host)
@@ -211,10 +212,10 @@ func New(cfg Config, be kernels.Backend, seed uint64) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{Cfg: cfg, be: be, Seed: seed}
+	m := &Model{Cfg: cfg, be: be, Seed: seed, Activations: dtype.Float32}
 	off := m.register()
-	m.Weights = be.Alloc(kernels.F32, off)
-	m.Grads = be.Alloc(kernels.F32, off)
+	m.Weights = be.Alloc(dtype.Float32, off)
+	m.Grads = be.Alloc(dtype.Float32, off)
 	if cc, ok := be.(kernels.CastCache); ok {
 		// the weights' 16-bit casts for tensor-core products are kept
 		// until the optimizer (or anything else) writes them: one a step
@@ -391,7 +392,7 @@ func (m *Model) positional(n int) {
 			host[t*d+half+i] = float32(math.Cos(a))
 		}
 	}
-	m.pe = m.be.Alloc(kernels.F32, n, d)
+	m.pe = m.be.Alloc(dtype.Float32, n, d)
 	m.be.Upload(m.pe, host)
 	m.peLen = n
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -54,7 +55,7 @@ func NewLazyAdam(m *Model) *Adam {
 func NewAdam(m *Model, beta1, beta2, eps float64) *Adam {
 	be := m.be
 	return &Adam{Beta1: beta1, Beta2: beta2, Eps: eps, be: be,
-		M: be.Alloc(kernels.F32, m.NumParams()), V: be.Alloc(kernels.F32, m.NumParams())}
+		M: be.Alloc(dtype.Float32, m.NumParams()), V: be.Alloc(dtype.Float32, m.NumParams())}
 }
 
 // Name is "lazyadam" or "adam".
@@ -86,7 +87,7 @@ func (o *Adam) Step(m *Model, lr float64, wait func(param int)) error {
 		w, g := m.w[i], m.g[i]
 		mm, vv := o.M.Slice(p.Offset, p.Shape...), o.V.Slice(p.Offset, p.Shape...)
 		if rows, ok := o.SparseRows[i]; o.Lazy && ok && len(p.Shape) == 2 {
-			rt := o.rows.shape(o.be, kernels.I32, len(rows))
+			rt := o.rows.shape(o.be, dtype.Int32, len(rows))
 			o.be.UploadI32(rt, rows)
 			o.be.AdamRows(w, g, mm, vv, rt, a)
 			continue

@@ -30,13 +30,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/urfave/cli/v2"
+
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/internal/version"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
-	"github.com/urfave/cli/v2"
 )
 
 func main() {
@@ -51,7 +53,7 @@ type options struct {
 	factor             int
 	iters, warmup      int
 	samples            int // the timed iterations split into this many samples
-	dtype, wire        collective.DType
+	dtype, wire        dtype.DType
 	op                 collective.Op
 	algo               collective.Algorithm
 	check              bool
@@ -170,15 +172,15 @@ func parseOptions(c *cli.Context) (options, error) {
 	if o.samples = c.Int("samples"); o.samples < 1 || o.samples > o.iters {
 		return o, fmt.Errorf("-S %d: want 1 to -n (%d) samples", o.samples, o.iters)
 	}
-	if o.dtype, err = collective.ParseDType(c.String("datatype")); err != nil {
+	if o.dtype, err = dtype.Parse(c.String("datatype")); err != nil {
 		return o, fmt.Errorf("-d: %w", err)
 	}
 	o.wire = o.dtype
 	if w := c.String("wire"); w != "" {
-		if o.wire, err = collective.ParseDType(w); err != nil {
+		if o.wire, err = dtype.Parse(w); err != nil {
 			return o, fmt.Errorf("-W: %w", err)
 		}
-		if o.wire != o.dtype && o.dtype != collective.Float32 {
+		if o.wire != o.dtype && o.dtype != dtype.Float32 {
 			return o, fmt.Errorf("-W %s: only float data can be sent as half or bfloat16", w)
 		}
 	}
@@ -427,11 +429,11 @@ func okText(w int) string {
 	return "FAILED"
 }
 
-func typeName(d collective.DType) string {
+func typeName(d dtype.DType) string {
 	switch d {
-	case collective.Float32:
+	case dtype.Float32:
 		return "float"
-	case collective.Float16:
+	case dtype.Float16:
 		return "half"
 	}
 	return "bfloat16"
@@ -504,7 +506,7 @@ func timeSamples(ctx context.Context, c *collective.Communicator, o options, bat
 	if err != nil || o.samples == 1 {
 		return timing{mean, mean, mean}, err
 	}
-	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(per), collective.Float32, collective.Max); err != nil {
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(per), dtype.Float32, collective.Max); err != nil {
 		return timing{}, err
 	}
 	slices.Sort(per)
@@ -516,18 +518,18 @@ func timeSamples(ctx context.Context, c *collective.Communicator, o options, bat
 // the sum of wrong elements).
 func overRanks(ctx context.Context, c *collective.Communicator, v float64, op collective.Op) (float64, error) {
 	x := []float32{float32(v)}
-	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(x), collective.Float32, op); err != nil {
+	if err := c.Allreduce(ctx, nil, collective.Float32Bytes(x), dtype.Float32, op); err != nil {
 		return 0, err
 	}
 	return float64(x[0]), nil
 }
 
 // elem is element i of b, of type dt, as a float32.
-func elem(b []byte, i int, dt collective.DType) float32 {
+func elem(b []byte, i int, dt dtype.DType) float32 {
 	switch dt {
-	case collective.Float32:
+	case dtype.Float32:
 		return collective.Float32s(b)[i]
-	case collective.Float16:
+	case dtype.Float16:
 		return half.F16ToF32(collective.Uint16s(b)[i])
 	}
 	return half.BF16ToF32(collective.Uint16s(b)[i])
@@ -537,19 +539,19 @@ func elem(b []byte, i int, dt collective.DType) float32 {
 // every data type and the reference is exact.
 func value(r, i int) float32 { return float32((r*7+i*13)%17 - 8) }
 
-func fill(b []byte, r int, dt collective.DType) {
+func fill(b []byte, r int, dt dtype.DType) {
 	switch dt {
-	case collective.Float32:
+	case dtype.Float32:
 		f := collective.Float32s(b)
 		for i := range f {
 			f[i] = value(r, i)
 		}
-	case collective.Float16:
+	case dtype.Float16:
 		u := collective.Uint16s(b)
 		for i := range u {
 			u[i] = half.F32ToF16(value(r, i))
 		}
-	case collective.BFloat16:
+	case dtype.BFloat16:
 		u := collective.Uint16s(b)
 		for i := range u {
 			u[i] = half.F32ToBF16(value(r, i))
@@ -557,11 +559,11 @@ func fill(b []byte, r int, dt collective.DType) {
 	}
 }
 
-func round(dt collective.DType, v float32) float32 {
+func round(dt dtype.DType, v float32) float32 {
 	switch dt {
-	case collective.Float16:
+	case dtype.Float16:
 		return half.F16ToF32(half.F32ToF16(v))
-	case collective.BFloat16:
+	case dtype.BFloat16:
 		return half.BF16ToF32(half.F32ToBF16(v))
 	}
 	return v

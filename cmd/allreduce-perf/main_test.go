@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -271,7 +271,7 @@ func TestSamples(t *testing.T) {
 // TestWrongFrom: the sendrecv check counts every element that is not the
 // previous rank's.
 func TestWrongFrom(t *testing.T) {
-	for _, dt := range []collective.DType{collective.Float32, collective.Float16, collective.BFloat16} {
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
 		b := make([]byte, 1001*dt.Size())
 		fill(b, 2, dt)
 		if w := wrongFrom(b, 2, dt); w != 0 {

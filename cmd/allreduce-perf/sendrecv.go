@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -94,7 +95,7 @@ func sendRecv(ctx context.Context, c *collective.Communicator, t rank.Transport,
 
 // wrongFrom counts the elements of recv that differ from what rank prev
 // filled its send buffer with.
-func wrongFrom(recv []byte, prev int, dt collective.DType) int {
+func wrongFrom(recv []byte, prev int, dt dtype.DType) int {
 	wrong := 0
 	count := len(recv) / dt.Size()
 	for i := 0; i < count; i++ {

@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/cmd/nmt-train/internal/train"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/internal/words"
 	"github.com/gorun/gorun/kernels"
@@ -566,7 +567,7 @@ func measurePowerSGD(shapes [][]int, r, threads, reps int) (float64, int, error)
 		type mat struct{ M, E, P, Q kernels.Tensor }
 		ms := make([]mat, copies)
 		for i := range ms {
-			ms[i] = mat{be.Alloc(kernels.F32, n, m), be.Alloc(kernels.F32, n, m), be.Alloc(kernels.F32, n, r), be.Alloc(kernels.F32, m, r)}
+			ms[i] = mat{be.Alloc(dtype.Float32, n, m), be.Alloc(dtype.Float32, n, m), be.Alloc(dtype.Float32, n, r), be.Alloc(dtype.Float32, m, r)}
 			for j := range ms[i].M.F32 {
 				ms[i].M.F32[j] = float32((j*7+i)%13-6) * 1e-3
 			}

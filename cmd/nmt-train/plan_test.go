@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/metrics"
 	"github.com/gorun/gorun/plan"
@@ -102,7 +103,7 @@ func TestPlanCommand(t *testing.T) {
 	// bucket: the layers' 0.93 MB stay under the 1 MiB first cap until
 	// the embedding joins them.
 	w := plan.Workload{Params: 296192, Buckets: []int{4 * 296192}, HeadBytes: 4 * 1000 * 64, ComputeS: 0.05, ComputeSD: 0.01,
-		TokensPerRank: 4096, Wire: collective.Float16, Overlap: true}
+		TokensPerRank: 4096, Wire: dtype.Float16, Overlap: true}
 	p, err := plan.Predict(plan.Cluster{Hosts: 2, PerHost: 1, LinkGbps: 2.5, Transport: "tcp"}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +208,7 @@ func labPowerSGD(t *testing.T, r int, gpu bool) (psgd, fp16 plan.Prediction, ps 
 	}
 	ps.ComputeS = 0.25 * ps.FLOPs() / (6 * 60880896 * 4096)
 	w := plan.Workload{Params: 60880896, Buckets: buckets, HeadBytes: 4 * 32768 * 512, ComputeS: 0.25, TokensPerRank: 4096,
-		Wire: collective.Float16, Overlap: true}
+		Wire: dtype.Float16, Overlap: true}
 	c := plan.Cluster{Hosts: 2, PerHost: 2, LinkGbps: 1, Transport: "auto", GPU: gpu}
 	if fp16, err = plan.Predict(c, w); err != nil {
 		t.Fatal(err)

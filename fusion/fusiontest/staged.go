@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
@@ -147,11 +148,11 @@ func start(b []byte) uintptr {
 	return uintptr(unsafe.Pointer(&b[0]))
 }
 
-func (s *StagedCPU) check(op string, t kernels.Tensor, host []byte, wire kernels.DType) bool {
+func (s *StagedCPU) check(op string, t kernels.Tensor, host []byte, wire dtype.DType) bool {
 	switch {
-	case t.DType != kernels.F32 || (t.F32 == nil && t.Len() > 0):
+	case t.DType != dtype.Float32 || (t.F32 == nil && t.Len() > 0):
 		s.failf("%s of %v: want an F32 tensor", op, t)
-	case wire != kernels.F32 && wire != kernels.F16 && wire != kernels.BF16:
+	case wire != dtype.Float32 && wire != dtype.Float16 && wire != dtype.BFloat16:
 		s.failf("%s as %v", op, wire)
 	case len(host) < t.Len()*wire.Size():
 		s.failf("%s: %d host bytes for %v as %v", op, len(host), t, wire)
@@ -164,7 +165,7 @@ func (s *StagedCPU) check(op string, t kernels.Tensor, host []byte, wire kernels
 }
 
 // CopyOutAsync implements kernels.HostStaging.
-func (s *StagedCPU) CopyOutAsync(dst []byte, src kernels.Tensor, wire kernels.DType) kernels.Fence {
+func (s *StagedCPU) CopyOutAsync(dst []byte, src kernels.Tensor, wire dtype.DType) kernels.Fence {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.enter("CopyOutAsync")
@@ -215,7 +216,7 @@ func (s *StagedCPU) verify(p pend) {
 
 // CopyIn implements kernels.HostStaging: it waits for the copies queued
 // before it (stream order) and converts at once.
-func (s *StagedCPU) CopyIn(dst kernels.Tensor, src []byte, wire kernels.DType) {
+func (s *StagedCPU) CopyIn(dst kernels.Tensor, src []byte, wire dtype.DType) {
 	s.mu.Lock()
 	s.enter("CopyIn")
 	s.ins++
@@ -265,13 +266,13 @@ func (s *StagedCPU) Counts() (copiesOut, copiesIn, pinnedBytes int) {
 	return s.outs, s.ins, s.bytes
 }
 
-func put(dst []byte, src []float32, wire kernels.DType) {
+func put(dst []byte, src []float32, wire dtype.DType) {
 	switch wire {
-	case kernels.F16:
+	case dtype.Float16:
 		for i, v := range src {
 			binary.LittleEndian.PutUint16(dst[2*i:], half.F32ToF16(v))
 		}
-	case kernels.BF16:
+	case dtype.BFloat16:
 		for i, v := range src {
 			binary.LittleEndian.PutUint16(dst[2*i:], half.F32ToBF16(v))
 		}
@@ -282,13 +283,13 @@ func put(dst []byte, src []float32, wire kernels.DType) {
 	}
 }
 
-func get(dst []float32, src []byte, wire kernels.DType) {
+func get(dst []float32, src []byte, wire dtype.DType) {
 	switch wire {
-	case kernels.F16:
+	case dtype.Float16:
 		for i := range dst {
 			dst[i] = half.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}
-	case kernels.BF16:
+	case dtype.BFloat16:
 		for i := range dst {
 			dst[i] = half.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -37,21 +38,22 @@ func (be *Backend) Device() kernels.Device { return kernels.Device{Kind: kernels
 func (be *Backend) Sync() {}
 
 // Alloc implements kernels.Backend.
-func (be *Backend) Alloc(dt kernels.DType, dims ...int) kernels.Tensor {
+func (be *Backend) Alloc(dt dtype.DType, dims ...int) kernels.Tensor {
 	n := 1
 	for _, d := range dims {
 		n *= d
 	}
 	switch dt {
-	case kernels.F32:
+	case dtype.Float32:
 		return kernels.FromF32(make([]float32, n), dims...)
-	case kernels.I32:
+	case dtype.Int32:
 		return kernels.FromI32(make([]int32, n), dims...)
-	default:
+	case dtype.Float16, dtype.BFloat16:
 		t := kernels.Tensor{DType: dt, Rank: len(dims), U16: make([]uint16, n)}
 		copy(t.Dims[:], dims)
 		return t
 	}
+	panic(fmt.Sprintf("cpu: Alloc of a %v tensor (want float32, float16, bfloat16 or int32)", dt))
 }
 
 // Free implements kernels.Backend: Go's garbage collector owns CPU memory.
@@ -100,7 +102,7 @@ func (be *Backend) par(n, grain int, fn func(part, lo, hi int)) int {
 }
 
 func f32(t kernels.Tensor, what string) []float32 {
-	if t.DType != kernels.F32 || (t.F32 == nil && t.Len() > 0) {
+	if t.DType != dtype.Float32 || (t.F32 == nil && t.Len() > 0) {
 		panic(fmt.Sprintf("cpu: %s must be an F32 CPU tensor, got %v", what, t))
 	}
 	return t.F32

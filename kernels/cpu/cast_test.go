@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 )
@@ -14,13 +15,13 @@ func TestCastBF16AndTensors(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
 	n := 50000
 	x := randn(r, n, 10)
-	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 		h := be.Alloc(dt, n)
-		y := be.Alloc(kernels.F32, n)
+		y := be.Alloc(dtype.Float32, n)
 		be.Cast(h, kernels.FromF32(x, n))
 		be.Cast(y, h)
 		rel := 1.0 / 1024 // f16: ulp = 2^-10 of the binade
-		if dt == kernels.BF16 {
+		if dt == dtype.BFloat16 {
 			rel = 1.0 / 128
 		}
 		for i := range x {
@@ -48,18 +49,18 @@ func TestCastMatchesScalar(t *testing.T) {
 				x[i] = math.Float32frombits(r.Uint32())
 			}
 		}
-		for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 			h := be.Alloc(dt, max(n, 1)).Slice(0, n)
 			be.Cast(h, kernels.FromF32(x, n))
-			back := be.Alloc(kernels.F32, max(n, 1)).Slice(0, n)
+			back := be.Alloc(dtype.Float32, max(n, 1)).Slice(0, n)
 			be.Cast(back, h)
 			for i, v := range x {
 				want, wantBack := half.F32ToF16(v), half.F16ToF32(h.U16[i])
-				if dt == kernels.BF16 {
+				if dt == dtype.BFloat16 {
 					want, wantBack = half.F32ToBF16(v), half.BF16ToF32(h.U16[i])
 				}
 				isNaN := v != v
-				if (!isNaN && h.U16[i] != want) || (isNaN && (h.U16[i]&0x7fff) <= map[kernels.DType]uint16{kernels.F16: 0x7c00, kernels.BF16: 0x7f80}[dt]) {
+				if (!isNaN && h.U16[i] != want) || (isNaN && (h.U16[i]&0x7fff) <= map[dtype.DType]uint16{dtype.Float16: 0x7c00, dtype.BFloat16: 0x7f80}[dt]) {
 					t.Fatalf("%v n=%d: Cast(%g %#x) = %#x, scalar %#x", dt, n, v, math.Float32bits(v), h.U16[i], want)
 				}
 				if math.Float32bits(back.F32[i]) != math.Float32bits(wantBack) && !(back.F32[i] != back.F32[i] && wantBack != wantBack) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -64,9 +65,9 @@ func BenchmarkOrthonormalize(b *testing.B) {
 func TestOrthonormalizeRefuses(t *testing.T) {
 	be := New()
 	for what, p := range map[string]kernels.Tensor{
-		"F16":   be.Alloc(kernels.F16, 4, 2),
-		"I32":   be.Alloc(kernels.I32, 4, 2),
-		"1-D":   be.Alloc(kernels.F32, 8),
+		"F16":   be.Alloc(dtype.Float16, 4, 2),
+		"I32":   be.Alloc(dtype.Int32, 4, 2),
+		"1-D":   be.Alloc(dtype.Float32, 8),
 		"empty": {},
 	} {
 		func() {

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -17,7 +18,7 @@ type attnScratch struct {
 
 // buf returns a scratch tensor of n elements of type dt in *t,
 // reallocating it when too small or of another type.
-func (b *Backend) buf(t *kernels.Tensor, dt kernels.DType, n int) kernels.Tensor {
+func (b *Backend) buf(t *kernels.Tensor, dt dtype.DType, n int) kernels.Tensor {
 	if t.Len() < n || t.Rank == 0 || t.DType != dt {
 		if t.Rank > 0 {
 			b.Free(*t)

@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -34,11 +36,11 @@ type Backend struct {
 	// TF32 lets float32 GEMMs use TF32 tensor cores (about 3e-4
 	// relative error instead of 1e-6): PyTorch's allow_tf32.
 	TF32 bool
-	// Precision is the type float32 GEMM inputs are rounded to: F32
-	// (none), F16 or BF16 (tensor cores, float32 accumulation, like
+	// Precision is the type float32 GEMM inputs are rounded to: unset or
+	// Float32 (none), F16 or BF16 (tensor cores, float32 accumulation, like
 	// PyTorch's autocast for matrix products). Activations given in F16 or
 	// BF16 go to the tensor cores as they are, whatever Precision says.
-	Precision kernels.DType
+	Precision dtype.DType
 
 	drv    *driver
 	blas   *cublas
@@ -214,7 +216,10 @@ func (b *Backend) Sync() {
 }
 
 // Alloc implements kernels.Backend.
-func (b *Backend) Alloc(dt kernels.DType, dims ...int) kernels.Tensor {
+func (b *Backend) Alloc(dt dtype.DType, dims ...int) kernels.Tensor {
+	if dt.Size() == 0 || dt == dtype.Uint8 {
+		panic(fmt.Sprintf("cuda: Alloc of a %v tensor (want float32, float16, bfloat16 or int32)", dt))
+	}
 	t := kernels.Tensor{DType: dt, Rank: len(dims), Dev: b.Device()}
 	copy(t.Dims[:], dims)
 	n := t.Len() * dt.Size()
@@ -245,7 +250,7 @@ func (b *Backend) dev32(t kernels.Tensor, what string) uintptr {
 	if t.Dev.Kind != kernels.CUDA || (t.Ptr == 0 && t.Len() > 0) {
 		panic(fmt.Sprintf("cuda: %s must be a tensor on the GPU, got %v", what, t))
 	}
-	if t.DType != kernels.F32 {
+	if t.DType != dtype.Float32 {
 		panic(fmt.Sprintf("cuda: %s must be F32, got %v", what, t))
 	}
 	return t.Ptr
@@ -253,18 +258,18 @@ func (b *Backend) dev32(t kernels.Tensor, what string) uintptr {
 
 // devA returns the device pointer of an activation tensor: F32, F16 or
 // BF16, and of the type dt (an op's activations share one type).
-func (b *Backend) devA(t kernels.Tensor, dt kernels.DType, what string) uintptr {
+func (b *Backend) devA(t kernels.Tensor, dt dtype.DType, what string) uintptr {
 	if t.Dev.Kind != kernels.CUDA || (t.Ptr == 0 && t.Len() > 0) {
 		panic(fmt.Sprintf("cuda: %s must be a tensor on the GPU, got %v", what, t))
 	}
-	if t.DType != dt || (dt != kernels.F32 && dt != kernels.F16 && dt != kernels.BF16) {
+	if t.DType != dt || (dt != dtype.Float32 && dt != dtype.Float16 && dt != dtype.BFloat16) {
 		panic(fmt.Sprintf("cuda: %s must be %v (F32, F16 or BF16, the type of the op's activations), got %v", what, dt, t))
 	}
 	return t.Ptr
 }
 
 func (b *Backend) devI32(t kernels.Tensor, what string) uintptr {
-	if t.Dev.Kind != kernels.CUDA || t.DType != kernels.I32 || (t.Ptr == 0 && t.Len() > 0) {
+	if t.Dev.Kind != kernels.CUDA || t.DType != dtype.Int32 || (t.Ptr == 0 && t.Len() > 0) {
 		panic(fmt.Sprintf("cuda: %s must be an I32 tensor on the GPU, got %v", what, t))
 	}
 	return t.Ptr
@@ -334,13 +339,13 @@ func (b *Backend) Zero(t kernels.Tensor) {
 	b.memset(t.Ptr, t.Len()*t.DType.Size())
 }
 
-func typeName(dt kernels.DType) string {
+func typeName(dt dtype.DType) string {
 	switch dt {
-	case kernels.F16:
+	case dtype.Float16:
 		return "f16"
-	case kernels.BF16:
+	case dtype.BFloat16:
 		return "bf16"
-	case kernels.F32:
+	case dtype.Float32:
 		return "f32"
 	}
 	panic(fmt.Sprintf("cuda: Cast of %v", dt))
@@ -446,7 +451,7 @@ func (b *Backend) Gemm(transA, transB bool, alpha float32, a, bt kernels.Tensor,
 }
 
 func (b *Backend) gemm(g *gemmCall) {
-	if h := b.gemmType(g); h != kernels.F32 {
+	if h := b.gemmType(g); h != dtype.Float32 {
 		g.a = b.rounded(0, g.a, h)
 		g.b = b.rounded(1, g.b, h)
 	}
@@ -463,13 +468,13 @@ func (b *Backend) gemm(g *gemmCall) {
 // gemmType is the type a product's inputs go to cuBLAS in: that of its
 // half-precision operands (activations in F16 or BF16), else Precision.
 // Float32 inputs are rounded to it; the output keeps its own type.
-func (b *Backend) gemmType(g *gemmCall) kernels.DType {
-	h := kernels.F32
+func (b *Backend) gemmType(g *gemmCall) dtype.DType {
+	h := dtype.Float32
 	for _, t := range [3]kernels.Tensor{g.a, g.b, g.c} {
 		switch t.DType {
-		case kernels.F32:
-		case kernels.F16, kernels.BF16:
-			if h != kernels.F32 && h != t.DType {
+		case dtype.Float32:
+		case dtype.Float16, dtype.BFloat16:
+			if h != dtype.Float32 && h != t.DType {
 				panic(fmt.Sprintf("cuda: Gemm mixes %v and %v operands", h, t.DType))
 			}
 			h = t.DType
@@ -477,21 +482,21 @@ func (b *Backend) gemmType(g *gemmCall) kernels.DType {
 			panic(fmt.Sprintf("cuda: Gemm of %v", t))
 		}
 	}
-	if h == kernels.F32 && (b.Precision == kernels.F16 || b.Precision == kernels.BF16) {
+	if h == dtype.Float32 && (b.Precision == dtype.Float16 || b.Precision == dtype.BFloat16) {
 		h = b.Precision
 	}
 	return h
 }
 
 // SetMatmulPrecision implements kernels.MixedPrecision.
-func (b *Backend) SetMatmulPrecision(dt kernels.DType) { b.Precision = dt }
+func (b *Backend) SetMatmulPrecision(dt dtype.DType) { b.Precision = dt }
 
 var _ kernels.MixedPrecision = (*Backend)(nil)
 
 // rounded casts a float32 GEMM operand into half-precision scratch slot i,
 // or takes it from the cast cache (castcache.go) when it is a weight.
-func (b *Backend) rounded(i int, t kernels.Tensor, p kernels.DType) kernels.Tensor {
-	if t.DType != kernels.F32 {
+func (b *Backend) rounded(i int, t kernels.Tensor, p dtype.DType) kernels.Tensor {
+	if t.DType != dtype.Float32 {
 		return t
 	}
 	if h, ok := b.cached(t, p); ok {
@@ -539,7 +544,7 @@ func (b *Backend) colOut(splits, d int, dst ...uintptr) [2]uintptr {
 		copy(out[:], dst)
 		return out
 	}
-	t := b.buf(&b.colPart, kernels.F32, len(dst)*splits*d)
+	t := b.buf(&b.colPart, dtype.Float32, len(dst)*splits*d)
 	for i := range dst {
 		out[i] = t.Ptr + uintptr(4*i*splits*d)
 	}
@@ -622,7 +627,7 @@ func dropArgs(p float32) (uint32, float32) {
 
 // dropout queues y = res + dropout(x) on activations of type dt; res 0
 // means none.
-func (b *Backend) dropout(dt kernels.DType, y, res, x uintptr, n int, p float32, seed uint64) {
+func (b *Backend) dropout(dt dtype.DType, y, res, x uintptr, n int, p float32, seed uint64) {
 	th, sc := dropArgs(p)
 	b.kern(kDropout.of(dt)).ptr(y).ptr(res).ptr(x).i64(n).u64(seed).u32(th).f32(sc).flat(n)
 }

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/transformer"
 )
 
@@ -100,7 +100,7 @@ func TestLaunchBoundsMatchPTX(t *testing.T) {
 			t.Errorf("a row kernel launched with 1024 threads: %v, want a panic naming its bound", r)
 		}
 	}()
-	checkBlock(kLayerNorm.of(kernels.F32), 1024)
+	checkBlock(kLayerNorm.of(dtype.Float32), 1024)
 }
 
 // TestHotKernelsAreATrainingStep: hot_kernels.txt (the kernels whose
@@ -141,19 +141,19 @@ func TestHotKernelsAreATrainingStep(t *testing.T) {
 	// fp32: 32 sentences of 17 to 19 tokens, over 512 rows, so that the
 	// column reductions run in splits (gr_col_sum_f32), as on real batches
 	big, small := batch(32, 17), batch(4, 5)
-	for _, acts := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+	for _, acts := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
 		m, err := transformer.New(cfg, b, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
 		m.Activations = acts
-		if acts == kernels.F16 {
+		if acts == dtype.Float16 {
 			m.LossScale = 1024
 		}
 		b.SetMatmulPrecision(acts)
 		opt := transformer.NewLazyAdam(m)
 		bt := small
-		if acts == kernels.F32 {
+		if acts == dtype.Float32 {
 			bt = big
 		}
 		if _, err := m.Forward(bt, true); err != nil {
@@ -164,7 +164,7 @@ func TestHotKernelsAreATrainingStep(t *testing.T) {
 		}
 		b.Scale(m.Grads, 1/1024.0)
 		b.HasInfNaN(m.Grads)
-		for _, wire := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		for _, wire := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
 			pin := b.PinnedHost(m.Grads.Len() * wire.Size())
 			if err := b.CopyOutAsync(pin, m.Grads, wire).Wait(); err != nil {
 				t.Fatal(err)
@@ -176,9 +176,9 @@ func TestHotKernelsAreATrainingStep(t *testing.T) {
 		}
 		b.HasInfNaN(m.Weights)
 	}
-	b.SetMatmulPrecision(kernels.F32)
+	b.SetMatmulPrecision(dtype.Float32)
 	// PowerSGD (fusion): P = M Q, orthonormalized; error feedback by axpy
-	q, e := b.Alloc(kernels.F32, 48, 4), b.Alloc(kernels.F32, 48, 4)
+	q, e := b.Alloc(dtype.Float32, 48, 4), b.Alloc(dtype.Float32, 48, 4)
 	b.Orthonormalize(q, 1e-8)
 	b.Axpy(e, -1, q)
 	b.Sync()

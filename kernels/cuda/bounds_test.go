@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -58,12 +59,12 @@ func indexPanic(t *testing.T, fn func()) (ie *IndexError) {
 func TestIndexChecks(t *testing.T) {
 	be := backend(t)
 	up := func(dims []int, v []float32) kernels.Tensor {
-		x := be.Alloc(kernels.F32, dims...)
+		x := be.Alloc(dtype.Float32, dims...)
 		be.Upload(x, v)
 		return x
 	}
 	upI := func(v []int32) kernels.Tensor {
-		x := be.Alloc(kernels.I32, len(v))
+		x := be.Alloc(dtype.Int32, len(v))
 		be.UploadI32(x, v)
 		return x
 	}
@@ -89,7 +90,7 @@ func TestIndexChecks(t *testing.T) {
 		ids []int32
 	}{
 		{"Embedding", "cuda: embedding: id 40000 outside the vocabulary of 8 (row 3)", func(ids []int32) func(*testing.T) {
-			out := be.Alloc(kernels.F32, len(ids), d)
+			out := be.Alloc(dtype.Float32, len(ids), d)
 			be.Embedding(out, up([]int{vocab, d}, seq(vocab*d)), upI(ids), 1, 0)
 			return func(t *testing.T) {
 				if h := down(out); h[3*d] != 0 || h[3*d+d-1] != 0 || h[d] == 0 {
@@ -98,11 +99,11 @@ func TestIndexChecks(t *testing.T) {
 			}
 		}, []int32{1, 2, 3, 40000, 7}},
 		{"Embedding/bf16", "cuda: embedding: id -2 outside the vocabulary of 8 (row 0)", func(ids []int32) func(*testing.T) {
-			be.Embedding(be.Alloc(kernels.BF16, len(ids), d), up([]int{vocab, d}, seq(vocab*d)), upI(ids), 1, 0)
+			be.Embedding(be.Alloc(dtype.BFloat16, len(ids), d), up([]int{vocab, d}, seq(vocab*d)), upI(ids), 1, 0)
 			return nil
 		}, []int32{-2, 2}},
 		{"EmbeddingBackward", "cuda: embedding_bwd: id 40000 outside the vocabulary of 8 (row 17)", func(ids []int32) func(*testing.T) {
-			dt := be.Alloc(kernels.F32, vocab, d)
+			dt := be.Alloc(dtype.Float32, vocab, d)
 			be.EmbeddingBackward(dt, up([]int{len(ids), d}, seq(len(ids)*d)), upI(ids), 1, 0)
 			return func(t *testing.T) {
 				if h := down(dt); h[d] == 0 {
@@ -111,19 +112,19 @@ func TestIndexChecks(t *testing.T) {
 			}
 		}, []int32{1, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 40000, 3}},
 		{"EmbeddingBackward/f16", "cuda: embedding_bwd: id 8 outside the vocabulary of 8 (row 1)", func(ids []int32) func(*testing.T) {
-			dout := be.Alloc(kernels.F16, len(ids), d)
-			be.EmbeddingBackward(be.Alloc(kernels.F32, vocab, d), dout, upI(ids), 1, 0)
+			dout := be.Alloc(dtype.Float16, len(ids), d)
+			be.EmbeddingBackward(be.Alloc(dtype.Float32, vocab, d), dout, upI(ids), 1, 0)
 			return nil
 		}, []int32{7, 8}},
 		{"CrossEntropy", "cuda: xent: target 9 outside the vocabulary of 8 (row 2)", func(ids []int32) func(*testing.T) {
 			logits := up([]int{len(ids), vocab}, seq(len(ids)*vocab))
-			dl := be.Alloc(kernels.F32, len(ids), vocab)
+			dl := be.Alloc(dtype.Float32, len(ids), vocab)
 			be.CrossEntropy(dl, logits, upI(ids), 0.1, 0, 1) // reads the loss back: panics here
 			return nil
 		}, []int32{1, 2, 9, 3}},
 		{"AdamRows", "cuda: adam_rows: row 40000 outside the parameter's 8 rows (rows[1])", func(ids []int32) func(*testing.T) {
 			p := up([]int{vocab, d}, seq(vocab*d))
-			g, m, v := up([]int{vocab, d}, seq(vocab*d)), be.Alloc(kernels.F32, vocab, d), be.Alloc(kernels.F32, vocab, d)
+			g, m, v := up([]int{vocab, d}, seq(vocab*d)), be.Alloc(dtype.Float32, vocab, d), be.Alloc(dtype.Float32, vocab, d)
 			be.AdamRows(p, g, m, v, upI(ids), kernels.AdamArgs{LR: 0.1, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8})
 			return func(t *testing.T) {
 				h, want := down(p), seq(vocab*d)
@@ -180,8 +181,8 @@ func TestIndexRecordCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	table, out, ids := b.Alloc(kernels.F32, 4, 2), b.Alloc(kernels.F32, 3, 2), b.Alloc(kernels.I32, 3)
-	logits, targets := b.Alloc(kernels.F32, 3, 4), b.Alloc(kernels.I32, 3)
+	table, out, ids := b.Alloc(dtype.Float32, 4, 2), b.Alloc(dtype.Float32, 3, 2), b.Alloc(dtype.Int32, 3)
+	logits, targets := b.Alloc(dtype.Float32, 3, 4), b.Alloc(dtype.Int32, 3)
 	b.TakeProfile()
 	copies := func() int {
 		for _, o := range b.TakeProfile() {

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -53,7 +54,7 @@ func (c *castCache) drop(b *Backend) {
 // cached returns t (F32) rounded to p from the mirror, casting it there
 // first unless a current range holds it; ok is false when t is not inside
 // the region.
-func (b *Backend) cached(t kernels.Tensor, p kernels.DType) (h kernels.Tensor, ok bool) {
+func (b *Backend) cached(t kernels.Tensor, p dtype.DType) (h kernels.Tensor, ok bool) {
 	c := &b.casts
 	lo, hi := t.Ptr, t.Ptr+uintptr(4*t.Len())
 	if c.base == c.end || lo < c.base || hi > c.end || t.Len() == 0 {
@@ -91,7 +92,7 @@ func (b *Backend) wrote(ts ...kernels.Tensor) {
 		return
 	}
 	for _, t := range ts {
-		if t.DType != kernels.F32 || t.Len() == 0 {
+		if t.DType != dtype.Float32 || t.Len() == 0 {
 			continue
 		}
 		lo, hi := t.Ptr, t.Ptr+uintptr(4*t.Len())

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -26,12 +27,12 @@ func TestCastCache(t *testing.T) {
 		return h
 	}
 	const d, rows = 8, 5
-	w := b.Alloc(kernels.F32, 4, d, d) // four [d, d] weights in one region
+	w := b.Alloc(dtype.Float32, 4, d, d) // four [d, d] weights in one region
 	b.Upload(w, host(w.Len()))
 	b.CacheCasts(w)
-	x32 := b.Alloc(kernels.F32, rows, d)
+	x32 := b.Alloc(dtype.Float32, rows, d)
 	b.Upload(x32, host(rows*d))
-	x := b.Alloc(kernels.F16, rows, d) // an activation: the product runs in fp16
+	x := b.Alloc(dtype.Float16, rows, d) // an activation: the product runs in fp16
 	b.Cast(x, x32)
 	defer b.Free(x32)
 	defer b.Free(x)
@@ -46,10 +47,10 @@ func TestCastCache(t *testing.T) {
 		if wv.Rank == 3 {
 			dims = []int{wv.Dims[0], rows, d}
 		}
-		out := b.Alloc(kernels.F16, dims...)
+		out := b.Alloc(dtype.Float16, dims...)
 		defer b.Free(out)
 		b.Gemm(false, false, 1, x, wv, 0, out)
-		o32 := b.Alloc(kernels.F32, dims...)
+		o32 := b.Alloc(dtype.Float32, dims...)
 		defer b.Free(o32)
 		b.Cast(o32, out)
 		h := make([]float32, o32.Len())
@@ -66,7 +67,7 @@ func TestCastCache(t *testing.T) {
 		if cast && (c1 != c0+1 || h1 != h0) || !cast && (c1 != c0 || h1 != h0+1) {
 			t.Errorf("%s: %d casts and %d hits, want a %s", what, c1-c0, h1-h0, map[bool]string{true: "cast", false: "hit"}[cast])
 		}
-		ref := b.Alloc(kernels.F32, wv.Shape()...)
+		ref := b.Alloc(dtype.Float32, wv.Shape()...)
 		defer b.Free(ref)
 		b.Copy(ref, wv)
 		want := product(ref)
@@ -85,11 +86,11 @@ func TestCastCache(t *testing.T) {
 	check("W1 again", W(1, 1), false)
 
 	// Each op that writes W0 (and nothing else of the region).
-	g, m, v := b.Alloc(kernels.F32, d, d), b.Alloc(kernels.F32, d, d), b.Alloc(kernels.F32, d, d)
+	g, m, v := b.Alloc(dtype.Float32, d, d), b.Alloc(dtype.Float32, d, d), b.Alloc(dtype.Float32, d, d)
 	b.Upload(g, host(d*d))
-	rowsI := b.Alloc(kernels.I32, 2)
+	rowsI := b.Alloc(dtype.Int32, 2)
 	b.UploadI32(rowsI, []int32{1, 6})
-	h16 := b.Alloc(kernels.F16, d, d)
+	h16 := b.Alloc(dtype.Float16, d, d)
 	b.Cast(h16, g)
 	for _, t := range []kernels.Tensor{g, m, v, rowsI, h16} {
 		defer b.Free(t)
@@ -121,7 +122,7 @@ func TestCastCache(t *testing.T) {
 	if b.casts.base != b.casts.end || b.casts.mirror.Rank != 0 {
 		t.Fatalf("Free of the region left %v", &b.casts)
 	}
-	w = b.Alloc(kernels.F32, 4, d, d)
+	w = b.Alloc(dtype.Float32, 4, d, d)
 	b.Upload(w, host(w.Len()))
 	c0, h0 := b.CastStats()
 	product(W(0, 1))

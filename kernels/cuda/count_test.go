@@ -5,6 +5,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/transformer"
 )
@@ -41,7 +42,7 @@ func TestStepCounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	acts := map[string]kernels.DType{"": kernels.F16, "fp16": kernels.F16, "bf16": kernels.BF16, "fp32": kernels.F32}[os.Getenv(envCountPrecision)]
+	acts := map[string]dtype.DType{"": dtype.Float16, "fp16": dtype.Float16, "bf16": dtype.BFloat16, "fp32": dtype.Float32}[os.Getenv(envCountPrecision)]
 	if acts == 0 && os.Getenv(envCountPrecision) != "fp32" {
 		t.Fatalf("%s=%q: want fp16, bf16 or fp32", envCountPrecision, os.Getenv(envCountPrecision))
 	}
@@ -53,7 +54,7 @@ func TestStepCounts(t *testing.T) {
 	defer be.Free(m.Grads)
 	m.Activations = acts
 	be.SetMatmulPrecision(acts)
-	defer be.SetMatmulPrecision(kernels.F32)
+	defer be.SetMatmulPrecision(dtype.Float32)
 	opt := transformer.NewLazyAdam(m)
 	defer be.Free(opt.M)
 	defer be.Free(opt.V)
@@ -96,7 +97,7 @@ func TestStepCounts(t *testing.T) {
 // what it queued and waited for.
 func countedStep(t *testing.T, be *Backend, m *transformer.Model, opt *transformer.Adam, b *transformer.Batch, deferred bool) Counts {
 	t.Helper()
-	scaling := m.Activations == kernels.F16
+	scaling := m.Activations == dtype.Float16
 	if scaling {
 		m.LossScale = 1 << 14
 	}

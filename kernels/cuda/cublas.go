@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -154,11 +156,11 @@ func (c *cublas) version() int {
 	return int(v)
 }
 
-func cudaType(dt kernels.DType) uintptr {
+func cudaType(dt dtype.DType) uintptr {
 	switch dt {
-	case kernels.F16:
+	case dtype.Float16:
 		return cudaR16F
-	case kernels.BF16:
+	case dtype.BFloat16:
 		return cudaR16BF
 	}
 	return cudaR32F
@@ -190,7 +192,8 @@ func (g *gemmCall) op() string {
 		}
 		return "N"
 	}
-	s := fmt.Sprintf("gemm %v,%v->%v %s%s", g.a.DType, g.b.DType, g.c.DType, t(g.transA), t(g.transB))
+	up := func(dt dtype.DType) string { return strings.ToUpper(typeName(dt)) }
+	s := fmt.Sprintf("gemm %s,%s->%s %s%s", up(g.a.DType), up(g.b.DType), up(g.c.DType), t(g.transA), t(g.transB))
 	if g.batch > 1 {
 		if g.sa != 0 && g.sb != 0 {
 			return s + " batched"
@@ -222,7 +225,7 @@ func (c *cublas) run(g *gemmCall, tf32 bool, scalars *[2]float32) error {
 		opB = cublasOpT
 	}
 	compute := uintptr(cublasCompute32F)
-	if tf32 && g.c.DType == kernels.F32 && g.a.DType == kernels.F32 {
+	if tf32 && g.c.DType == dtype.Float32 && g.a.DType == dtype.Float32 {
 		compute = cublasCompute32FTF32
 	}
 	scalars[0], scalars[1] = g.alpha, g.beta

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/internal/cudaemu"
 	"github.com/gorun/gorun/kernels"
@@ -136,9 +137,9 @@ func TestHostStagingRoundTrip(t *testing.T) {
 			host[i] = float32(r.NormFloat64() * math.Pow(10, float64(r.IntN(9)-4)))
 		}
 		host[0] = float32(math.Inf(1))
-		g := be.Alloc(kernels.F32, n)
+		g := be.Alloc(dtype.Float32, n)
 		be.Upload(g, host)
-		for _, wire := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		for _, wire := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
 			pin := be.PinnedHost(n * wire.Size())
 			for round := 0; round < 2; round++ { // the second reuses the stage
 				f := be.CopyOutAsync(pin, g, wire)
@@ -148,18 +149,18 @@ func TestHostStagingRoundTrip(t *testing.T) {
 				for i := 0; i < n; i++ {
 					var want, got float32
 					switch wire {
-					case kernels.F32:
+					case dtype.Float32:
 						want, got = host[i], math.Float32frombits(le32(pin[4*i:]))
-					case kernels.F16:
+					case dtype.Float16:
 						want, got = half.F16ToF32(half.F32ToF16(host[i])), half.F16ToF32(le16(pin[2*i:]))
-					case kernels.BF16:
+					case dtype.BFloat16:
 						want, got = half.BF16ToF32(half.F32ToBF16(host[i])), half.BF16ToF32(le16(pin[2*i:]))
 					}
 					if math.Float32bits(want) != math.Float32bits(got) {
 						t.Fatalf("n %d %v: host[%d] = %v, want %v", n, wire, i, got, want)
 					}
 				}
-				back := be.Alloc(kernels.F32, n)
+				back := be.Alloc(dtype.Float32, n)
 				be.CopyIn(back, pin, wire)
 				out := make([]float32, n)
 				be.Download(out, back)
@@ -167,11 +168,11 @@ func TestHostStagingRoundTrip(t *testing.T) {
 				for i := range out {
 					var want float32
 					switch wire {
-					case kernels.F32:
+					case dtype.Float32:
 						want = host[i]
-					case kernels.F16:
+					case dtype.Float16:
 						want = half.F16ToF32(half.F32ToF16(host[i]))
-					case kernels.BF16:
+					case dtype.BFloat16:
 						want = half.BF16ToF32(half.F32ToBF16(host[i]))
 					}
 					if math.Float32bits(out[i]) != math.Float32bits(want) {
@@ -196,10 +197,10 @@ func TestAllocatorReuses(t *testing.T) {
 	if be.mem.exact {
 		t.Skipf("skipping: %s=1 caches nothing", EnvExactAlloc)
 	}
-	a := be.Alloc(kernels.F32, 1000)
+	a := be.Alloc(dtype.Float32, 1000)
 	p := a.Ptr
 	be.Free(a)
-	b := be.Alloc(kernels.F32, 900) // same 512-byte class rounded: 4000 and 3600 bytes -> 4096
+	b := be.Alloc(dtype.Float32, 900) // same 512-byte class rounded: 4000 and 3600 bytes -> 4096
 	if b.Ptr != p {
 		t.Fatalf("a freed block of the same class was not reused: %#x then %#x", p, b.Ptr)
 	}
@@ -213,7 +214,7 @@ func TestAllocatorReuses(t *testing.T) {
 	be.Free(b)
 	_, _, held := be.MemStats()
 	for i := 0; i < 50; i++ {
-		x := be.Alloc(kernels.F32, 1<<20-i) // one 4 MiB class
+		x := be.Alloc(dtype.Float32, 1<<20-i) // one 4 MiB class
 		be.Free(x)
 	}
 	if _, _, h := be.MemStats(); h > held+int64(class(4<<20)) {
@@ -224,7 +225,7 @@ func TestAllocatorReuses(t *testing.T) {
 			t.Fatal("Free of a view did not panic")
 		}
 	}()
-	v := be.Alloc(kernels.F32, 10)
+	v := be.Alloc(dtype.Float32, 10)
 	be.Free(v.Slice(2, 4))
 }
 
@@ -239,28 +240,28 @@ func TestAllocatorReuses(t *testing.T) {
 func TestTransformerStepMatchesCPU(t *testing.T) {
 	for _, c := range []struct {
 		name                string
-		acts                kernels.DType
+		acts                dtype.DType
 		lossScale           float32
 		loss, grads, weight float64
 	}{
-		{"fp32", kernels.F32, 0, 1e-5, 2e-4, 1e-4},
+		{"fp32", dtype.Float32, 0, 1e-5, 2e-4, 1e-4},
 		// In half precision the gradients differ from float32's by 2-5 %
 		// of their norm on this small, freshly initialised model (as with
 		// fp16 matrix products alone: 1.5-4 %); the weights after Adam by
 		// 0.1 %.
-		{"fp16", kernels.F16, 1024, 1e-3, 0.1, 3e-3},
-		{"bf16", kernels.BF16, 0, 2e-3, 0.2, 5e-3},
+		{"fp16", dtype.Float16, 1024, 1e-3, 0.1, 3e-3},
+		{"bf16", dtype.BFloat16, 0, 2e-3, 0.2, 5e-3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := backend(t)
 			be.SetMatmulPrecision(c.acts)
-			defer be.SetMatmulPrecision(kernels.F32)
+			defer be.SetMatmulPrecision(dtype.Float32)
 			stepsMatchCPU(t, be, c.acts, c.lossScale, c.loss, c.grads, c.weight)
 		})
 	}
 }
 
-func stepsMatchCPU(t *testing.T, be *Backend, acts kernels.DType, lossScale float32, lossTol, gradTol, weightTol float64) {
+func stepsMatchCPU(t *testing.T, be *Backend, acts dtype.DType, lossScale float32, lossTol, gradTol, weightTol float64) {
 	cfg := transformer.Config{Preset: "test", Vocab: 37, DModel: 32, Heads: 4, FFN: 64, EncLayers: 2, DecLayers: 2,
 		AttnDropout: 0.1, ReLUDropout: 0.1, PostDropout: 0.1, LabelSmoothing: 0.1, LNEps: 1e-6}
 	mc, err := transformer.New(cfg, cpu.New(), 7)
@@ -314,7 +315,7 @@ func stepsMatchCPU(t *testing.T, be *Backend, acts kernels.DType, lossScale floa
 			be.Scale(mg.Grads, 1/lossScale)
 		}
 		cmp := compare
-		if be.Precision != kernels.F32 {
+		if be.Precision != dtype.Float32 {
 			cmp = compareL2
 		}
 		cmp(t, fmt.Sprintf("step %d gradients", step), mc, mg, mc.Grads, mg.Grads, gradTol)
@@ -417,10 +418,10 @@ func TestProfileNamesEveryOp(t *testing.T) {
 	if !b.Profiling() || shared.Profiling() {
 		t.Fatalf("profiling: %v with the variable, %v without", b.Profiling(), shared.Profiling())
 	}
-	x, w, y, db := b.Alloc(kernels.F32, 64, 32), b.Alloc(kernels.F32, 32, 48), b.Alloc(kernels.F32, 3000, 48), b.Alloc(kernels.F32, 48)
+	x, w, y, db := b.Alloc(dtype.Float32, 64, 32), b.Alloc(dtype.Float32, 32, 48), b.Alloc(dtype.Float32, 3000, 48), b.Alloc(dtype.Float32, 48)
 	b.Upload(x, make([]float32, 64*32))
 	b.Gemm(false, false, 1, x, w, 0, y.Slice(0, 64, 48))
-	b.Gemm(true, false, 1, y, y, 0, b.Alloc(kernels.F32, 48, 48))
+	b.Gemm(true, false, 1, y, y, 0, b.Alloc(dtype.Float32, 48, 48))
 	b.BiasGrad(db, y)
 	b.BiasGrad(db, y)
 	out := make([]float32, 48)
@@ -428,7 +429,7 @@ func TestProfileNamesEveryOp(t *testing.T) {
 	// 3000 rows of 48 columns: the bias gradient runs in splits whose
 	// partial sums gr_col_sum_f32 adds up (scratch allocated once)
 	want := map[string]int{
-		"memset": 6, opHostToDevice: 1, opDeviceToHost: 1, kBiasGrad.of(kernels.F32).name: 2, kColSum.name: 2,
+		"memset": 6, opHostToDevice: 1, opDeviceToHost: 1, kBiasGrad.of(dtype.Float32).name: 2, kColSum.name: 2,
 		"gemm F32,F32->F32 NN m=64 n=48 k=32": 1, "gemm F32,F32->F32 TN m=48 n=48 k=≤4096": 1,
 	}
 	ops := b.TakeProfile()
@@ -459,9 +460,9 @@ func TestProfileNamesEveryOp(t *testing.T) {
 func TestOrthonormalizeRefuses(t *testing.T) {
 	be := backend(t)
 	for what, dims := range map[string][]int{"F16": {4, 2}, "1-D": {8}, "65 columns": {2, kernels.OrthoMaxCols + 1}} {
-		dt := kernels.F32
+		dt := dtype.Float32
 		if what == "F16" {
-			dt = kernels.F16
+			dt = dtype.Float16
 		}
 		p := be.Alloc(dt, dims...)
 		func() {
@@ -474,7 +475,7 @@ func TestOrthonormalizeRefuses(t *testing.T) {
 		}()
 		be.Free(p)
 	}
-	p := be.Alloc(kernels.F32, 3, kernels.OrthoMaxCols) // the most columns allowed: runs
+	p := be.Alloc(dtype.Float32, 3, kernels.OrthoMaxCols) // the most columns allowed: runs
 	be.Upload(p, []float32{1, 2, 3})
 	be.Orthonormalize(p, 1e-8)
 	got := make([]float32, p.Len())

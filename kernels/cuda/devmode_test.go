@@ -10,7 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
-	"github.com/gorun/gorun/kernels"
+
+	"github.com/gorun/gorun/dtype"
 )
 
 // The device the tests open: GORUN_CUDA_TEST_INDEX (default 0), as this
@@ -125,7 +126,7 @@ func TestFlatGridOfTheDevice(t *testing.T) {
 	}
 	var s0, s1 [5]uint64
 	n := 32 * b.sms * flatThreads * 2
-	x := b.Alloc(kernels.F32, n)
+	x := b.Alloc(dtype.Float32, n)
 	defer b.Free(x)
 	b.Sync()
 	callRet(stats, uintptr(unsafe.Pointer(&s0[0])))

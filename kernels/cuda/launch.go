@@ -5,7 +5,7 @@ import (
 	"math"
 	"unsafe"
 
-	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/dtype"
 )
 
 // ptype is the type of one kernel parameter, as the PTX declares it.
@@ -90,13 +90,13 @@ func ak(op string, params ...ptype) *actKernel {
 }
 
 // of is the instance for activations of type dt.
-func (a *actKernel) of(dt kernels.DType) *kernel {
+func (a *actKernel) of(dt dtype.DType) *kernel {
 	switch dt {
-	case kernels.F32:
+	case dtype.Float32:
 		return a[0]
-	case kernels.F16:
+	case dtype.Float16:
 		return a[1]
-	case kernels.BF16:
+	case dtype.BFloat16:
 		return a[2]
 	}
 	panic(fmt.Sprintf("cuda: %s: activations of type %v", a[0].name, dt))

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorun/gorun/kernels"
+	"github.com/gorun/gorun/dtype"
 )
 
 // libSearchChild reports whether this process is TestFindsCublas's child,
@@ -38,7 +38,7 @@ func TestLibSearchChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, y := b.Alloc(kernels.F32, 2, 2), b.Alloc(kernels.F32, 2, 2)
+	x, y := b.Alloc(dtype.Float32, 2, 2), b.Alloc(dtype.Float32, 2, 2)
 	b.Upload(x, []float32{1, 2, 3, 4})
 	b.Gemm(false, false, 1, x, x, 0, y)
 	got := make([]float32, 4)
@@ -195,7 +195,7 @@ func TestFindsCublas(t *testing.T) {
 // device 1; on device 0 it passes either way.
 func TestCublasOnAThreadWithoutContext(t *testing.T) {
 	b := backend(t)
-	x, y := b.Alloc(kernels.F32, 2, 2), b.Alloc(kernels.F32, 2, 2)
+	x, y := b.Alloc(dtype.Float32, 2, 2), b.Alloc(dtype.Float32, 2, 2)
 	defer b.Free(x)
 	defer b.Free(y)
 	b.Upload(x, []float32{1, 2, 3, 4})
@@ -239,7 +239,7 @@ func TestBlockingSyncFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := b.Alloc(kernels.F32, 1000)
+	g := b.Alloc(dtype.Float32, 1000)
 	host := make([]float32, 1000)
 	for i := range host {
 		host[i] = float32(i)
@@ -247,7 +247,7 @@ func TestBlockingSyncFallback(t *testing.T) {
 	b.Upload(g, host)
 	for i := 0; i < 3; i++ {
 		pin := b.PinnedHost(4000)
-		if err := b.CopyOutAsync(pin, g, kernels.F32).Wait(); err != nil {
+		if err := b.CopyOutAsync(pin, g, dtype.Float32).Wait(); err != nil {
 			t.Fatal(err)
 		}
 		if v := math.Float32frombits(le32(pin[4*999:])); v != 999 {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/transformer"
 )
@@ -26,7 +27,7 @@ func TestDeferredScalars(t *testing.T) {
 		return h
 	}
 	up := func(h []float32, dims ...int) kernels.Tensor {
-		x := b.Alloc(kernels.F32, dims...)
+		x := b.Alloc(dtype.Float32, dims...)
 		b.Upload(x, h)
 		return x
 	}
@@ -46,7 +47,7 @@ func TestDeferredScalars(t *testing.T) {
 	}
 	const N, V = 6, 11
 	logits := up(host(N*V, 2), N, V)
-	targets := b.Alloc(kernels.I32, N)
+	targets := b.Alloc(dtype.Int32, N)
 	b.UploadI32(targets, []int32{3, 0, 10, 5, 0, 7}) // two pad rows (0)
 	wantSum, wantN := b.CrossEntropy(kernels.Tensor{}, logits, targets, 0.1, 0, 1)
 
@@ -58,7 +59,7 @@ func TestDeferredScalars(t *testing.T) {
 		v0[i] = v0[i] * v0[i]
 	}
 	p, m, v := up(p0, 8, 5), up(m0, 8, 5), up(v0, 8, 5)
-	rows := b.Alloc(kernels.I32, 3)
+	rows := b.Alloc(dtype.Int32, 3)
 	b.UploadI32(rows, []int32{1, 4, 6})
 	bad := up([]float32{1, float32(math.Inf(-1)), 3}, 3)
 	args := kernels.AdamArgs{LR: 0.1, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, SkipOnOverflow: true}
@@ -122,8 +123,8 @@ func TestDeferredStep(t *testing.T) {
 	b := backend(t)
 	cfg := transformer.Config{Preset: "test", Vocab: 37, DModel: 32, Heads: 4, FFN: 64, EncLayers: 1, DecLayers: 1,
 		AttnDropout: 0.1, ReLUDropout: 0.1, PostDropout: 0.1, LabelSmoothing: 0.1, LNEps: 1e-6}
-	b.SetMatmulPrecision(kernels.F16)
-	defer b.SetMatmulPrecision(kernels.F32)
+	b.SetMatmulPrecision(dtype.Float16)
+	defer b.SetMatmulPrecision(dtype.Float32)
 	batch, err := transformer.PadBatch([][]int32{{5, 6, 7, 8}, {9, 10, 11}}, [][]int32{{12, 13, 1}, {14, 15, 16, 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +139,7 @@ func TestDeferredStep(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m.Activations, m.LossScale = kernels.F16, c.scale
+			m.Activations, m.LossScale = dtype.Float16, c.scale
 			opt := transformer.NewLazyAdam(m)
 			defer func() {
 				for _, x := range []kernels.Tensor{m.Weights, m.Grads, opt.M, opt.V} {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 )
@@ -99,29 +100,29 @@ func TestEmulatorSchedules(t *testing.T) {
 }
 
 // copyOutFunc is a version of CopyOutAsync.
-type copyOutFunc func(b *Backend, dst []byte, src kernels.Tensor, wire kernels.DType) kernels.Fence
+type copyOutFunc func(b *Backend, dst []byte, src kernels.Tensor, wire dtype.DType) kernels.Fence
 
-func wireValue(pin []byte, i int, wire kernels.DType) float32 {
+func wireValue(pin []byte, i int, wire dtype.DType) float32 {
 	switch wire {
-	case kernels.F16:
+	case dtype.Float16:
 		return half.F16ToF32(le16(pin[2*i:]))
-	case kernels.BF16:
+	case dtype.BFloat16:
 		return half.BF16ToF32(le16(pin[2*i:]))
 	}
 	return math.Float32frombits(le32(pin[4*i:]))
 }
 
-func onWire(v float32, wire kernels.DType) float32 {
+func onWire(v float32, wire dtype.DType) float32 {
 	switch wire {
-	case kernels.F16:
+	case dtype.Float16:
 		return half.F16ToF32(half.F32ToF16(v))
-	case kernels.BF16:
+	case dtype.BFloat16:
 		return half.BF16ToF32(half.F32ToBF16(v))
 	}
 	return v
 }
 
-func checkWire(pin []byte, want []float32, wire kernels.DType, what string) error {
+func checkWire(pin []byte, want []float32, wire dtype.DType, what string) error {
 	for i, v := range want {
 		if got := wireValue(pin, i, wire); math.Float32bits(got) != math.Float32bits(onWire(v, wire)) {
 			return fmt.Errorf("%v: element %d copied out as %v, want %v (%s)", wire, i, got, onWire(v, wire), what)
@@ -133,13 +134,13 @@ func checkWire(pin []byte, want []float32, wire kernels.DType, what string) erro
 // checkSnapshot: the gradients change right after their copy out is
 // queued (as the next step's zeroing would, or any op queued after it); the
 // host must still get them as they were when the copy was queued.
-func checkSnapshot(be *Backend, copyOut copyOutFunc, wire kernels.DType) error {
+func checkSnapshot(be *Backend, copyOut copyOutFunc, wire dtype.DType) error {
 	const n = 3000
 	vals := make([]float32, n)
 	for i := range vals {
 		vals[i] = float32(i) + 0.25
 	}
-	g := be.Alloc(kernels.F32, n)
+	g := be.Alloc(dtype.Float32, n)
 	defer be.Free(g)
 	be.Upload(g, vals)
 	pin := be.PinnedHost(n * wire.Size())
@@ -164,13 +165,13 @@ func TestStagingCopiesSnapshot(t *testing.T) {
 		return
 	}
 	be := backend(t)
-	for _, wire := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+	for _, wire := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
 		if err := checkSnapshot(be, (*Backend).CopyOutAsync, wire); err != nil {
 			t.Error(err)
 		}
 	}
 	if async && order == "forward" {
-		err := checkSnapshot(be, oldStaging{}.copyOut, kernels.F32)
+		err := checkSnapshot(be, oldStaging{}.copyOut, dtype.Float32)
 		if err == nil {
 			t.Error("the staging before the fix read the live gradients, and the async emulator did not show it")
 		} else {
@@ -191,19 +192,19 @@ func checkRestage(t *testing.T, be *Backend, copyOut copyOutFunc, stageDev func(
 		v2[i] = float32(i%97) - 40.5
 	}
 	copy(v1, v2) // so that the host buffer's first half is right whichever copy ran last
-	g1, g2 := be.Alloc(kernels.F32, n), be.Alloc(kernels.F32, 2*n)
+	g1, g2 := be.Alloc(dtype.Float32, n), be.Alloc(dtype.Float32, 2*n)
 	defer be.Free(g1)
 	defer be.Free(g2)
 	be.Upload(g1, v1)
 	be.Upload(g2, v2)
 	pin := be.PinnedHost(2 * 2 * n)
-	f1 := copyOut(be, pin[:2*n], g1, kernels.BF16)
+	f1 := copyOut(be, pin[:2*n], g1, dtype.BFloat16)
 	old := stageDev(pin)
-	f2 := copyOut(be, pin, g2, kernels.BF16)
+	f2 := copyOut(be, pin, g2, dtype.BFloat16)
 	if stageDev(pin) == old {
 		t.Fatal("the second, larger copy out kept the stage's device buffer: the test does not test a free")
 	}
-	x := be.Alloc(kernels.F32, n/2) // 2000 bytes: the class of the freed buffer
+	x := be.Alloc(dtype.Float32, n/2) // 2000 bytes: the class of the freed buffer
 	defer be.Free(x)
 	if x.Ptr != old {
 		if os.Getenv(EnvExactAlloc) == "1" {
@@ -219,13 +220,13 @@ func checkRestage(t *testing.T, be *Backend, copyOut copyOutFunc, stageDev func(
 	if err := f1.Wait(); err != nil {
 		return err
 	}
-	if err := checkWire(pin[:2*n], v1, kernels.BF16, "the first copy, out of the buffer freed after it was queued"); err != nil {
+	if err := checkWire(pin[:2*n], v1, dtype.BFloat16, "the first copy, out of the buffer freed after it was queued"); err != nil {
 		return err
 	}
 	if err := f2.Wait(); err != nil {
 		return err
 	}
-	return checkWire(pin, v2, kernels.BF16, "the second copy")
+	return checkWire(pin, v2, dtype.BFloat16, "the second copy")
 }
 
 // Hazard (b): stageFor freed the device buffer of a stage that the copy
@@ -269,7 +270,7 @@ type oldStage struct {
 	used       bool
 }
 
-func (m oldStaging) stageFor(b *Backend, host []byte, n int, wire kernels.DType) *oldStage {
+func (m oldStaging) stageFor(b *Backend, host []byte, n int, wire dtype.DType) *oldStage {
 	key := uintptr(unsafe.Pointer(&host[0]))
 	s := m[key]
 	if s == nil || s.bytes < n {
@@ -277,18 +278,18 @@ func (m oldStaging) stageFor(b *Backend, host []byte, n int, wire kernels.DType)
 			b.mem.free(s.dev)
 		}
 		s = &oldStage{bytes: n, cast: b.event(), done: b.event()}
-		if wire != kernels.F32 {
+		if wire != dtype.Float32 {
 			s.dev = b.mem.alloc(n)
 		}
 		m[key] = s
 	}
-	if wire != kernels.F32 && s.dev == 0 {
+	if wire != dtype.Float32 && s.dev == 0 {
 		s.dev = b.mem.alloc(s.bytes)
 	}
 	return s
 }
 
-func (m oldStaging) copyOut(b *Backend, dst []byte, src kernels.Tensor, wire kernels.DType) kernels.Fence {
+func (m oldStaging) copyOut(b *Backend, dst []byte, src kernels.Tensor, wire dtype.DType) kernels.Fence {
 	n := wireCheck(src, dst, wire, "CopyOutAsync")
 	d := b.drv
 	s := m.stageFor(b, dst, n, wire)
@@ -296,7 +297,7 @@ func (m oldStaging) copyOut(b *Backend, dst []byte, src kernels.Tensor, wire ker
 	if s.used {
 		d.must("cuStreamWaitEvent", d.call(d.streamWaitEvent, b.stream, s.done, 0))
 	}
-	if wire != kernels.F32 {
+	if wire != dtype.Float32 {
 		b.kern(kCast[[2]string{"f32", typeName(wire)}]).ptr(s.dev).ptr(src.Ptr).i64(src.Len()).flat(src.Len())
 		from = s.dev
 	}

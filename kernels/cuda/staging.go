@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -45,8 +46,8 @@ func (b *Backend) PinnedHost(n int) []byte {
 	return hostBytes(p, n)
 }
 
-func wireCheck(src kernels.Tensor, dst []byte, wire kernels.DType, op string) int {
-	if src.DType != kernels.F32 || wire == kernels.I32 {
+func wireCheck(src kernels.Tensor, dst []byte, wire dtype.DType, op string) int {
+	if src.DType != dtype.Float32 || wire == dtype.Int32 {
 		panic(fmt.Sprintf("cuda: %s of %v as %v", op, src, wire))
 	}
 	n := src.Len() * wire.Size()
@@ -89,7 +90,7 @@ func (b *Backend) stageFor(host []byte, n int) *stage {
 // after it may change src at once. The snapshot costs device memory of the
 // bucket's wire size (for F32 as much as the gradients), allocated once
 // per host buffer.
-func (b *Backend) CopyOutAsync(dst []byte, src kernels.Tensor, wire kernels.DType) kernels.Fence {
+func (b *Backend) CopyOutAsync(dst []byte, src kernels.Tensor, wire dtype.DType) kernels.Fence {
 	n := wireCheck(src, dst, wire, "CopyOutAsync")
 	d := b.drv
 	if n == 0 {
@@ -104,7 +105,7 @@ func (b *Backend) CopyOutAsync(dst []byte, src kernels.Tensor, wire kernels.DTyp
 		return fence{d: d, ev: s.done}
 	}
 	s := b.stageFor(dst, n)
-	if wire == kernels.F32 {
+	if wire == dtype.Float32 {
 		b.begin()
 		d.must("cuMemcpyDtoDAsync", d.call(d.memcpyDtoDAsync, s.dev, src.Ptr, uintptr(n), b.stream))
 		b.end("copy device to device")
@@ -122,14 +123,14 @@ func (b *Backend) CopyOutAsync(dst []byte, src kernels.Tensor, wire kernels.DTyp
 // CopyIn implements kernels.HostStaging: the copy and the cast to F32 run
 // on the compute stream (for a 16-bit wire through the stage's device
 // buffer).
-func (b *Backend) CopyIn(dst kernels.Tensor, src []byte, wire kernels.DType) {
+func (b *Backend) CopyIn(dst kernels.Tensor, src []byte, wire dtype.DType) {
 	n := wireCheck(dst, src, wire, "CopyIn")
 	if n == 0 {
 		return
 	}
 	b.wrote(dst)
 	d := b.drv
-	if wire == kernels.F32 {
+	if wire == dtype.Float32 {
 		b.begin()
 		d.must("cuMemcpyHtoDAsync", d.call(d.memcpyHtoDAsync, dst.Ptr, uintptr(unsafe.Pointer(&src[0])), uintptr(n), b.stream))
 		b.end(opHostToDevice)

@@ -3,6 +3,7 @@ package kerneltest
 import (
 	"fmt"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 )
@@ -20,24 +21,24 @@ import (
 // bits): each output is rounded once, to a relative 2^-11 (4.9e-4);
 // attention rounds its scores, weights and output in turn.
 func FP16() Tolerance {
-	return Tolerance{F32: 2e-3, Gemm: 2e-3, Attention: 5e-3, Softmax: 2e-3, Activations: kernels.F16}
+	return Tolerance{F32: 2e-3, Gemm: 2e-3, Attention: 5e-3, Softmax: 2e-3, Activations: dtype.Float16}
 }
 
 // BF16 is the tolerance for activations in bfloat16 (7 explicit mantissa
 // bits, a relative 2^-8 = 3.9e-3 per rounding).
 func BF16() Tolerance {
-	return Tolerance{F32: 1e-2, Gemm: 1e-2, Attention: 4e-2, Softmax: 1e-2, Activations: kernels.BF16}
+	return Tolerance{F32: 1e-2, Gemm: 1e-2, Attention: 4e-2, Softmax: 1e-2, Activations: dtype.BFloat16}
 }
 
 // roundTo rounds x in place to the nearest value of type dt (F16 or BF16;
 // F32 leaves it).
-func roundTo(dt kernels.DType, x []float32) {
+func roundTo(dt dtype.DType, x []float32) {
 	switch dt {
-	case kernels.F16:
+	case dtype.Float16:
 		for i, v := range x {
 			x[i] = half.F16ToF32(half.F32ToF16(v))
 		}
-	case kernels.BF16:
+	case dtype.BFloat16:
 		for i, v := range x {
 			x[i] = half.BF16ToF32(half.F32ToBF16(v))
 		}
@@ -53,7 +54,7 @@ func roundTo(dt kernels.DType, x []float32) {
 // and two half-precision activations into a float32 weight gradient.
 type halfActs struct {
 	kernels.Backend
-	dt    kernels.DType
+	dt    dtype.DType
 	pairs []actPair
 	gemms int
 }
@@ -70,7 +71,7 @@ func (a *halfActs) in(t kernels.Tensor) kernels.Tensor {
 	if t.Len() == 0 {
 		return t
 	}
-	if t.DType != kernels.F32 {
+	if t.DType != dtype.Float32 {
 		panic(fmt.Sprintf("kerneltest: activation %v is not F32", t))
 	}
 	for _, p := range a.pairs {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -92,7 +93,7 @@ func testBiasReLU(e *env) {
 		e.be.BiasReLU(yt, e.up(b, d))
 		dxt := e.up(w, rows, d)
 		e.be.ReLUBackward(dxt, yt)
-		dbt := e.alloc(kernels.F32, d)
+		dbt := e.alloc(dtype.Float32, d)
 		e.be.BiasGrad(dbt, dxt)
 		x64, b64 := to64(x), to64(b)
 		y := relu64(x64, b64)

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 )
 
@@ -61,7 +62,7 @@ type Tolerance struct {
 	// Activations is the type the backend's activations are in: F32, or
 	// F16 or BF16 for mixed precision (see FP16). Then only the ops over
 	// activations run, Gemm among them.
-	Activations kernels.DType
+	Activations dtype.DType
 }
 
 // FP32 is the tolerance for a backend that computes everything in IEEE
@@ -74,7 +75,7 @@ type Tolerance struct {
 // reductions, atomics) and other exp and log approximations. Run logs the
 // worst error of every op with -v.
 func FP32() Tolerance {
-	return Tolerance{F32: 1e-5, Gemm: 1e-5, Attention: 2e-5, Softmax: 2e-5, Ortho: 1e-6}
+	return Tolerance{F32: 1e-5, Gemm: 1e-5, Attention: 2e-5, Softmax: 2e-5, Ortho: 1e-6, Activations: dtype.Float32}
 }
 
 // TF32 is FP32 with matrix products on tensor cores in TF32 (10 explicit
@@ -97,11 +98,11 @@ func TF32() Tolerance {
 // allocates is freed when the case ends. With -v each op logs its worst
 // error relative to what its tolerance allows.
 func Run(t *testing.T, be kernels.Backend, tol Tolerance) {
-	if tol.Activations != kernels.F32 {
+	if tol.Activations != dtype.Float32 {
 		be = &halfActs{Backend: be, dt: tol.Activations}
 	}
 	for _, op := range ops {
-		if tol.Activations != kernels.F32 && !op.act {
+		if tol.Activations != dtype.Float32 && !op.act {
 			continue
 		}
 		t.Run(op.name, func(t *testing.T) {
@@ -211,7 +212,7 @@ func (e *env) errorf(format string, args ...any) {
 }
 
 // alloc allocates a tensor the case frees at its end.
-func (e *env) alloc(dt kernels.DType, dims ...int) kernels.Tensor {
+func (e *env) alloc(dt dtype.DType, dims ...int) kernels.Tensor {
 	x := e.be.Alloc(dt, dims...)
 	e.owned = append(e.owned, x)
 	return x
@@ -219,7 +220,7 @@ func (e *env) alloc(dt kernels.DType, dims ...int) kernels.Tensor {
 
 // up allocates an F32 tensor holding x.
 func (e *env) up(x []float32, dims ...int) kernels.Tensor {
-	t := e.alloc(kernels.F32, dims...)
+	t := e.alloc(dtype.Float32, dims...)
 	if t.Len() != len(x) {
 		panic(fmt.Sprintf("kerneltest: %d values for %v", len(x), dims))
 	}
@@ -231,7 +232,7 @@ func (e *env) up(x []float32, dims ...int) kernels.Tensor {
 
 // upI allocates an I32 tensor holding x.
 func (e *env) upI(x []int32, dims ...int) kernels.Tensor {
-	t := e.alloc(kernels.I32, dims...)
+	t := e.alloc(dtype.Int32, dims...)
 	if len(x) > 0 {
 		e.be.UploadI32(t, x)
 	}
@@ -378,7 +379,7 @@ func (e *env) exact(what string, got, want []float32) {
 		e.errorf("%s: %d elements, want %d", what, len(got), len(want))
 		return
 	}
-	if e.tol.Activations != kernels.F32 {
+	if e.tol.Activations != dtype.Float32 {
 		want = clone(want)
 		roundTo(e.tol.Activations, want)
 	}
@@ -477,7 +478,7 @@ func dot64(w []float32, y []float64) float64 {
 }
 
 // f32 is short for kernels.F32.
-const f32 = kernels.F32
+const f32 = dtype.Float32
 
 func f32s(x []float64) []float32 {
 	y := make([]float32, len(x))

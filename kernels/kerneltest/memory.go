@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/kernels"
 )
@@ -35,7 +36,7 @@ func (e *env) checkI32(what string, ids kernels.Tensor, want []int32) {
 		table[i] = float32(i/d + 1)
 	}
 	tt := e.up(table, vocab, d)
-	out := e.alloc(kernels.F32, len(want), d)
+	out := e.alloc(dtype.Float32, len(want), d)
 	e.be.Embedding(out, tt, ids, 1, -1)
 	exp := make([]float32, 0, len(want)*d)
 	for _, v := range want {
@@ -47,21 +48,21 @@ func (e *env) checkI32(what string, ids kernels.Tensor, want []int32) {
 func testAllocUpload(e *env) {
 	for _, dims := range [][]int{{1}, {7}, {33}, {3, 100}, {2, 3, 513}, {1, 2, 3, 4097}, {100003}} {
 		e.run(fmt.Sprint(dims), func() {
-			x := e.alloc(kernels.F32, dims...)
+			x := e.alloc(dtype.Float32, dims...)
 			n := x.Len()
 			e.exact("fresh F32 tensor", e.down(x), zeros(n))
 			v := e.randBits(n)
 			e.be.Upload(x, v)
 			e.exact("downloaded", e.down(x), v)
-			for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+			for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 				h := e.alloc(dt, dims...)
-				y := e.alloc(kernels.F32, dims...)
+				y := e.alloc(dtype.Float32, dims...)
 				e.be.Upload(y, e.randn(n, 1))
 				e.be.Cast(y, h)
 				e.exact("fresh "+dt.String()+" tensor, cast to F32", e.down(y), zeros(n))
 			}
 			if n <= 4097 {
-				e.checkI32("fresh I32 tensor", e.alloc(kernels.I32, dims...), make([]int32, n))
+				e.checkI32("fresh I32 tensor", e.alloc(dtype.Int32, dims...), make([]int32, n))
 			}
 		})
 	}
@@ -110,15 +111,15 @@ func testFree(e *env) {
 				ones[i] = 1
 			}
 			for it := range 5 {
-				a := e.be.Alloc(kernels.F32, n)
+				a := e.be.Alloc(dtype.Float32, n)
 				e.be.Upload(a, ones)
 				e.be.Scale(a, 3) // queued work on a just before it is freed
 				e.be.Free(a)
-				h := e.be.Alloc(kernels.F16, n)
-				ids := e.be.Alloc(kernels.I32, n)
+				h := e.be.Alloc(dtype.Float16, n)
+				ids := e.be.Alloc(dtype.Int32, n)
 				e.be.Free(h)
 				e.be.Free(ids)
-				b := e.alloc(kernels.F32, n)
+				b := e.alloc(dtype.Float32, n)
 				e.exact(fmt.Sprintf("Alloc after Free (round %d)", it), e.down(b), zeros(n))
 				x := e.randn(n, 1)
 				e.be.Upload(b, x)
@@ -152,14 +153,14 @@ func testCopy(e *env) {
 		e.exact("dst[3:36] = src[10:43]", e.down(dst), want)
 		e.exact("src untouched", e.down(src), bs)
 	})
-	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 		e.run(dt.String(), func() {
 			n := 1001
 			x := e.randn(n, 10)
 			h1, h2 := e.alloc(dt, n), e.alloc(dt, n)
 			e.be.Cast(h1, e.up(x, n))
 			e.be.Copy(h2, h1)
-			y := e.alloc(kernels.F32, n)
+			y := e.alloc(dtype.Float32, n)
 			e.be.Cast(y, h2)
 			e.exact("copy cast back", e.down(y), roundTrip(dt, x))
 		})
@@ -191,7 +192,7 @@ func testZero(e *env) {
 		clear(v[77:82])
 		e.exact("[77:82] zeroed, others kept", e.down(x), v)
 	})
-	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 		e.run(dt.String(), func() {
 			n := 513
 			h := e.alloc(dt, n)
@@ -211,10 +212,10 @@ func testZero(e *env) {
 
 // roundTrip is float32 -> dt -> float32 by package half's scalar
 // converters (the reference Cast is checked against).
-func roundTrip(dt kernels.DType, x []float32) []float32 {
+func roundTrip(dt dtype.DType, x []float32) []float32 {
 	y := make([]float32, len(x))
 	for i, v := range x {
-		if dt == kernels.F16 {
+		if dt == dtype.Float16 {
 			y[i] = half.F16ToF32(half.F32ToF16(v))
 		} else {
 			y[i] = half.BF16ToF32(half.F32ToBF16(v))
@@ -256,9 +257,9 @@ func testCast(e *env) {
 			}
 			// n = 0 is a zero-length view of a real tensor.
 			src := e.up(append(clone(x), 7), n+1).Slice(0, n)
-			for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+			for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 				h := e.alloc(dt, n+1).Slice(0, n)
-				back := e.alloc(kernels.F32, n+1).Slice(0, n)
+				back := e.alloc(dtype.Float32, n+1).Slice(0, n)
 				e.be.Cast(h, src)
 				e.be.Cast(back, h)
 				e.exact("F32->"+dt.String()+"->F32", e.down(back), roundTrip(dt, x))
@@ -267,24 +268,24 @@ func testCast(e *env) {
 				e.be.Cast(back, h2)
 				e.exact(dt.String()+"->"+dt.String()+"->F32", e.down(back), roundTrip(dt, x))
 			}
-			same := e.alloc(kernels.F32, n+1).Slice(0, n)
+			same := e.alloc(dtype.Float32, n+1).Slice(0, n)
 			e.be.Cast(same, src)
 			e.exact("F32->F32", e.down(same), x)
 		})
 	}
 	// Every 16-bit pattern: read as F32 (exactly), then cast back.
-	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, dt := range []dtype.DType{dtype.Float16, dtype.BFloat16} {
 		e.run("all "+dt.String()+" values", func() {
 			x := make([]float32, 1<<16)
 			for i := range x {
-				if dt == kernels.F16 {
+				if dt == dtype.Float16 {
 					x[i] = half.F16ToF32(uint16(i))
 				} else {
 					x[i] = half.BF16ToF32(uint16(i))
 				}
 			}
 			h := e.alloc(dt, len(x))
-			back := e.alloc(kernels.F32, len(x))
+			back := e.alloc(dtype.Float32, len(x))
 			e.be.Cast(h, e.up(x, len(x)))
 			e.be.Cast(back, h)
 			e.exact("every value survives F32->"+dt.String()+"->F32", e.down(back), x)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/plan"
 	"github.com/gorun/gorun/rank"
@@ -103,7 +104,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 	}
 	b := collective.Float32Bytes(buf)
 	fill()
-	if err := c.Allreduce(ctx, nil, b, collective.Float32, collective.Sum); err != nil {
+	if err := c.Allreduce(ctx, nil, b, dtype.Float32, collective.Sum); err != nil {
 		return err
 	}
 	check()
@@ -115,7 +116,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 			return err
 		}
 		t0 := time.Now()
-		if err := c.Allreduce(ctx, nil, b, collective.Float32, collective.Sum); err != nil {
+		if err := c.Allreduce(ctx, nil, b, dtype.Float32, collective.Sum); err != nil {
 			return err
 		}
 		d := time.Since(t0)
@@ -135,7 +136,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 	more := 0
 	for duration > 0 {
 		fill()
-		if err := c.Allreduce(ctx, nil, b, collective.Float32, collective.Sum); err != nil {
+		if err := c.Allreduce(ctx, nil, b, dtype.Float32, collective.Sum); err != nil {
 			return err
 		}
 		check()
@@ -150,7 +151,7 @@ func run(bytes, iters int, timeout, duration time.Duration) error {
 			stop = 1
 		}
 		flag := []float32{stop}
-		if err := c.Allreduce(ctx, nil, collective.Float32Bytes(flag), collective.Float32, collective.Sum); err != nil {
+		if err := c.Allreduce(ctx, nil, collective.Float32Bytes(flag), dtype.Float32, collective.Sum); err != nil {
 			return err
 		}
 		if flag[0] > 0 {

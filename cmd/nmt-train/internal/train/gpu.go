@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cuda"
 )
@@ -14,7 +15,7 @@ import (
 // precision resolves --precision for the backend: the type of the
 // activations (and of the inputs of matrix products), and its name; the
 // loss is scaled for fp16 only (bf16 has float32's range).
-func precision(flag string, be kernels.Backend) (dt kernels.DType, name string, err error) {
+func precision(flag string, be kernels.Backend) (dt dtype.DType, name string, err error) {
 	mp, gpu := be.(kernels.MixedPrecision)
 	switch flag {
 	case "auto":
@@ -28,7 +29,7 @@ func precision(flag string, be kernels.Backend) (dt kernels.DType, name string, 
 			return 0, "", fmt.Errorf("--precision %s needs a GPU (--device cuda); the %s backend computes in fp32", flag, be.Name())
 		}
 	}
-	dt = map[string]kernels.DType{"fp32": kernels.F32, "fp16": kernels.F16, "bf16": kernels.BF16}[flag]
+	dt = map[string]dtype.DType{"fp32": dtype.Float32, "fp16": dtype.Float16, "bf16": dtype.BFloat16}[flag]
 	if gpu {
 		mp.SetMatmulPrecision(dt)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/kernels/cpu"
@@ -57,7 +58,7 @@ type plainReducer struct {
 	ctx   context.Context
 	comm  *collective.Communicator
 	m     *transformer.Model
-	wire  collective.DType
+	wire  dtype.DType
 	start time.Time
 	host  []float32 // the gradients' host copy, off the CPU (nil on it: in place)
 	scale float32   // applied after the reduction (1: none)
@@ -66,7 +67,7 @@ type plainReducer struct {
 	flag kernels.DeferredScalars
 }
 
-func newPlainReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, wire collective.DType) *plainReducer {
+func newPlainReducer(ctx context.Context, comm *collective.Communicator, m *transformer.Model, wire dtype.DType) *plainReducer {
 	p := &plainReducer{ctx: ctx, comm: comm, m: m, wire: wire, scale: 1}
 	if !onCPU(m.Backend()) && comm.Size() > 1 {
 		p.host = make([]float32, m.Grads.Len())
@@ -104,10 +105,10 @@ func (p *plainReducer) Wait() (commStats, error) {
 	}
 	buf := collective.Float32Bytes(g)
 	var opts []collective.CallOption
-	if p.wire != collective.Float32 {
+	if p.wire != dtype.Float32 {
 		opts = append(opts, collective.WithWire(p.wire))
 	}
-	err := p.comm.Allreduce(p.ctx, buf, buf, collective.Float32, collective.Sum, opts...)
+	err := p.comm.Allreduce(p.ctx, buf, buf, dtype.Float32, collective.Sum, opts...)
 	if err == nil && p.host != nil {
 		be.Upload(p.m.Grads, p.host)
 	}
@@ -142,9 +143,9 @@ const powerSGDEmbedding = true
 
 // compression is --compression as the Bucketer takes it: the wire of the
 // uncompressed gradients, and PowerSGD's settings (nil unless powersgd).
-func compression(o Options) (collective.DType, *fusion.PowerSGD) {
+func compression(o Options) (dtype.DType, *fusion.PowerSGD) {
 	if o.Compression == compressPowerSGD {
-		return collective.Float16, &fusion.PowerSGD{Rank: o.PowerSGDRank, StartStep: o.PowerSGDStart, Seed: o.Seed}
+		return dtype.Float16, &fusion.PowerSGD{Rank: o.PowerSGDRank, StartStep: o.PowerSGDStart, Seed: o.Seed}
 	}
 	wire, _ := fusion.ParseWire(o.Compression) // Validate checked it
 	return wire, nil

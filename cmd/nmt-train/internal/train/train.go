@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/fusion"
 	"github.com/gorun/gorun/internal/envconf"
 	"github.com/gorun/gorun/kernels"
@@ -51,7 +52,7 @@ type Trainer struct {
 	// the gradients back before the optimizer.
 	lossScaling bool
 	// acts is the type of the model's activations for that precision.
-	acts kernels.DType
+	acts dtype.DType
 	// prec is the --precision resolved on this rank's device.
 	prec string
 	gpu  *gpuSampler
