@@ -325,11 +325,11 @@ func explainHandshake(err error) error {
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "no application protocol"):
-		return fmt.Errorf("protocol mismatch: the peer does not speak %s (a different gorun version?): %v", ALPN, err)
+		return fmt.Errorf("protocol mismatch: the peer does not speak %s (a different gorun version?): %w", ALPN, err)
 	case remoteRefusal(msg):
-		return fmt.Errorf("authentication failed: the peer refused this process's certificate (are the job secrets the same?): %v", err)
+		return fmt.Errorf("authentication failed: the peer refused this process's certificate (are the job secrets the same?): %w", err)
 	case strings.Contains(msg, "certificate") || strings.Contains(msg, "unknown authority"):
-		return fmt.Errorf("authentication failed: the peer does not hold this job's secret: %v", err)
+		return fmt.Errorf("authentication failed: the peer does not hold this job's secret: %w", err)
 	}
 	return err
 }

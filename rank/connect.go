@@ -68,7 +68,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		}
 		m.rdv, err = ListenRendezvous(listen, id.Size, id.Secret)
 		if err != nil {
-			return nil, fmt.Errorf("rank 0 serves the rendezvous: %v", err)
+			return nil, fmt.Errorf("rank 0 serves the rendezvous: %w", err)
 		}
 	}
 	fail := func(err error) (*Mesh, error) {
@@ -95,7 +95,7 @@ func Connect(ctx context.Context, id Identity, opt Options) (*Mesh, error) {
 		Rank: id.Rank, Size: id.Size, Addr: addr, Host: m.hosts[id.Rank], Name: m.names[id.Rank], Job: id.JobID,
 	}, opt.Timeout)
 	if err != nil {
-		return fail(fmt.Errorf("rank %d: %v", id.Rank, err))
+		return fail(fmt.Errorf("rank %d: %w", id.Rank, err))
 	}
 	m.addrs = tbl.Addrs
 	copy(m.hosts, tbl.Hosts)

@@ -314,7 +314,7 @@ func (e envReader) rendezvous(id Identity) (string, error) {
 	}
 	if addr != "" {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return "", fmt.Errorf("rendezvous address %q is not host:port: %v", addr, err)
+			return "", fmt.Errorf("rendezvous address %q is not host:port: %w", addr, err)
 		}
 	}
 	return addr, nil

@@ -52,7 +52,7 @@ func routeIP(rendezvous string) (string, error) {
 	}
 	c, err := net.Dial("udp", net.JoinHostPort(host, "9"))
 	if err != nil {
-		return "", fmt.Errorf("no route to the rendezvous host %s: %v", host, err)
+		return "", fmt.Errorf("no route to the rendezvous host %s: %w", host, err)
 	}
 	defer c.Close()
 	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil

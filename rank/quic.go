@@ -46,7 +46,7 @@ func (m *Mesh) acceptQUIC(errc chan<- error) {
 				}
 				if err := m.addLane(viaQUIC, r, ch, st); err != nil {
 					select {
-					case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
+					case errc <- fmt.Errorf("rank %d: %w", m.id.Rank, err):
 					default:
 					}
 					return
@@ -59,13 +59,13 @@ func (m *Mesh) acceptQUIC(errc chan<- error) {
 func (m *Mesh) dialQUIC(ctx context.Context, auth *jobAuth, p int, who, addr string) error {
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
-		return fmt.Errorf("rank %d: address of %s: %v", m.id.Rank, who, err)
+		return fmt.Errorf("rank %d: address of %s: %w", m.id.Rank, who, err)
 	}
 	conns := make([]*quic.Conn, m.opt.ConnsPerPeer)
 	for k := range conns {
 		c, err := m.qtr.Dial(ctx, ua, auth.clientTLS(), quicConfig(m.opt.Timeout))
 		if err != nil {
-			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ua, explainHandshake(err))
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: %w", m.id.Rank, who, ua, explainHandshake(err))
 		}
 		if got := labelRank(peerLabel(c.ConnectionState().TLS)); got != p {
 			c.CloseWithError(1, "wrong peer")
@@ -80,10 +80,10 @@ func (m *Mesh) dialQUIC(ctx context.Context, auth *jobAuth, p int, who, addr str
 	for ch := 0; ch < m.opt.Channels; ch++ {
 		st, err := conns[ch%len(conns)].OpenStreamSync(ctx)
 		if err != nil {
-			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			return fmt.Errorf("rank %d: opening channel %d to %s: %w", m.id.Rank, ch, who, err)
 		}
 		if err := writeHello(st, m.id.Rank, ch); err != nil {
-			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			return fmt.Errorf("rank %d: opening channel %d to %s: %w", m.id.Rank, ch, who, err)
 		}
 		m.mu.Lock()
 		m.sets[viaQUIC][p][ch] = &lane{c: st}

@@ -70,7 +70,7 @@ func ListenRendezvous(addr string, size int, secret []byte) (*RendezvousServer, 
 				return nil, fmt.Errorf("rendezvous: cannot listen on %s: UDP port %d is held by %s: another job on the same port? give this job another one", addr, h.port, h)
 			}
 		}
-		return nil, fmt.Errorf("rendezvous: cannot listen on %s: %v", addr, err)
+		return nil, fmt.Errorf("rendezvous: cannot listen on %s: %w", addr, err)
 	}
 	return serveRendezvous(udp, size, secret)
 }
@@ -97,7 +97,7 @@ func serveRendezvous(udp net.PacketConn, size int, secret []byte) (*RendezvousSe
 	auth, err := newJobAuth(secret, "rendezvous")
 	if err != nil {
 		udp.Close()
-		return nil, fmt.Errorf("rendezvous: %v", err)
+		return nil, fmt.Errorf("rendezvous: %w", err)
 	}
 	tr := &quic.Transport{Conn: udp}
 	s := &RendezvousServer{
@@ -108,7 +108,7 @@ func serveRendezvous(udp net.PacketConn, size int, secret []byte) (*RendezvousSe
 	ln, err := tr.Listen(auth.serverTLS(&s.refused), quicConfig(30*time.Second))
 	if err != nil {
 		udp.Close()
-		return nil, fmt.Errorf("rendezvous: %v", err)
+		return nil, fmt.Errorf("rendezvous: %w", err)
 	}
 	s.ln = ln
 	go s.acceptLoop()
@@ -286,7 +286,7 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 		}
 		e := explainHandshake(err)
 		if e != err { // authentication or protocol: retrying will not help
-			return nil, fmt.Errorf("rendezvous at %s: %v", addr, e)
+			return nil, fmt.Errorf("rendezvous at %s: %w", addr, e)
 		}
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return nil, fmt.Errorf("rendezvous at %s: stopped while waiting for it to answer", addr)
@@ -311,10 +311,10 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 	defer conn.CloseWithError(0, "")
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("rendezvous at %s: %v", addr, err)
+		return nil, fmt.Errorf("rendezvous at %s: %w", addr, err)
 	}
 	if err := json.NewEncoder(st).Encode(reg); err != nil {
-		return nil, fmt.Errorf("rendezvous at %s: %v", addr, err)
+		return nil, fmt.Errorf("rendezvous at %s: %w", addr, err)
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetReadDeadline(time.Now()) })
 	defer stop()
@@ -333,7 +333,7 @@ func register(ctx context.Context, addr string, auth *jobAuth, reg registration,
 				}
 				return nil, fmt.Errorf("rendezvous at %s: still waiting for %s after %s", addr, what, timeout)
 			}
-			return nil, fmt.Errorf("rendezvous at %s: connection lost: %v", addr, err)
+			return nil, fmt.Errorf("rendezvous at %s: connection lost: %w", addr, err)
 		}
 		switch {
 		case rep.Error != "":

@@ -144,7 +144,7 @@ func sealLane(tc *tls.Conn, raw net.Conn, client bool) (*sealedConn, error) {
 	cs := tc.ConnectionState()
 	km, err := cs.ExportKeyingMaterial(exportLabel, nil, 64)
 	if err != nil {
-		return nil, fmt.Errorf("exporting lane keys: %v", err)
+		return nil, fmt.Errorf("exporting lane keys: %w", err)
 	}
 	toServer, toClient := km[:32], km[32:]
 	c := cipherGCM

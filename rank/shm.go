@@ -330,7 +330,7 @@ func (sp *shmPeer) fail(w *shmWait, op string, ch int, tag Tag, err error) error
 	case err == errShmPeerClosed:
 		err = fmt.Errorf("rank %d closed the connection (shared-memory channel %d, %v)", sp.peer, ch, tag)
 	default:
-		err = fmt.Errorf("%v (shared-memory channel %d, %v)", err, ch, tag)
+		err = fmt.Errorf("%w (shared-memory channel %d, %v)", err, ch, tag)
 	}
 	return &PeerError{Self: sp.self, Peer: sp.peer, Host: sp.host, Op: op, Err: err, Waited: waited}
 }

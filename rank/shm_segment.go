@@ -59,7 +59,7 @@ func shmCreate(dir, job string, lo, hi, channels int) (name string, seg []byte, 
 	seg, err = unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		os.Remove(path)
-		return "", nil, fmt.Errorf("mmap %s: %v", path, err)
+		return "", nil, fmt.Errorf("mmap %s: %w", path, err)
 	}
 	binary.LittleEndian.PutUint32(seg[8:], shmVersion)
 	binary.LittleEndian.PutUint32(seg[12:], uint32(channels))
@@ -97,12 +97,12 @@ func shmReserve(f *os.File, size int) error {
 		dir := filepath.Dir(f.Name())
 		var st unix.Statfs_t
 		if unix.Fstatfs(fd, &st) != nil {
-			return fmt.Errorf("%s is full: the segment needs %s (fallocate: %v)", dir, mib(uint64(size)), err)
+			return fmt.Errorf("%s is full: the segment needs %s (fallocate: %w)", dir, mib(uint64(size)), err)
 		}
-		return fmt.Errorf("%s is full: the segment needs %s, %s free of %s (fallocate: %v)", dir, mib(uint64(size)),
+		return fmt.Errorf("%s is full: the segment needs %s, %s free of %s (fallocate: %w)", dir, mib(uint64(size)),
 			mib(st.Bavail*uint64(st.Bsize)), mib(st.Blocks*uint64(st.Bsize)), err)
 	}
-	return fmt.Errorf("fallocate %s: %v", f.Name(), err)
+	return fmt.Errorf("fallocate %s: %w", f.Name(), err)
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
@@ -132,7 +132,7 @@ func shmMap(dir, name string, size int, unlink bool) ([]byte, string, error) {
 	}
 	seg, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, "", fmt.Errorf("mmap %s: %v", path, err)
+		return nil, "", fmt.Errorf("mmap %s: %w", path, err)
 	}
 	return seg, path, nil
 }

@@ -91,7 +91,7 @@ func grpCreate(dir, job string, leader, n int) (*LocalGroup, string, error) {
 	seg, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		os.Remove(path)
-		return nil, "", fmt.Errorf("mmap %s: %v", path, err)
+		return nil, "", fmt.Errorf("mmap %s: %w", path, err)
 	}
 	binary.LittleEndian.PutUint32(seg[8:], grpVersion)
 	binary.LittleEndian.PutUint32(seg[12:], uint32(n))

@@ -52,7 +52,7 @@ func (m *Mesh) acceptTCP(auth *jobAuth, errc chan<- error) {
 			m.mu.Unlock()
 			if err := m.addLane(viaTCP, r, ch, sc); err != nil {
 				select {
-				case errc <- fmt.Errorf("rank %d: %v", m.id.Rank, err):
+				case errc <- fmt.Errorf("rank %d: %w", m.id.Rank, err):
 				default:
 				}
 			}
@@ -66,12 +66,12 @@ func (m *Mesh) dialTCP(ctx context.Context, auth *jobAuth, p int, who, ta string
 		d := net.Dialer{Control: sizeTCPBuffers}
 		c, err := d.DialContext(ctx, "tcp", ta)
 		if err != nil {
-			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, err)
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: %w", m.id.Rank, who, ta, err)
 		}
 		tc := tls.Client(&recordReader{Conn: c}, auth.clientTLS())
 		if err := tc.HandshakeContext(ctx); err != nil {
 			c.Close()
-			return fmt.Errorf("rank %d: cannot connect to %s at %s: %v", m.id.Rank, who, ta, explainHandshake(err))
+			return fmt.Errorf("rank %d: cannot connect to %s at %s: %w", m.id.Rank, who, ta, explainHandshake(err))
 		}
 		if got := labelRank(peerLabel(tc.ConnectionState())); got != p {
 			tc.Close()
@@ -79,12 +79,12 @@ func (m *Mesh) dialTCP(ctx context.Context, auth *jobAuth, p int, who, ta string
 		}
 		if err := writeHello(tc, m.id.Rank, ch); err != nil {
 			tc.Close()
-			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			return fmt.Errorf("rank %d: opening channel %d to %s: %w", m.id.Rank, ch, who, err)
 		}
 		sc, err := sealLane(tc, c, true)
 		if err != nil {
 			c.Close()
-			return fmt.Errorf("rank %d: opening channel %d to %s: %v", m.id.Rank, ch, who, err)
+			return fmt.Errorf("rank %d: opening channel %d to %s: %w", m.id.Rank, ch, who, err)
 		}
 		m.mu.Lock()
 		m.tcpConns = append(m.tcpConns, c)
@@ -121,7 +121,7 @@ func sizeTCPBuffers(network, address string, c syscall.RawConn) error {
 		return cerr
 	}
 	if err != nil {
-		return fmt.Errorf("socket buffers: %v", err)
+		return fmt.Errorf("socket buffers: %w", err)
 	}
 	return nil
 }
