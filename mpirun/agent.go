@@ -81,6 +81,13 @@ type AgentConfig struct {
 	CUDALocal bool // set CUDA_VISIBLE_DEVICES to the local rank modulo the host's GPUs
 	Prog      string
 	Args      []string
+	// Environ is the agent's environment, NAME=VALUE each as in
+	// exec.Cmd's Env (cmd/gorun passes its process's): what the remote
+	// command put there for the host's ranks, with the placeholders the
+	// agent fills in, and the environment its ranks and its reaper start
+	// with. The agent reads no other; nil is an empty environment (as
+	// Config.Environ's).
+	Environ []string
 }
 
 // ParseAgentRanks parses --ranks "R.L,R.L".
@@ -163,7 +170,7 @@ func RunAgent(cfg AgentConfig, ctl io.Reader, stdout, stderr io.Writer) int {
 	// A reaper of its own stops the ranks' process groups if the agent
 	// itself is killed (SIGKILL, the OOM killer) and cannot.
 	if self, err := os.Executable(); err == nil {
-		if ag.rp, err = startReaper(self, cfg.Grace); err == nil {
+		if ag.rp, err = startReaper(self, cfg.Grace, cfg.Environ); err == nil {
 			defer ag.rp.done()
 		}
 	}
@@ -235,8 +242,9 @@ type agent struct {
 // gorun went away or stopped the job while this agent waited (each rank
 // reported as ended by the signal).
 func (ag *agent) master(lines <-chan string, sigs <-chan os.Signal) (m map[string]string, ok bool) {
-	needAddr := os.Getenv(EnvMasterAddr) == masterAddrPlaceholder
-	needPort := os.Getenv(EnvMasterPort) == masterPortPlaceholder
+	env := ag.cfg.Environ
+	needAddr := getenv(env, EnvMasterAddr) == masterAddrPlaceholder
+	needPort := getenv(env, EnvMasterPort) == masterPortPlaceholder
 	if !needAddr && !needPort {
 		return nil, true
 	}
@@ -244,7 +252,7 @@ func (ag *agent) master(lines <-chan string, sigs <-chan os.Signal) (m map[strin
 		if ar.Rank != 0 {
 			continue
 		}
-		addr, port, warnings := pickMasterHere(needAddr, needPort)
+		addr, port, warnings := pickMasterHere(env, needAddr, needPort)
 		for _, w := range warnings {
 			fmt.Fprintln(ag.stderr, "warning: "+w)
 		}
@@ -283,22 +291,23 @@ func (ag *agent) master(lines <-chan string, sigs <-chan os.Signal) (m map[strin
 // need ("-" for what is not needed, or could not be picked, said in
 // warnings): the address this host's ranks would bind (GORUN_IFACE's, or
 // the one that routes to gorun's rendezvous, which the other hosts reach
-// it by), and a free TCP port (PickMasterPort within GORUN_PORT_RANGE).
-func pickMasterHere(needAddr, needPort bool) (addr, port string, warnings []string) {
+// it by), and a free TCP port (PickMasterPort within GORUN_PORT_RANGE);
+// env is the agent's environment, which says those.
+func pickMasterHere(env []string, needAddr, needPort bool) (addr, port string, warnings []string) {
 	addr, port = masterNone, masterNone
 	host, _ := os.Hostname()
-	if h := os.Getenv(rank.EnvHost); h != "" {
+	if h := getenv(env, rank.EnvHost); h != "" {
 		host = h
 	}
 	if needAddr {
-		if a, err := masterAddrHere(); err != nil {
+		if a, err := masterAddrHere(env); err != nil {
 			warnings = append(warnings, fmt.Sprintf("MASTER_ADDR on %s (rank 0's host): %v: the ranks get no MASTER_ADDR (torch.distributed's env:// needs it); set MASTER_ADDR", host, err))
 		} else {
 			addr = a
 		}
 	}
 	if needPort {
-		pr, err := rank.ParsePortRange(os.Getenv(rank.EnvPortRange))
+		pr, err := rank.ParsePortRange(getenv(env, rank.EnvPortRange))
 		var n int
 		if err == nil {
 			n, err = PickMasterPort(pr)
@@ -312,15 +321,16 @@ func pickMasterHere(needAddr, needPort bool) (addr, port string, warnings []stri
 	return addr, port, warnings
 }
 
-// masterAddrHere is the address of this host for MASTER_ADDR.
-func masterAddrHere() (string, error) {
-	rdv := os.Getenv(rank.EnvRendezvous)
+// masterAddrHere is the address of this host for MASTER_ADDR, by the
+// agent's environment env (GORUN_RENDEZVOUS, GORUN_IFACE).
+func masterAddrHere(env []string) (string, error) {
+	rdv := getenv(env, rank.EnvRendezvous)
 	rdvHost, _, err := net.SplitHostPort(rdv)
 	if err != nil {
 		return "", fmt.Errorf("%s=%q: %w", rank.EnvRendezvous, rdv, err)
 	}
 	route := func() (string, error) { return routeSource(rdvHost) }
-	iface := os.Getenv(rank.EnvIface)
+	iface := getenv(env, rank.EnvIface)
 	if iface == "" {
 		addr, err := route()
 		if err != nil {
@@ -339,12 +349,12 @@ func masterAddrHere() (string, error) {
 	return addr, nil
 }
 
-// rankEnv is the agent's environment as rank ar sees it: the placeholders
-// gorun left for the rank's own values (foreignPerRank) and for MASTER_ADDR
-// and MASTER_PORT (master; masterNone: left out) filled in.
-func rankEnv(ar AgentRank, master map[string]string) []string {
+// rankEnv is the agent's environment (environ) as rank ar sees it: the
+// placeholders gorun left for the rank's own values (foreignPerRank) and
+// for MASTER_ADDR and MASTER_PORT (master; masterNone: left out) filled in.
+func rankEnv(environ []string, ar AgentRank, master map[string]string) []string {
 	var env []string
-	for _, kv := range os.Environ() {
+	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
 		switch local, perRank := foreignPerRank[k]; {
 		case perRank && v == rankPlaceholder && !local:
@@ -368,7 +378,7 @@ func rankEnv(ar AgentRank, master map[string]string) []string {
 func (ag *agent) start(ar AgentRank, secret, host string, gpus int, master map[string]string) *agentRank {
 	cfg, out := ag.cfg, ag.out
 	a := &agentRank{AgentRank: ar, exited: make(chan struct{})}
-	env := append(rankEnv(ar, master),
+	env := append(rankEnv(cfg.Environ, ar, master),
 		rank.EnvRank+"="+strconv.Itoa(ar.Rank),
 		rank.EnvLocalRank+"="+strconv.Itoa(ar.Local),
 		EnvSignalNotices+"="+strconv.Itoa(noticeFD),

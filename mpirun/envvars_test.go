@@ -129,6 +129,9 @@ func helperJob(t *testing.T, cfg Config, mode string) (code int, stdout, stderr 
 	cfg.Program, cfg.Args = self, []string{rankHelperArg, mode}
 	cfg.RemoteGorun, cfg.Reaper = self, self
 	cfg.Stdout, cfg.Stderr, cfg.StdinRank, cfg.Tag = &o, &e, -1, TagNone
+	if cfg.Environ == nil {
+		cfg.Environ = os.Environ() // gorun's environment: this test's
+	}
 	code, err := Run(cfg)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -176,7 +179,7 @@ func TestForeignVarsRemote(t *testing.T) {
 	self, _ := os.Executable()
 	hosts := []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}}
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
 		Program: "/bin/sh", Args: []string{"-c", foreignLine}, Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
 	if err != nil || code != 0 {
 		t.Fatalf("status %d, %v\n%s%s", code, err, o.String(), e.String())
@@ -207,7 +210,7 @@ func TestForeignVarsRemote(t *testing.T) {
 	// All remote: the agent picks MASTER_ADDR and MASTER_PORT; the command
 	// says where.
 	o = testenv.Buffer{}
-	code, err = Run(Config{Hosts: []Host{{Name: "node7.invalid", Slots: 2}}, Program: "/bin/true", RemoteGorun: "/opt/gorun", Dir: "/tmp",
+	code, err = Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "node7.invalid", Slots: 2}}, Program: "/bin/true", RemoteGorun: "/opt/gorun", Dir: "/tmp",
 		DryRun: true, Stdout: &o, StdinRank: -1})
 	if err != nil || code != 0 || !strings.Contains(o.String(), " RANK=@rank@ WORLD_SIZE=2 LOCAL_RANK=@local-rank@ LOCAL_WORLD_SIZE=2 GROUP_RANK=0 MASTER_ADDR=@master-addr@ MASTER_PORT=@master-port@ OMPI_COMM_WORLD_RANK=@rank@ OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=@local-rank@ OMPI_COMM_WORLD_LOCAL_SIZE=2 GORUN_HOST=node7.invalid ") {
 		t.Errorf("dry run: %d %v\n%s", code, err, o.String())
@@ -268,7 +271,7 @@ func TestMasterPortFresh(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var o, e testenv.Buffer
-		code, _ := Run(Config{NP: 1, PortRange: pr, MaxRestarts: 1, Program: "/bin/sh", Args: []string{"-c", `echo $MASTER_PORT > ` + dir + `/port.$GORUN_RESTART
+		code, _ := Run(Config{Environ: os.Environ(), NP: 1, PortRange: pr, MaxRestarts: 1, Program: "/bin/sh", Args: []string{"-c", `echo $MASTER_PORT > ` + dir + `/port.$GORUN_RESTART
 			if [ $GORUN_RESTART = 0 ]; then
 				for i in $(seq 400); do [ -e ` + dir + `/held ] && exit 3; sleep 0.05; done
 				exit 4
@@ -315,7 +318,7 @@ func TestForeignVarsUserSet(t *testing.T) {
 	run := func(export ...string) ([]string, string) {
 		t.Helper()
 		var o, e testenv.Buffer
-		code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Export: export,
+		code, err := Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Export: export,
 			Program: "/bin/sh", Args: []string{"-c", foreignLine}, Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
 		if err != nil || code != 0 {
 			t.Fatalf("status %d, %v\n%s%s", code, err, o.String(), e.String())
@@ -398,7 +401,7 @@ func TestMasterPortNone(t *testing.T) {
 	agent := sshLikeAgent(t)
 	self, _ := os.Executable()
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "127.0.0.2", Slots: 1}, {Name: "localhost", Slots: 1}, {Name: "127.0.0.3", Slots: 1}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self, PortRange: pr,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "127.0.0.2", Slots: 1}, {Name: "localhost", Slots: 1}, {Name: "127.0.0.3", Slots: 1}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self, PortRange: pr,
 		Program: "/bin/sh", Args: []string{"-c", `echo "$GORUN_RANK MASTER=${MASTER_ADDR-unset}:${MASTER_PORT-unset}"`}, Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
 	got := strings.Join(sortedLines(o.String()), ",")
 	if want := "gorun: 127.0.0.2: warning: MASTER_PORT on 127.0.0.2 (rank 0's host): " + taken + "\n"; err != nil || code != 0 || e.String() != want ||
@@ -427,7 +430,7 @@ func TestMasterAgentTooOld(t *testing.T) {
 	}
 	self, _ := os.Executable()
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "127.0.0.2", Slots: 1}, {Name: "localhost", Slots: 1}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "127.0.0.2", Slots: 1}, {Name: "localhost", Slots: 1}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
 		Grace: time.Second, Program: "/bin/sh", Args: []string{"-c", "exec sleep 30"}, Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
 	re := regexp.MustCompile(`^gorun: rank 0 \(host 127\.0\.0\.2, pid \d+\): the agent there started it without picking MASTER_ADDR and MASTER_PORT: is the gorun there \(--remote-gorun\) an older one than this\?\n$`)
 	if err != nil || code != ExitLaunch || !re.MatchString(e.String()) {

@@ -93,6 +93,7 @@ func TestRunIfaceFromMCAAndVars(t *testing.T) {
 		var o, e testenv.Buffer
 		cfg := c.cfg
 		cfg.NP, cfg.Program, cfg.StdinRank, cfg.Stdout, cfg.Stderr = 1, "/bin/true", -1, &o, &e
+		cfg.Environ = os.Environ()
 		code, err := Run(cfg)
 		if code != ExitUsage || err == nil || !strings.HasPrefix(err.Error(), c.want) || strings.Contains(err.Error(), "\n") || e.String() != "" {
 			t.Errorf("%+v: status %d, %v, stderr %q; want %q", c.cfg, code, err, e.String(), c.want)
@@ -108,7 +109,7 @@ func TestRunIfaceReachesRemoteRanks(t *testing.T) {
 	self, _ := os.Executable()
 	pr := freePorts(t, 3)
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
 		MCA: []MCAParam{{"-mca", "btl_tcp_if_include", "nosuch0,lo"}}, PortRange: pr,
 		Program: "/bin/sh", Args: []string{"-c", `echo "$GORUN_RANK $GORUN_IFACE $GORUN_PORT_RANGE $GORUN_RENDEZVOUS"`},
 		Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
@@ -133,7 +134,7 @@ func TestRunExportUnsetWarns(t *testing.T) {
 		t.Errorf("status %d, stdout %q, stderr %q", code, out, errs)
 	}
 	var o, e testenv.Buffer
-	code, err := Run(Config{NP: 1, Program: "/bin/true", Export: []string{"MPIRUN_TEST_SURELY_UNSET", "MPIRUN_TEST_SURELY_UNSET"}, Stdout: &o, Stderr: &e, StdinRank: -1})
+	code, err := Run(Config{Environ: os.Environ(), NP: 1, Program: "/bin/true", Export: []string{"MPIRUN_TEST_SURELY_UNSET", "MPIRUN_TEST_SURELY_UNSET"}, Stdout: &o, Stderr: &e, StdinRank: -1})
 	if code != ExitUsage || err == nil || err.Error() != "-x MPIRUN_TEST_SURELY_UNSET given twice" || e.String() != "" {
 		t.Errorf("twice: %d %v %q", code, err, e.String())
 	}
@@ -142,7 +143,7 @@ func TestRunExportUnsetWarns(t *testing.T) {
 // TestMapByPPR: --map-by ppr:N:node is -N N; other ppr forms are one line.
 func TestMapByPPR(t *testing.T) {
 	var o testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 1}}, MapBy: "ppr:2:node",
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 1}}, MapBy: "ppr:2:node",
 		Program: "/bin/true", DryRun: true, Stdout: &o, StdinRank: -1})
 	table := "RANK  HOST       LOCAL RANK  LOCAL SIZE  NODE RANK  START\n" +
 		"0     a.invalid  0           2           0          ssh\n1     a.invalid  1           2           0          ssh\n" +
@@ -158,7 +159,7 @@ func TestMapByPPR(t *testing.T) {
 		"core":             `--map-by "core": want slot, node or ppr:N:node`,
 		"ppr:2:node & -N3": "--map-by ppr:2:node and -N 3 disagree: give one of them",
 	} {
-		cfg := Config{NP: 0, Program: "/bin/true", MapBy: mapBy, StdinRank: -1, Stdout: &o, Stderr: &o}
+		cfg := Config{NP: 0, Program: "/bin/true", MapBy: mapBy, StdinRank: -1, Stdout: &o, Stderr: &o, Environ: os.Environ()}
 		if m, ok := strings.CutSuffix(mapBy, " & -N3"); ok {
 			cfg.MapBy, cfg.PerNode = m, 3
 		}
@@ -175,7 +176,7 @@ var jobIDRe = regexp.MustCompile(`\[[0-9a-f]{12}\]`)
 // ranks' output).
 func TestDisplayMap(t *testing.T) {
 	var o testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 2}, {Name: "b.invalid", Slots: 3, MaxSlots: 4}}, NP: 4,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "localhost", Slots: 2}, {Name: "b.invalid", Slots: 3, MaxSlots: 4}}, NP: 4,
 		Program: "/bin/true", DryRun: true, DisplayMap: true, Stdout: &o, StdinRank: -1})
 	want := " Data for JOB [ID] offset 0 Total slots allocated 5\n\n" +
 		" ========================   JOB MAP   ========================\n\n" +
@@ -207,7 +208,7 @@ func TestReportBindings(t *testing.T) {
 	os.WriteFile(agent, []byte("#!/bin/sh\nexec env MPIRUN_TEST_AS_GORUN=1 /bin/sh -c \"$2\"\n"), 0o755)
 	self, _ := os.Executable()
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 2}, {Name: "127.0.0.2", Slots: 1}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "localhost", Slots: 2}, {Name: "127.0.0.2", Slots: 1}}, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
 		ReportBindings: true, Program: "/bin/sh", Args: []string{"-c", `echo $$`}, StdinRank: -1, Stdout: &o, Stderr: &e})
 	if err != nil || code != 0 {
 		t.Fatalf("%d %v %s", code, err, e.String())
@@ -286,6 +287,7 @@ func TestRunPortRange(t *testing.T) {
 		var o, e testenv.Buffer
 		cfg := c.cfg
 		cfg.Program, cfg.StdinRank, cfg.Stdout, cfg.Stderr = "/bin/true", -1, &o, &e
+		cfg.Environ = os.Environ()
 		if code, err := Run(cfg); code != ExitUsage || err == nil || err.Error() != c.want || e.String() != "" {
 			t.Errorf("%+v: %d %v; want %q", c.cfg.PortRange, code, err, c.want)
 		}
@@ -300,13 +302,13 @@ func TestRunPortRange(t *testing.T) {
 		defer c.Close()
 	}
 	var o, e testenv.Buffer
-	code, err := Run(Config{NP: 1, PortRange: taken, Program: "/bin/true", StdinRank: -1, Stdout: &o, Stderr: &e})
+	code, err := Run(Config{Environ: os.Environ(), NP: 1, PortRange: taken, Program: "/bin/true", StdinRank: -1, Stdout: &o, Stderr: &e})
 	if code != ExitSetup || err == nil || err.Error() != "rendezvous on 127.0.0.1: no free UDP port in "+taken.String()+" (2 ports, all taken): widen --port-range (GORUN_PORT_RANGE)" {
 		t.Errorf("every port taken: %d %v", code, err)
 	}
 	// The remote agent's command carries the range.
 	o = testenv.Buffer{}
-	code, err = Run(Config{Hosts: []Host{{Name: "a.invalid", Slots: 2}}, PortRange: pr, Program: "/bin/true", DryRun: true, Stdout: &o, StdinRank: -1})
+	code, err = Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "a.invalid", Slots: 2}}, PortRange: pr, Program: "/bin/true", DryRun: true, Stdout: &o, StdinRank: -1})
 	if code != 0 || err != nil || !strings.Contains(o.String(), " GORUN_PORT_RANGE="+pr.String()+" GORUN_SIZE=2 ") {
 		t.Errorf("dry run: %d %v\n%s", code, err, o.String())
 	}

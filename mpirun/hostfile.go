@@ -54,7 +54,7 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 		where := fmt.Sprintf("%s:%d", name, line)
 		h, err := parseHostToken(fields[0])
 		if err != nil {
-			return nil, fmt.Errorf("%s: %v", where, err)
+			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		fromColon := h.Slots > 0
 		if h.Slots == 0 {
@@ -73,7 +73,7 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 			seen[key] = true
 			n, err := parseCount(v)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %s=%q: %v", where, k, v, err)
+				return nil, fmt.Errorf("%s: %s=%q: %w", where, k, v, err)
 			}
 			switch key {
 			case "slots":
@@ -103,7 +103,7 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 		if err == bufio.ErrTooLong {
 			return nil, fmt.Errorf("%s:%d: line longer than 1 MiB", name, line+1)
 		}
-		return nil, fmt.Errorf("%s: %v", name, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("%s: no hosts in the file", name)
@@ -119,7 +119,7 @@ const byteOrderMark = "\ufeff"
 func ReadHostfile(path string) ([]Host, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("hostfile: %v", err)
+		return nil, fmt.Errorf("hostfile: %w", err)
 	}
 	defer f.Close()
 	return ParseHostfile(path, f)
@@ -137,7 +137,7 @@ func ParseHostList(list string) ([]Host, error) {
 		}
 		h, err := parseHostToken(tok)
 		if err != nil {
-			return nil, fmt.Errorf("-H %q: %v", list, err)
+			return nil, fmt.Errorf("-H %q: %w", list, err)
 		}
 		if h.Slots == 0 {
 			h.Slots = 1
@@ -181,13 +181,13 @@ func parseHostToken(tok string) (Host, error) {
 		}
 	}
 	if err := checkHostName(name); err != nil {
-		return h, fmt.Errorf("%q: %v", tok, err)
+		return h, fmt.Errorf("%q: %w", tok, err)
 	}
 	h.Name = name
 	if count != "" {
 		n, err := parseCount(count)
 		if err != nil {
-			return h, fmt.Errorf("%q: slot count %v", tok, err)
+			return h, fmt.Errorf("%q: slot count %w", tok, err)
 		}
 		if n == 0 {
 			return h, fmt.Errorf("host %s has 0 slots: a host needs at least 1 slot", name)

@@ -78,6 +78,20 @@ type Config struct {
 	Stdin          io.Reader      // gorun's stdin (nil: none)
 	Stdout, Stderr io.Writer      // gorun's stdout and stderr
 	Signals        chan os.Signal // signals to forward to every rank (nil: none)
+
+	// Environ is gorun's environment, NAME=VALUE each as in exec.Cmd's
+	// Env (cmd/gorun passes its process's, the os package's Environ());
+	// of a name given twice the last counts, as with exec.Cmd's Env. It
+	// holds the variables that configure the job (OpenMPI's MCA ones,
+	// MASTER_ADDR and MASTER_PORT, CUDA_VISIBLE_DEVICES, the mesh's tuning
+	// variables forwarded to remote hosts, an enclosing job's GORUN_RANK)
+	// and -x NAME's values, and is the environment that local ranks, ssh
+	// (or the launch agent) and the reaper start with, less an enclosing
+	// job's rank variables. mpirun reads no other (but os/exec looks a
+	// program named without a slash up in this process's PATH). Unlike
+	// exec.Cmd's Env, nil is an empty environment, not this process's:
+	// the ranks then get only what gorun sets.
+	Environ []string
 }
 
 // Exit statuses of gorun besides a failed rank's own status (1..255, or
@@ -193,7 +207,7 @@ const (
 )
 
 // fromOMPIEnv takes what OpenMPI's mpirun would take from its MCA
-// parameters in the environment, where the command line says nothing:
+// parameters in the environment (cfg.Environ), where the command line says nothing:
 // the hosts from OMPI_MCA_orte_default_hostfile, the launch agent from
 // OMPI_MCA_plm_rsh_agent (OpenMPI's default "ssh : rsh" is ssh), and more
 // ssh arguments from OMPI_MCA_plm_rsh_args, after --ssh-args (ssh keeps
@@ -201,7 +215,7 @@ const (
 // gorun's notes on what it took.
 func (cfg *Config) fromOMPIEnv() ([]string, error) {
 	var notes []string
-	if hf := os.Getenv(EnvOMPIHostfile); hf != "" && len(cfg.Hosts) == 0 {
+	if hf := getenv(cfg.Environ, EnvOMPIHostfile); hf != "" && len(cfg.Hosts) == 0 {
 		hosts, err := ReadHostfile(hf)
 		if err != nil {
 			return nil, usagef("%s=%s: %v", EnvOMPIHostfile, hf, err)
@@ -213,7 +227,7 @@ func (cfg *Config) fromOMPIEnv() ([]string, error) {
 		notes = append(notes, fmt.Sprintf("hosts from %s=%s (as mpirun reads it; Kubeflow's MPIJob sets it)", EnvOMPIHostfile, hf))
 	}
 	ssh := true
-	if a := strings.TrimSpace(os.Getenv(EnvOMPIRSHAgent)); a != "" && cfg.LaunchAgent == "" {
+	if a := strings.TrimSpace(getenv(cfg.Environ, EnvOMPIRSHAgent)); a != "" && cfg.LaunchAgent == "" {
 		// a list of alternatives, "ssh : rsh": the first
 		first, _, _ := strings.Cut(a, " : ")
 		first = strings.TrimSpace(first)
@@ -229,7 +243,7 @@ func (cfg *Config) fromOMPIEnv() ([]string, error) {
 			notes = append(notes, fmt.Sprintf("remote hosts through %s=%s, called as: %s HOST COMMAND (it must pass gorun's stdin on, as kubectl exec -i does)", EnvOMPIRSHAgent, a, first))
 		}
 	}
-	if a := strings.TrimSpace(os.Getenv(EnvOMPIRSHArgs)); a != "" && ssh && cfg.LaunchAgent == "" {
+	if a := strings.TrimSpace(getenv(cfg.Environ, EnvOMPIRSHArgs)); a != "" && ssh && cfg.LaunchAgent == "" {
 		if _, err := splitWords(a); err != nil {
 			return nil, usagef("%s=%q: %v", EnvOMPIRSHArgs, a, err)
 		}

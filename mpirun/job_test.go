@@ -34,6 +34,9 @@ func runSh(t *testing.T, cfg Config, script string) (code int, stdout, stderr st
 	var o, e testenv.Buffer
 	cfg.Program, cfg.Args = "/bin/sh", []string{"-c", script}
 	cfg.Stdout, cfg.Stderr = &o, &e
+	if cfg.Environ == nil {
+		cfg.Environ = os.Environ() // gorun's environment: this test's
+	}
 	code, err := Run(cfg)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -77,9 +80,49 @@ func TestRunEnvAndTags(t *testing.T) {
 	}
 }
 
+// TestRunEnvironIsInput: gorun's environment is Config.Environ, not the
+// process's: the ranks start with it (of a name given twice, the last),
+// -x NAME takes its value from it, its CUDA_VISIBLE_DEVICES is the user's;
+// a variable only in the process's environment reaches no rank, and a nil
+// Environ is an empty environment.
+func TestRunEnvironIsInput(t *testing.T) {
+	t.Setenv("CUDA_VISIBLE_DEVICES", "")
+	os.Unsetenv("CUDA_VISIBLE_DEVICES")
+	t.Setenv("MPIRUN_TEST_PROCESS_ONLY", "process")
+	environ := []string{"PATH=" + os.Getenv("PATH"), "MPIRUN_TEST_ENVIRON=first", "MPIRUN_TEST_X=x", "CUDA_VISIBLE_DEVICES=4", "MPIRUN_TEST_ENVIRON=given"}
+	code, out, errs := runSh(t, Config{NP: 2, Environ: environ, Export: []string{"MPIRUN_TEST_X", "MPIRUN_TEST_PROCESS_ONLY"}, Tag: TagNone, StdinRank: -1},
+		`echo "$GORUN_RANK ${MPIRUN_TEST_ENVIRON-unset} ${MPIRUN_TEST_PROCESS_ONLY-unset} ${MPIRUN_TEST_X-unset} cuda=${CUDA_VISIBLE_DEVICES-unset}"`)
+	wantErr := "gorun: warning: -x MPIRUN_TEST_PROCESS_ONLY: MPIRUN_TEST_PROCESS_ONLY is not set in gorun's environment, so the ranks do not get it (mpirun warns and goes on too)\n"
+	if got := strings.Join(sortedLines(out), ","); code != 0 || got != "0 given unset x cuda=4,1 given unset x cuda=4" || errs != wantErr {
+		t.Errorf("status %d, stdout %q, stderr %q; want 0 given unset x cuda=4,1 given unset x cuda=4 and %q", code, got, errs, wantErr)
+	}
+
+	var o, e testenv.Buffer
+	code, err := Run(Config{NP: 1, Program: "/bin/sh", Args: []string{"-c", `echo "$GORUN_RANK ${MPIRUN_TEST_PROCESS_ONLY-unset}"`},
+		Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
+	if err != nil || code != 0 || o.String() != "0 unset\n" || e.String() != "" {
+		t.Errorf("nil Environ: status %d, %v, stdout %q, stderr %q; want the rank without the process's variables", code, err, o.String(), e.String())
+	}
+}
+
+func TestLookupEnv(t *testing.T) {
+	env := []string{"A=1", "B=", "A=2", "NOEQ", "C=x=y"}
+	for _, c := range []struct {
+		name, v string
+		ok      bool
+	}{{"A", "2", true}, {"B", "", true}, {"C", "x=y", true}, {"NOEQ", "", false}, {"D", "", false}} {
+		if v, ok := lookupEnv(env, c.name); v != c.v || ok != c.ok || getenv(env, c.name) != c.v {
+			t.Errorf("lookupEnv(%s) = %q, %v; want %q, %v", c.name, v, ok, c.v, c.ok)
+		}
+	}
+	if v, ok := lookupEnv(nil, "A"); v != "" || ok {
+		t.Errorf("lookupEnv(nil) = %q, %v", v, ok)
+	}
+}
+
 func TestRunStdinGoesToRankZero(t *testing.T) {
 	var o, e testenv.Buffer
-	code, err := Run(Config{NP: 2, Program: "/bin/sh", Args: []string{"-c", `n=$(wc -c); echo "rank $GORUN_RANK read $n bytes"`},
+	code, err := Run(Config{Environ: os.Environ(), NP: 2, Program: "/bin/sh", Args: []string{"-c", `n=$(wc -c); echo "rank $GORUN_RANK read $n bytes"`},
 		Stdin: strings.NewReader("hello\nworld\n"), Stdout: &o, Stderr: &e})
 	if err != nil || code != 0 {
 		t.Fatalf("%d %v %s", code, err, e.String())
@@ -127,7 +170,7 @@ func TestRunSignalsAndTimeout(t *testing.T) {
 	var o, e testenv.Buffer
 	done := make(chan int)
 	go func() {
-		code, _ := Run(Config{NP: 2, Program: "/bin/sh", Args: []string{"-c", `trap 'echo "got INT"; exit 9' INT; echo ready; while :; do sleep 0.05; done`},
+		code, _ := Run(Config{Environ: os.Environ(), NP: 2, Program: "/bin/sh", Args: []string{"-c", `trap 'echo "got INT"; exit 9' INT; echo ready; while :; do sleep 0.05; done`},
 			Stdout: &o, Stderr: &e, Signals: sigs, StdinRank: -1})
 		done <- code
 	}()
@@ -209,14 +252,14 @@ func TestRunBadInput(t *testing.T) {
 
 func TestDryRunRemote(t *testing.T) {
 	var o testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "node7.invalid", Slots: 2}},
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "node7.invalid", Slots: 2}},
 		Program: "./prog", Args: []string{"--it's", "x y"}, Export: []string{"A=1"}, SSHPort: 2222, SSHArgs: "-F 'my cfg'",
 		RemoteGorun: "/opt/gorun", Dir: "/tmp", DryRun: true, Stdout: &o, StdinRank: -1})
 	if err == nil || !strings.Contains(err.Error(), "program ./prog: no such file") {
 		t.Fatalf("a local rank with a missing program: %d %v", code, err)
 	}
 	// All ranks remote: the program is not checked here.
-	code, err = Run(Config{Hosts: []Host{{Name: "node7.invalid", Slots: 2}}, MapBy: MapByNode,
+	code, err = Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "node7.invalid", Slots: 2}}, MapBy: MapByNode,
 		Program: "./prog", Args: []string{"--it's", "x y"}, Export: []string{"A=1"}, SSHPort: 2222, SSHArgs: "-F 'my cfg'",
 		RemoteGorun: "/opt/gorun", Dir: "/tmp", DryRun: true, Stdout: &o, StdinRank: -1})
 	if err != nil || code != 0 {
@@ -435,7 +478,7 @@ func TestRunMaxRestarts(t *testing.T) {
 // within max_slots.
 func TestPerNode(t *testing.T) {
 	hosts := []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 8}}
-	p, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"})
+	p, err := prepare(Config{Environ: os.Environ(), Hosts: hosts, PerNode: 2, Program: "/bin/true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +490,7 @@ func TestPerNode(t *testing.T) {
 		t.Fatalf("placement %s", s)
 	}
 	// --map-by node deals the ranks round-robin, still 2 on each host.
-	p, err = prepare(Config{Hosts: hosts, PerNode: 2, MapBy: MapByNode, Program: "/bin/true"})
+	p, err = prepare(Config{Environ: os.Environ(), Hosts: hosts, PerNode: 2, MapBy: MapByNode, Program: "/bin/true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,7 +503,7 @@ func TestPerNode(t *testing.T) {
 	}
 	// -N equal to max_slots fits.
 	hosts[0].MaxSlots = 2
-	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err != nil {
+	if _, err := prepare(Config{Environ: os.Environ(), Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err != nil {
 		t.Fatalf("-N 2 on a host with max_slots=2: %v", err)
 	}
 	// Beyond it: an error naming the host's hostfile line.
@@ -468,12 +511,12 @@ func TestPerNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := prepare(Config{Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "-N 2: host a.invalid has max_slots=1 (hosts:2)") {
+	if _, err := prepare(Config{Environ: os.Environ(), Hosts: hosts, PerNode: 2, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "-N 2: host a.invalid has max_slots=1 (hosts:2)") {
 		t.Fatalf("max_slots: %v, want it to name hosts:2", err)
 	}
 	// -np other than N x hosts, smaller or larger, is refused.
 	for _, np := range []int{1, 3, 5} {
-		if _, err := prepare(Config{Hosts: []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 1}}, PerNode: 2, NP: np, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "want -np 4") {
+		if _, err := prepare(Config{Environ: os.Environ(), Hosts: []Host{{Name: "a.invalid", Slots: 1}, {Name: "b.invalid", Slots: 1}}, PerNode: 2, NP: np, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "want -np 4") {
 			t.Errorf("-np %d with -N 2 on 2 hosts: %v", np, err)
 		}
 	}
@@ -483,7 +526,7 @@ func TestPerNode(t *testing.T) {
 // whose slots and max_slots add up (no cap if one of them has none).
 func TestLocalAliasesMergeMaxSlots(t *testing.T) {
 	capped := []Host{{Name: "localhost", Slots: 1, MaxSlots: 2}, {Name: "127.0.0.1", Slots: 1, MaxSlots: 2}}
-	p, err := prepare(Config{Hosts: capped, NP: 4, Oversubscribe: true, Program: "/bin/true"})
+	p, err := prepare(Config{Environ: os.Environ(), Hosts: capped, NP: 4, Oversubscribe: true, Program: "/bin/true"})
 	if err != nil {
 		t.Fatalf("4 ranks on localhost max_slots=2 + 127.0.0.1 max_slots=2: %v", err)
 	}
@@ -492,11 +535,11 @@ func TestLocalAliasesMergeMaxSlots(t *testing.T) {
 			t.Errorf("rank %d: %+v, want localhost with local size 4", sp.slot.Rank, sp.slot)
 		}
 	}
-	if _, err := prepare(Config{Hosts: capped, NP: 5, Oversubscribe: true, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "-np 5 is more than the 4 max_slots") {
+	if _, err := prepare(Config{Environ: os.Environ(), Hosts: capped, NP: 5, Oversubscribe: true, Program: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "-np 5 is more than the 4 max_slots") {
 		t.Errorf("5 ranks over max_slots 2+2: %v", err)
 	}
 	uncapped := []Host{{Name: "localhost", Slots: 1, MaxSlots: 2}, {Name: "127.0.0.1", Slots: 1}}
-	if _, err := prepare(Config{Hosts: uncapped, NP: 9, Oversubscribe: true, Program: "/bin/true"}); err != nil {
+	if _, err := prepare(Config{Environ: os.Environ(), Hosts: uncapped, NP: 9, Oversubscribe: true, Program: "/bin/true"}); err != nil {
 		t.Errorf("max_slots merged with a host without a cap: %v", err)
 	}
 }
@@ -507,6 +550,9 @@ func runAsync(t *testing.T, cfg Config) (sigs chan os.Signal, o, e *testenv.Buff
 	t.Helper()
 	sigs, o, e, done = make(chan os.Signal, 4), &testenv.Buffer{}, &testenv.Buffer{}, make(chan int, 1)
 	cfg.Signals, cfg.Stdout, cfg.Stderr, cfg.StdinRank = sigs, o, e, -1
+	if cfg.Environ == nil {
+		cfg.Environ = os.Environ() // gorun's environment: this test's
+	}
 	go func() {
 		code, err := Run(cfg)
 		if err != nil {

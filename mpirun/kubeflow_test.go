@@ -102,7 +102,7 @@ func TestMPIJobLauncher(t *testing.T) {
 
 	// the placement: the operator's slots, rank 0 on the first worker
 	o := testenv.Buffer{}
-	code, err := Run(Config{DryRun: true, Program: "/bin/true", StdinRank: -1, Stdout: &o, Stderr: &testenv.Buffer{}})
+	code, err := Run(Config{Environ: os.Environ(), DryRun: true, Program: "/bin/true", StdinRank: -1, Stdout: &o, Stderr: &testenv.Buffer{}})
 	if err != nil || code != 0 || !strings.Contains(o.String(), "0     gorun-nmt-worker-0.gorun-nmt.default.svc  0           2           0          launch-agent\n") ||
 		!strings.Contains(o.String(), "3     gorun-nmt-worker-1.gorun-nmt.default.svc  1           2           1          launch-agent\n") {
 		t.Errorf("dry run: %d %v\n%s", code, err, o.String())
@@ -137,6 +137,7 @@ func TestMPIJobSSH(t *testing.T) {
 		t.Helper()
 		var o, e testenv.Buffer
 		cfg.DryRun, cfg.Program, cfg.StdinRank, cfg.Stdout, cfg.Stderr = true, "/bin/true", -1, &o, &e
+		cfg.Environ = os.Environ()
 		_, err := Run(cfg)
 		return o.String() + e.String(), err
 	}
@@ -150,7 +151,7 @@ func TestMPIJobSSH(t *testing.T) {
 	}
 	t.Setenv(EnvOMPIHostfile, filepath.Join(dir, "none"))
 	var o, e testenv.Buffer
-	code, err := Run(Config{Program: "/bin/true", StdinRank: -1, Stdout: &o, Stderr: &e})
+	code, err := Run(Config{Environ: os.Environ(), Program: "/bin/true", StdinRank: -1, Stdout: &o, Stderr: &e})
 	wantErr := "OMPI_MCA_orte_default_hostfile=" + filepath.Join(dir, "none") + ": hostfile: open " + filepath.Join(dir, "none") + ": no such file or directory"
 	if code != ExitUsage || err == nil || err.Error() != wantErr || o.String()+e.String() != "" {
 		t.Errorf("missing hostfile: %d %v; want %q", code, err, wantErr)

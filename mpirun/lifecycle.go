@@ -97,7 +97,7 @@ func (p *plan) run() (int, error) {
 
 	var rp *reaper
 	if cfg.Reaper != "" {
-		if rp, err = startReaper(cfg.Reaper, cfg.Grace); err != nil {
+		if rp, err = startReaper(cfg.Reaper, cfg.Grace, cfg.Environ); err != nil {
 			return ExitSetup, fmt.Errorf("cannot start the reaper %s: %w", cfg.Reaper, err)
 		}
 		defer rp.done()

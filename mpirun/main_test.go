@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 // asGorun parses the hidden flags that gorun's CLI gives the agent and the
 // reaper (cmd/gorun tests the real CLI).
 func asGorun(args []string) int {
-	cfg := AgentConfig{StdinRank: -1}
+	cfg := AgentConfig{StdinRank: -1, Environ: os.Environ()}
 	agent, reaper := false, false
 	for len(args) > 0 {
 		a := args[0]
@@ -82,7 +82,7 @@ func TestRunRemoteInProcess(t *testing.T) {
 	hosts := []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}}
 	os.Unsetenv("CUDA_VISIBLE_DEVICES")
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self,
 		Program: "/bin/sh", Args: []string{"-c", `echo "$GORUN_RANK/$GORUN_SIZE $GORUN_LOCAL_RANK/$GORUN_LOCAL_SIZE $GORUN_NODE_RANK $GORUN_HOST $CUDA_VISIBLE_DEVICES ${#GORUN_SECRET} $(cat)"; printf "no newline $GORUN_RANK" >&2`},
 		Export: []string{"A=1"}, Stdin: strings.NewReader("in"), StdinRank: 2, Stdout: &o, Stderr: &e})
 	if err != nil || code != 0 {
@@ -97,7 +97,7 @@ func TestRunRemoteInProcess(t *testing.T) {
 	}
 
 	o, e = testenv.Buffer{}, testenv.Buffer{}
-	code, err = Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Grace: time.Second,
+	code, err = Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Grace: time.Second,
 		Program: "/bin/sh", Args: []string{"-c", `if [ $GORUN_RANK = 2 ]; then exit 4; fi; sleep 60`},
 		StdinRank: -1, Stdout: &o, Stderr: &e})
 	if err != nil || code != 4 || !regexp.MustCompile(`^gorun: rank 2 \(host 127\.0\.0\.2, pid \d+\) exited with status 4\n$`).MatchString(e.String()) {
@@ -134,7 +134,7 @@ func TestRunRemoteEnvLikeSSH(t *testing.T) {
 	run := func(iface string, export ...string) []string {
 		t.Helper()
 		var o, e testenv.Buffer
-		code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Iface: iface, Export: export,
+		code, err := Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Iface: iface, Export: export,
 			Program: "/bin/sh", Args: []string{"-c", `echo "$GORUN_RANK t=$GORUN_TRANSPORT c=$GORUN_CONNS_PER_PEER to=$GORUN_TIMEOUT ci=$GORUN_TCP_CIPHER g=$GORUN_QUIC_GRO cuda=${CUDA_VISIBLE_DEVICES-unset} if=${GORUN_IFACE-unset} l=${MPIRUN_TEST_LOCAL-unset}"`},
 			Tag: TagNone, StdinRank: -1, Stdout: &o, Stderr: &e})
 		if err != nil || code != 0 {
@@ -172,7 +172,7 @@ func TestRunRemoteRestartAndSignal(t *testing.T) {
 	self, _ := os.Executable()
 	hosts := []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}}
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, MaxRestarts: 1,
+	code, err := Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, MaxRestarts: 1,
 		Program: "/bin/sh", Args: []string{"-c", `if [ $GORUN_RESTART = 0 ]; then
 				if [ "${GORUN_RESTART_CAUSE+set}" = set ]; then exit 7; fi
 				if [ $GORUN_RANK = 2 ]; then exit 6; fi
@@ -195,7 +195,7 @@ func TestRunRemoteRestartAndSignal(t *testing.T) {
 	}
 
 	o, e = testenv.Buffer{}, testenv.Buffer{}
-	code, err = Run(Config{Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Grace: time.Second,
+	code, err = Run(Config{Environ: os.Environ(), Hosts: hosts, LaunchAgent: agent, RemoteGorun: self, Reaper: self, Grace: time.Second,
 		Program: "/bin/sh", Args: []string{"-c", `if [ $GORUN_RANK = 1 ]; then kill -SEGV $$; fi; exec sleep 60`},
 		StdinRank: -1, Stdout: &o, Stderr: &e})
 	if err != nil || code != 128+11 || !regexp.MustCompile(`^gorun: rank 1 \(host 127\.0\.0\.2, pid \d+\) killed by signal 11 \(segmentation fault\)\n$`).MatchString(e.String()) {
@@ -212,7 +212,7 @@ func TestRunGraceEndsInSIGKILL(t *testing.T) {
 	self, _ := os.Executable()
 	dir := t.TempDir()
 	var o, e testenv.Buffer
-	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}},
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}},
 		LaunchAgent: agent, RemoteGorun: self, Reaper: self, Grace: 2 * time.Second,
 		Program: "/bin/sh", Args: []string{"-c", `if [ $GORUN_RANK = 2 ]; then
 				for i in $(seq 400); do [ -e ` + dir + `/ready.0 ] && [ -e ` + dir + `/ready.1 ] && break; sleep 0.05; done
@@ -256,7 +256,7 @@ func TestAgentProtocol(t *testing.T) {
 
 	for in, want := range map[string]string{"": "no job secret on stdin", "not-hex\n": "malformed job secret", "abcd\n": "malformed job secret"} {
 		var o, e testenv.Buffer
-		if code := RunAgent(AgentConfig{Ranks: []AgentRank{{0, 0}}, StdinRank: -1, Prog: "/bin/true"}, strings.NewReader(in), &o, &e); code != 127 || o.String() != "" || !strings.Contains(e.String(), want) {
+		if code := RunAgent(AgentConfig{Ranks: []AgentRank{{0, 0}}, StdinRank: -1, Prog: "/bin/true", Environ: os.Environ()}, strings.NewReader(in), &o, &e); code != 127 || o.String() != "" || !strings.Contains(e.String(), want) {
 			t.Errorf("stdin %q: status %d, frames %q, stderr %q; want 127, no frames, %q", in, code, o.String(), e.String(), want)
 		}
 	}
@@ -265,7 +265,8 @@ func TestAgentProtocol(t *testing.T) {
 	var out, errs testenv.Buffer
 	done := make(chan int, 1)
 	cfg := AgentConfig{Grace: 10 * time.Second, Ranks: []AgentRank{{5, 0}, {9, 3}}, StdinRank: 5, CUDALocal: true, Prog: "/bin/sh",
-		Args: []string{"-c", `trap 'echo usr1; exit 7' USR1; echo "r=$GORUN_RANK l=$GORUN_LOCAL_RANK cuda=$CUDA_VISIBLE_DEVICES s=${#GORUN_SECRET} in=$(cat)"; while :; do sleep 0.05; done`}}
+		Args:    []string{"-c", `trap 'echo usr1; exit 7' USR1; echo "r=$GORUN_RANK l=$GORUN_LOCAL_RANK cuda=$CUDA_VISIBLE_DEVICES s=${#GORUN_SECRET} in=$(cat)"; while :; do sleep 0.05; done`},
+		Environ: os.Environ()}
 	go func() { done <- RunAgent(cfg, ctlR, &out, &errs) }()
 	t.Cleanup(func() { // on a failure, leave nothing running
 		ctlW.Close()

@@ -65,13 +65,13 @@ func routeSource(host string) (string, error) {
 // launcher, so that ssh_config aliases work), else the source address of
 // the default route, else the first non-loopback address of an interface
 // that is up.
-func rendezvousIP(remote []string, sshWords []string) string {
+func rendezvousIP(remote []string, sshWords, environ []string) string {
 	if len(remote) == 0 {
 		return "127.0.0.1"
 	}
 	for _, h := range remote {
 		if len(sshWords) > 0 {
-			if real := sshHostName(sshWords, h); real != "" && real != h {
+			if real := sshHostName(sshWords, h, environ); real != "" && real != h {
 				if ip, err := routeSource(real); err == nil {
 					return ip
 				}
@@ -100,12 +100,15 @@ func rendezvousIP(remote []string, sshWords []string) string {
 }
 
 // sshHostName asks ssh which address it would connect to for host
-// ("ssh -G" prints the configuration without connecting).
-func sshHostName(sshWords []string, host string) string {
+// ("ssh -G" prints the configuration without connecting), ssh run with
+// environ, gorun's environment.
+func sshHostName(sshWords []string, host string, environ []string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	args := append(append([]string(nil), sshWords[1:]...), "-G", host)
-	out, err := exec.CommandContext(ctx, sshWords[0], args...).Output()
+	cmd := exec.CommandContext(ctx, sshWords[0], args...)
+	cmd.Env = childEnv(environ)
+	out, err := cmd.Output()
 	if err != nil {
 		return ""
 	}

@@ -101,7 +101,7 @@ func prepare(cfg Config) (*plan, error) {
 		}
 	}
 	anyLocal := len(remoteHosts) < len(local)
-	exports, userCUDA, unset, err := exportVars(cfg.Export)
+	exports, userCUDA, unset, err := exportVars(cfg.Export, cfg.Environ)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +149,7 @@ func prepare(cfg Config) (*plan, error) {
 		return nil, err
 	}
 	// The environment and command of every rank, and of every remote host.
-	_, inheritedCUDA := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	_, inheritedCUDA := lookupEnv(cfg.Environ, "CUDA_VISIBLE_DEVICES")
 	cudaLocal := !userCUDA && !inheritedCUDA
 	p.rprog, p.cudaRank = remoteProg, cudaLocal
 	localGPUs := HostGPUs()
@@ -424,7 +424,7 @@ func (p *plan) chooseRendezvous(remoteHosts, launcher, exports []string) (rdvIfa
 	if cfg.LaunchAgent == "" {
 		sshWords = launcher
 	}
-	defaultIP := func() (string, error) { return rendezvousIP(remoteHosts, sshWords), nil }
+	defaultIP := func() (string, error) { return rendezvousIP(remoteHosts, sshWords, cfg.Environ), nil }
 	resolve := func(s rank.IfaceSpec) (string, error) { return s.Resolve(defaultIP) }
 	name, from, line, err := chooseIface(cfg, exports, resolve)
 	if err != nil {

@@ -93,15 +93,15 @@ func (p *plan) startLocal(sp rankSpec, port string, stdout, stderr *sink) (*proc
 	cmd := exec.Command(sp.argv[0], sp.argv[1:]...)
 	cmd.Dir = cfg.Dir
 	cmd.SysProcAttr = procAttr(syscall.SIGKILL)
-	// gorun's environment, less what gorun sets for the rank (RANK left
-	// there by another launcher, say), then the rank's own
+	// gorun's environment (cfg.Environ), less what gorun sets for the
+	// rank (RANK left there by another launcher, say), then the rank's own
 	own := map[string]bool{}
 	for _, kv := range sp.env {
 		k, _, _ := strings.Cut(kv, "=")
 		own[k] = true
 	}
 	var env []string
-	for _, kv := range cleanEnviron() {
+	for _, kv := range cleanEnviron(cfg.Environ) {
 		if k, _, _ := strings.Cut(kv, "="); !own[k] {
 			env = append(env, kv)
 		}

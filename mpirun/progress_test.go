@@ -117,7 +117,7 @@ func TestRunOnTerminal(t *testing.T) {
 		2) ` + wait("d") + `exit 3;;
 		esac`
 	tty, read := terminal(t, 200)
-	code, err := Run(Config{Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}},
+	code, err := Run(Config{Environ: os.Environ(), Hosts: []Host{{Name: "localhost", Slots: 1}, {Name: "127.0.0.2", Slots: 2}},
 		LaunchAgent: agent, RemoteGorun: self, Reaper: self, StdinRank: -1,
 		Program: "/bin/sh", Args: []string{"-c", script}, Stdout: tty, Stderr: tty})
 	if err != nil || code != 3 {

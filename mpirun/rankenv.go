@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -70,11 +69,11 @@ func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface,
 	first := p.specs[hs.ranks[0]].slot
 	env := append([]string(nil), exports...)
 	for _, k := range tuningVars {
-		if v, ok := os.LookupEnv(k); ok && !hasVar(exports, k) {
+		if v, ok := lookupEnv(p.cfg.Environ, k); ok && !hasVar(exports, k) {
 			env = append(env, k+"="+v)
 		}
 	}
-	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
+	if v, ok := lookupEnv(p.cfg.Environ, "CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+v)
 	}
 	if iface.name != "" && !iface.localOnly && !hasVar(exports, rank.EnvIface) {
@@ -127,14 +126,14 @@ var foreignPerRank = map[string]bool{"RANK": false, "OMPI_COMM_WORLD_RANK": fals
 // note. Inside a rank of a gorun job (GORUN_RANK set) all of them are
 // that job's and are replaced without a word, as its GORUN_* are.
 func (p *plan) chooseForeign(exports []string) {
-	_, enclosing := os.LookupEnv(rank.EnvRank)
+	_, enclosing := lookupEnv(p.cfg.Environ, rank.EnvRank)
 	p.foreign = map[string]bool{}
 	var replaced []string
 	for _, k := range ForeignVars {
 		if hasVar(exports, k) {
 			continue
 		}
-		if v, ok := os.LookupEnv(k); ok && !enclosing {
+		if v, ok := lookupEnv(p.cfg.Environ, k); ok && !enclosing {
 			if k == EnvMasterAddr || k == EnvMasterPort {
 				p.userMaster = append(p.userMaster, k+"="+v)
 				continue
@@ -264,10 +263,11 @@ func hasVar(env []string, name string) bool {
 	return false
 }
 
-// exportVars resolves -x NAME[=VALUE] into NAME=VALUE pairs. A NAME
-// alone that is not set in gorun's environment is left out and listed in
-// unset (mpirun warns and goes on).
-func exportVars(xs []string) (env []string, cuda bool, unset []string, err error) {
+// exportVars resolves -x NAME[=VALUE] into NAME=VALUE pairs, a NAME
+// alone with its value in environ (gorun's environment). A NAME alone
+// that is not set there is left out and listed in unset (mpirun warns and
+// goes on).
+func exportVars(xs, environ []string) (env []string, cuda bool, unset []string, err error) {
 	seen := map[string]bool{}
 	for _, x := range xs {
 		name, val, hasVal := strings.Cut(x, "=")
@@ -284,7 +284,7 @@ func exportVars(xs []string) (env []string, cuda bool, unset []string, err error
 		}
 		seen[name] = true
 		if !hasVal {
-			v, ok := os.LookupEnv(name)
+			v, ok := lookupEnv(environ, name)
 			if !ok {
 				unset = append(unset, name)
 				continue
@@ -311,11 +311,13 @@ func validEnvName(s string) bool {
 	return true
 }
 
-// cleanEnviron is gorun's environment without the rank contract of an
-// enclosing job.
-func cleanEnviron() []string {
-	var env []string
-	for _, kv := range os.Environ() {
+// cleanEnviron is environ (gorun's environment) without the rank contract
+// of an enclosing job. It is never nil, so that as an exec.Cmd's Env it is
+// always this environment, an empty one included, never the one of the
+// process that runs mpirun.
+func cleanEnviron(environ []string) []string {
+	env := make([]string, 0, len(environ))
+	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		skip := false
 		for _, c := range contractVars {
@@ -326,6 +328,33 @@ func cleanEnviron() []string {
 		if !skip {
 			env = append(env, kv)
 		}
+	}
+	return env
+}
+
+// lookupEnv is the os package's LookupEnv over env, an environment as
+// exec.Cmd's Env holds it (NAME=VALUE each): of a name given more than
+// once the last value counts, as with os/exec.
+func lookupEnv(env []string, name string) (string, bool) {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == name {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// getenv is the os package's Getenv over env (lookupEnv).
+func getenv(env []string, name string) string {
+	v, _ := lookupEnv(env, name)
+	return v
+}
+
+// childEnv is env as an exec.Cmd's Env: never nil, which would start the
+// child with the environment of the process that runs mpirun instead.
+func childEnv(env []string) []string {
+	if env == nil {
+		return []string{}
 	}
 	return env
 }

@@ -77,8 +77,11 @@ type reaper struct {
 	closed bool
 }
 
-func startReaper(path string, grace time.Duration) (*reaper, error) {
+// startReaper starts the reaper, gorun's binary at path, with the
+// environment environ (nil: an empty one).
+func startReaper(path string, grace time.Duration, environ []string) (*reaper, error) {
 	cmd := exec.Command(path, "--"+ReaperFlag, "--grace", grace.String())
+	cmd.Env = childEnv(environ)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // no parent-death signal: it must outlive gorun
 	w, err := cmd.StdinPipe()
 	if err != nil {

@@ -72,7 +72,7 @@ func (p *plan) startHost(hs *hostSpec, port string, stdout, stderr *sink, result
 		argv[i] = p.fill(a, port)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = cleanEnviron() // ssh's own; the ranks' is in the remote command
+	cmd.Env = cleanEnviron(p.cfg.Environ) // ssh's own; the ranks' is in the remote command
 	cmd.SysProcAttr = procAttr(syscall.SIGTERM)
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {

@@ -90,13 +90,14 @@ type SignalNotices struct {
 	n  int
 }
 
-// OpenSignalNotices opens the notices gorun gave this process
-// (EnvSignalNotices). Without them (not under gorun, or the descriptor is
-// not a pipe: the variable was inherited by a process that does not have
-// the pipe), Forwarded is always 0.
-func OpenSignalNotices() *SignalNotices {
+// OpenSignalNotices opens the notices gorun gave this process: value is
+// EnvSignalNotices's in its environment ("" when it is not set), which the
+// program reads at its edge. Without them (not under gorun, or the
+// descriptor is not a pipe: the variable was inherited by a process that
+// does not have the pipe), Forwarded is always 0.
+func OpenSignalNotices(value string) *SignalNotices {
 	s := &SignalNotices{fd: -1}
-	fd, err := strconv.Atoi(os.Getenv(EnvSignalNotices))
+	fd, err := strconv.Atoi(value)
 	if err != nil || fd < 0 {
 		return s
 	}
@@ -140,8 +141,11 @@ type StopSignals struct {
 	got     int
 }
 
-// NewStopSignals counts against this process's notices (OpenSignalNotices).
-func NewStopSignals() *StopSignals { return &StopSignals{notices: OpenSignalNotices()} }
+// CountStopSignals counts against notices (OpenSignalNotices; nil: none,
+// as outside gorun).
+func CountStopSignals(notices *SignalNotices) *StopSignals {
+	return &StopSignals{notices: notices}
+}
 
 // Again is called for each stop signal the process handles; it reports
 // whether this one is a second stop request: at least two of the signals

@@ -43,7 +43,6 @@ func TestStopSignalsCount(t *testing.T) {
 	}
 	defer syscall.Close(p[0])
 	defer syscall.Close(p[1])
-	t.Setenv(EnvSignalNotices, strconv.Itoa(p[0]))
 	notice := func() { syscall.Write(p[1], []byte{byte(syscall.SIGTERM)}) }
 
 	for _, c := range []struct {
@@ -60,7 +59,7 @@ func TestStopSignalsCount(t *testing.T) {
 		{"TERM to everyone, then a direct second", "dgd", "--x"},
 	} {
 		c := c
-		s := NewStopSignals()
+		s := CountStopSignals(OpenSignalNotices(strconv.Itoa(p[0])))
 		if s.notices.fd != p[0] {
 			t.Fatalf("notices not opened from %s=%d", EnvSignalNotices, p[0])
 		}
@@ -85,9 +84,15 @@ func TestStopSignalsCount(t *testing.T) {
 		s.notices.Forwarded() // drain for the next case
 	}
 
-	t.Setenv(EnvSignalNotices, "")
-	if s := NewStopSignals(); s.notices.fd != -1 || s.Again() || !s.Again() {
+	if s := CountStopSignals(OpenSignalNotices("")); s.notices.fd != -1 || s.Again() || !s.Again() {
 		t.Errorf("without notices: the second signal must count")
+	}
+	if s := CountStopSignals(nil); s.Again() || !s.Again() {
+		t.Errorf("without notices (nil): the second signal must count")
+	}
+	// OpenSignalNotices opens the descriptor the variable's value names.
+	if s := CountStopSignals(OpenSignalNotices(strconv.Itoa(p[0]))); s.notices.fd != p[0] {
+		t.Errorf("notices not opened from %s=%d", EnvSignalNotices, p[0])
 	}
 	// An inherited variable naming a descriptor that is not a pipe is not used.
 	f, err := os.CreateTemp(t.TempDir(), "x")
@@ -95,8 +100,7 @@ func TestStopSignalsCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	t.Setenv(EnvSignalNotices, strconv.Itoa(int(f.Fd())))
-	if s := OpenSignalNotices(); s.fd != -1 {
+	if s := OpenSignalNotices(strconv.Itoa(int(f.Fd()))); s.fd != -1 {
 		t.Errorf("a regular file taken for the notices")
 	}
 }

@@ -32,7 +32,8 @@ type SlurmAllocation struct {
 // from sbatch --ntasks-per-node) is overridden by one task on one node.
 const SlurmLaunchAgent = `sh -c 'exec srun -N1 -n1 --ntasks-per-node=1 -w "$1" --overlap --cpu-bind=none --mpi=none -u -Q /bin/sh -c "$2"' srun`
 
-// SlurmHosts reads the allocation from get (os.LookupEnv at the edge).
+// SlurmHosts reads the allocation from get (the process's LookupEnv, at
+// the edge).
 // ok is false outside a Slurm allocation (no SLURM_JOB_ID, or no node
 // list). Bad values are one line naming the variable.
 func SlurmHosts(get func(string) (string, bool)) (a SlurmAllocation, ok bool, err error) {

@@ -37,13 +37,15 @@ func main() {
 	// one line and stops the job as for SIGTERM. The ranks, exec'd, get
 	// SIGPIPE's default back.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	os.Exit(run(os.Args, os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(run(os.Args, os.Environ(), os.Stdin, os.Stdout, os.Stderr))
 }
 
 // usageError marks a flag problem found by the CLI (exit status 2).
 type usageError struct{ error }
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// run is gorun with the command line args and the environment environ
+// (NAME=VALUE each, the process's: package mpirun reads no other).
+func run(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	status := 0
 	args, mca := mcaArgs(args)
 	app := &cli.App{
@@ -56,7 +58,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		ErrWriter:                 stderr,
 		Flags:                     flags(),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usageError{fmt.Errorf("%v (see gorun --help)", err)}
+			return usageError{fmt.Errorf("%w (see gorun --help)", err)}
 		},
 		ExitErrHandler: func(*cli.Context, error) {},
 		Action: func(c *cli.Context) error {
@@ -69,13 +71,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				return nil
 			}
 			if c.Bool(mpirun.AgentFlag) {
-				return runAgent(c, stdin, &status)
+				return runAgent(c, environ, stdin, &status)
 			}
 			if c.Bool(mpirun.ReaperFlag) {
 				status = mpirun.RunReaper(c.Duration("grace"), stdin)
 				return nil
 			}
-			cfg, err := config(c)
+			cfg, err := config(c, environ)
 			if err != nil {
 				return usageError{err}
 			}
@@ -158,8 +160,11 @@ func flags() []cli.Flag {
 	}
 }
 
-func config(c *cli.Context) (mpirun.Config, error) {
-	var cfg mpirun.Config
+// config is the job that the command line and gorun's environment
+// (environ) ask for.
+func config(c *cli.Context, environ []string) (mpirun.Config, error) {
+	cfg := mpirun.Config{Environ: environ}
+	lookupEnv := func(name string) (string, bool) { return lookup(environ, name) }
 	if c.NArg() == 0 {
 		return cfg, fmt.Errorf("no program to run (usage: gorun [flags] PROGRAM [ARGS...])")
 	}
@@ -191,7 +196,7 @@ func config(c *cli.Context) (mpirun.Config, error) {
 		// Inside a Slurm allocation (salloc, a batch script) the hosts and
 		// slots are the allocation's, as with OpenMPI's mpirun; remote ranks
 		// start with srun unless ssh or a launch agent is asked for.
-		alloc, ok, err := mpirun.SlurmHosts(os.LookupEnv)
+		alloc, ok, err := mpirun.SlurmHosts(lookupEnv)
 		if err != nil {
 			return cfg, err
 		}
@@ -223,17 +228,18 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	cfg.RendezvousAddr = c.String("rendezvous-addr")
 	cfg.IfaceVars = map[string]string{}
 	for _, name := range mpirun.IfaceVars {
-		if v, ok := os.LookupEnv(name); ok {
+		if v, ok := lookupEnv(name); ok {
 			cfg.IfaceVars[name] = v
 		}
 	}
 	pr, from := c.String("port-range"), "--port-range "
 	if !c.IsSet("port-range") {
-		pr, from = os.Getenv(rank.EnvPortRange), rank.EnvPortRange+"="
+		pr, _ = lookupEnv(rank.EnvPortRange)
+		from = rank.EnvPortRange + "="
 	}
 	ports, err := rank.ParsePortRange(pr)
 	if err != nil {
-		return cfg, fmt.Errorf("%s%v", from, err)
+		return cfg, fmt.Errorf("%s%w", from, err)
 	}
 	cfg.PortRange = ports
 	cfg.BindTo = c.String("bind-to")
@@ -271,7 +277,7 @@ func config(c *cli.Context) (mpirun.Config, error) {
 	return cfg, nil
 }
 
-func runAgent(c *cli.Context, stdin io.Reader, status *int) error {
+func runAgent(c *cli.Context, environ []string, stdin io.Reader, status *int) error {
 	if c.NArg() == 0 {
 		return usageError{fmt.Errorf("--%s needs a program", mpirun.AgentFlag)}
 	}
@@ -286,6 +292,7 @@ func runAgent(c *cli.Context, stdin io.Reader, status *int) error {
 		CUDALocal: c.Bool("cuda-local"),
 		Prog:      c.Args().First(),
 		Args:      c.Args().Tail(),
+		Environ:   environ,
 	}, stdin, os.Stdout, os.Stderr)
 	return nil
 }
@@ -324,4 +331,15 @@ func mcaArgs(args []string) ([]string, []mpirun.MCAParam) {
 		}
 	}
 	return out, mca
+}
+
+// lookup is os.LookupEnv over environ, NAME=VALUE each: of a name given
+// more than once the last counts, as with exec.Cmd's Env.
+func lookup(environ []string, name string) (string, bool) {
+	for i := len(environ) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(environ[i], "="); ok && k == name {
+			return v, true
+		}
+	}
+	return "", false
 }

@@ -41,7 +41,7 @@ func main() {
 		stopSigs = append(stopSigs, syscall.SIGHUP)
 	}
 	signal.Notify(sigs, stopSigs...)
-	counted := mpirun.NewStopSignals()
+	counted := mpirun.CountStopSignals(mpirun.OpenSignalNotices(os.Getenv(mpirun.EnvSignalNotices)))
 	go func() {
 		s := <-sigs
 		counted.Again() // the first is never a second
