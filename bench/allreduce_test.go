@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -86,20 +87,20 @@ func BenchmarkAllreduce(b *testing.B) {
 	for _, tr := range transports {
 		for _, np := range []int{2, 4} {
 			var g *arGroup
-			algos := []collective.Algorithm{collective.Ring, collective.Tree}
+			algos := []algo.Algorithm{algo.Ring, algo.Tree}
 			if tr.name == "shm" {
-				algos = append(algos, collective.Shared) // the group-segment allreduce (auto on one host)
+				algos = append(algos, algo.Shared) // the group-segment allreduce (auto on one host)
 			}
-			for _, algo := range algos {
+			for _, a := range algos {
 				for _, wire := range []dtype.DType{dtype.Float32, dtype.Float16} {
 					wname := map[dtype.DType]string{dtype.Float32: "fp32", dtype.Float16: "fp16"}[wire]
 					for _, size := range sizes {
-						name := fmt.Sprintf("%s/np%d/%s/%s/%s", tr.name, np, algo, wname, sizeName(size))
+						name := fmt.Sprintf("%s/np%d/%s/%s/%s", tr.name, np, a, wname, sizeName(size))
 						b.Run(name, func(b *testing.B) {
 							if g == nil {
 								g = newARGroup(b, np, tr.opt)
 							}
-							opts := []collective.CallOption{collective.WithAlgorithm(algo)}
+							opts := []collective.CallOption{collective.WithAlgorithm(a)}
 							if wire != dtype.Float32 {
 								opts = append(opts, collective.WithWire(wire))
 							}

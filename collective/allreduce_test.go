@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -62,7 +63,7 @@ type arCase struct {
 	count   int
 	op      Op
 	v       variant
-	algo    Algorithm
+	algo    algo.Algorithm
 	inPlace bool
 }
 
@@ -150,7 +151,7 @@ func TestAllreduceProperty(t *testing.T) {
 			for _, l := range lengths(n) {
 				for _, op := range ops {
 					for _, v := range variants {
-						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
+						for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling} {
 							i++
 							if l > 1000 && (op == Min || v.dt == dtype.Float16) {
 								continue // the long length for a subset (test time under -race)
@@ -171,23 +172,23 @@ func TestAllreduceProperty(t *testing.T) {
 // thousands (both channels, many slices of the default size).
 func TestAllreduceLarge(t *testing.T) {
 	cases := []arCase{
-		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: Ring},
-		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: Tree, inPlace: true},
-		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: Ring, inPlace: true},
-		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.BFloat16}, algo: Tree},
-		{count: 100_003, op: Max, v: variant{dtype.BFloat16, dtype.BFloat16}, algo: Tree},
-		{count: 100_003, op: Min, v: variant{dtype.Float16, dtype.Float16}, algo: Ring},
-		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: HalvingDoubling},
-		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: HalvingDoubling, inPlace: true},
-		{count: 100_003, op: Max, v: variant{dtype.BFloat16, dtype.BFloat16}, algo: HalvingDoubling},
-		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: RecursiveDoubling},
-		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: RecursiveDoubling, inPlace: true},
-		{count: 100_003, op: Min, v: variant{dtype.Float16, dtype.Float16}, algo: RecursiveDoubling},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: algo.Ring},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: algo.Tree, inPlace: true},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: algo.Ring, inPlace: true},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.BFloat16}, algo: algo.Tree},
+		{count: 100_003, op: Max, v: variant{dtype.BFloat16, dtype.BFloat16}, algo: algo.Tree},
+		{count: 100_003, op: Min, v: variant{dtype.Float16, dtype.Float16}, algo: algo.Ring},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: algo.HalvingDoubling},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: algo.HalvingDoubling, inPlace: true},
+		{count: 100_003, op: Max, v: variant{dtype.BFloat16, dtype.BFloat16}, algo: algo.HalvingDoubling},
+		{count: 1_000_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: algo.RecursiveDoubling},
+		{count: 150_001, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: algo.RecursiveDoubling, inPlace: true},
+		{count: 100_003, op: Min, v: variant{dtype.Float16, dtype.Float16}, algo: algo.RecursiveDoubling},
 		// Direct asked for on more than DirectLimit bytes runs the ring or tree
-		{count: 100_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: Direct},
+		{count: 100_003, op: Sum, v: variant{dtype.Float32, dtype.Float32}, algo: algo.Direct},
 		// the largest direct call, and one just above the limit
-		{count: DirectLimit / 4, op: Average, v: variant{dtype.Float32, dtype.Float32}, algo: Direct, inPlace: true},
-		{count: DirectLimit/2 + 1, op: Sum, v: variant{dtype.Float32, dtype.BFloat16}, algo: Auto},
+		{count: algo.DirectLimit / 4, op: Average, v: variant{dtype.Float32, dtype.Float32}, algo: algo.Direct, inPlace: true},
+		{count: algo.DirectLimit/2 + 1, op: Sum, v: variant{dtype.Float32, dtype.BFloat16}, algo: algo.Auto},
 	}
 	checkAllreduceInts(t, ranktest.InMemory(3, 2), Config{}, cases)
 }
@@ -213,12 +214,12 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 			type tc struct {
 				op   Op
 				v    variant
-				algo Algorithm
+				algo algo.Algorithm
 			}
 			var cases []tc
 			for _, op := range ops {
 				for _, v := range variants {
-					for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
+					for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling} {
 						cases = append(cases, tc{op, v, a})
 					}
 				}
@@ -295,16 +296,16 @@ func TestAllreduceRandomTolerance(t *testing.T) {
 func TestFP16WireOneElementSliceUnderRace(t *testing.T) {
 	if os.Getenv("GORUN_FP16_TINY_CHILD") == "1" {
 		for np := 2; np <= 4; np++ {
-			for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
+			for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.HalvingDoubling, algo.RecursiveDoubling} {
 				for count := 1; count <= 4; count++ {
 					ts := ranktest.InMemory(np, 2)
 					errs := group(ts, Config{Timeout: 20 * time.Second}, func(c *Communicator) error {
 						buf := make([]float32, count)
-						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), dtype.Float32, Sum, WithWire(dtype.Float16), WithAlgorithm(algo))
+						return c.Allreduce(context.Background(), nil, Float32Bytes(buf), dtype.Float32, Sum, WithWire(dtype.Float16), WithAlgorithm(a))
 					})
 					ranktest.CloseAll(ts)
 					if err := firstErr(errs); err != nil {
-						t.Fatalf("np %d, %v, %d elements: %v", np, algo, count, err)
+						t.Fatalf("np %d, %v, %d elements: %v", np, a, count, err)
 					}
 				}
 			}
@@ -359,7 +360,7 @@ func TestSeveralChannels(t *testing.T) {
 	const count = 150_001 // 600 KB of float32: more than 3 x 64 KiB
 	ts, cs := countChannels(ranktest.InMemory(3, 3))
 	var cases []arCase
-	for i, a := range []Algorithm{Ring, HalvingDoubling, RecursiveDoubling} {
+	for i, a := range []algo.Algorithm{algo.Ring, algo.HalvingDoubling, algo.RecursiveDoubling} {
 		cases = append(cases, arCase{count: count, op: Sum, v: variants[0], algo: a, inPlace: i%2 == 0},
 			arCase{count: count, op: Average, v: variant{dtype.Float32, dtype.Float16}, algo: a, inPlace: i%2 == 1})
 	}
@@ -429,6 +430,6 @@ func TestSeveralChannels(t *testing.T) {
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
 	}
-	checkAllreduceInts(t, two, Config{Channels: 8}, []arCase{{count: count, op: Sum, v: variants[0], algo: Ring},
-		{count: count, op: Max, v: variants[0], algo: HalvingDoubling, inPlace: true}})
+	checkAllreduceInts(t, two, Config{Channels: 8}, []arCase{{count: count, op: Sum, v: variants[0], algo: algo.Ring},
+		{count: count, op: Max, v: variants[0], algo: algo.HalvingDoubling, inPlace: true}})
 }

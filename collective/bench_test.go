@@ -8,6 +8,7 @@ import (
 
 	"gonum.org/v1/gonum/blas/blas32"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -17,7 +18,7 @@ import (
 func BenchmarkLocalAllreduce(b *testing.B) {
 	for _, np := range []int{2, 4} {
 		for _, size := range []int{4 << 10, 1 << 20, 16 << 20} {
-			for _, a := range []Algorithm{Ring, Tree, HalvingDoubling} {
+			for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.HalvingDoubling} {
 				b.Run(fmt.Sprintf("np%d/%s/%dKiB", np, a, size>>10), func(b *testing.B) {
 					ts := ranktest.InMemory(np, 2)
 					comms := make([]*Communicator, np)
@@ -47,45 +48,6 @@ func BenchmarkLocalAllreduce(b *testing.B) {
 				})
 			}
 		}
-	}
-}
-
-// TestModelChoice: Choose takes the algorithm Predict says is faster: with
-// a cheap tree hop and a slow tree per byte, the tree for small calls and
-// the ring for large ones, more so with more ranks; the ring at 2 ranks.
-func TestModelChoice(t *testing.T) {
-	m := CostModel{RingStepUs: 50, TreeHopUs: 50, RingGBs: 1, TreeGBs: 0.5}
-	for _, k := range []struct {
-		bytes, n int
-		want     Algorithm
-	}{{4 << 10, 8, Tree}, {64 << 20, 8, Ring}, {4 << 10, 2, Ring}, {1 << 10, 4, Tree}, {1 << 20, 4, Ring}} {
-		if a := m.Choose(k.bytes, k.n); a != k.want {
-			t.Errorf("%d bytes on %d ranks: %v (ring %.0f us, tree %.0f us)", k.bytes, k.n, a,
-				m.Predict(Ring, k.bytes, k.n), m.Predict(Tree, k.bytes, k.n))
-		}
-	}
-	// DirectMaxBytes: Direct up to it (from 2 ranks), the others above
-	m.DirectMaxBytes = 8 << 10
-	for _, k := range []struct {
-		bytes, n int
-		want     Algorithm
-	}{{0, 2, Direct}, {8 << 10, 8, Direct}, {8<<10 + 1, 8, Tree}, {8<<10 + 1, 2, Ring}, {4 << 10, 1, Ring}} {
-		if a := m.Choose(k.bytes, k.n); a != k.want {
-			t.Errorf("DirectMaxBytes %d: %d bytes on %d ranks: %v, want %v", m.DirectMaxBytes, k.bytes, k.n, a, k.want)
-		}
-	}
-	// DirectMaxSent: (N-1) * bytes at most
-	m.DirectMaxSent = 21 << 10
-	for _, k := range []struct {
-		bytes, n int
-		want     Algorithm
-	}{{7 << 10, 4, Direct}, {7<<10 + 1, 4, Tree}, {8 << 10, 2, Direct}, {3 << 10, 8, Direct}, {4 << 10, 8, Tree}} {
-		if a := m.Choose(k.bytes, k.n); a != k.want {
-			t.Errorf("DirectMaxSent %d: %d bytes on %d ranks: %v, want %v", m.DirectMaxSent, k.bytes, k.n, a, k.want)
-		}
-	}
-	if DefaultModel.RingGBs <= 0 || DefaultModel.TreeGBs <= 0 {
-		t.Fatal("DefaultModel has no bandwidths")
 	}
 }
 

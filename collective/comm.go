@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
@@ -47,7 +48,7 @@ const (
 type Config struct {
 	// Algorithm for Allreduce; Auto (the default) picks by size and world
 	// size with Model. (Programs take it from GORUN_ALLREDUCE: envconf.)
-	Algorithm Algorithm
+	Algorithm algo.Algorithm
 	// SliceBytes is the pipelining unit. Must be the same on every rank.
 	// 0: DefaultSliceBytes across hosts, LocalSliceBytes within one
 	// (GORUN_SLICE_BYTES).
@@ -70,8 +71,8 @@ type Config struct {
 	// then most likely waiting itself and reports the rank really lost
 	// (rank/stall.go). 0: the transport's own timeout applies.
 	Timeout time.Duration
-	// Model is the cost model behind Auto; zero means DefaultModel.
-	Model CostModel
+	// Model is the cost model behind Auto; zero means algo.DefaultModel.
+	Model algo.CostModel
 	// Across is the link between hosts as the job sees it: each rank's
 	// rate each way to another host, both directions busy (the start-up
 	// probe's), and the transport's cost per step. When set and a call's
@@ -79,7 +80,7 @@ type Config struct {
 	// (shared by the ranks of a host that cross at once in the
 	// hierarchical allreduce); zero: Model chooses for every call.
 	// Every rank must be given the same Across.
-	Across Link
+	Across algo.Link
 }
 
 // Communicator runs collectives over one transport.
@@ -147,13 +148,13 @@ func New(t rank.Transport, cfg Config) (*Communicator, error) {
 	if cfg.Channels > t.Channels() {
 		cfg.Channels = t.Channels()
 	}
-	if cfg.Model == (CostModel{}) {
-		cfg.Model = DefaultModel
+	if cfg.Model == (algo.CostModel{}) {
+		cfg.Model = algo.DefaultModel
 	}
-	if cfg.Model.DirectMaxBytes < 0 || cfg.Model.DirectMaxBytes > DirectLimit {
-		return nil, fmt.Errorf("collective: cost model's DirectMaxBytes %d out of range [0, %d]", cfg.Model.DirectMaxBytes, DirectLimit)
+	if cfg.Model.DirectMaxBytes < 0 || cfg.Model.DirectMaxBytes > algo.DirectLimit {
+		return nil, fmt.Errorf("collective: cost model's DirectMaxBytes %d out of range [0, %d]", cfg.Model.DirectMaxBytes, algo.DirectLimit)
 	}
-	if a := cfg.Across; a.Gbps < 0 || a.StepUs < 0 || a.CapGBs < 0 || a != (Link{}) && a.GBs() <= 0 {
+	if a := cfg.Across; a.Gbps < 0 || a.StepUs < 0 || a.CapGBs < 0 || a != (algo.Link{}) && a.GBs() <= 0 {
 		return nil, fmt.Errorf("collective: link across hosts %+v: want a rate (Gbps or CapGBs) above 0 and nothing negative", a)
 	}
 	c := &Communicator{t: t, cfg: cfg, queue: make(chan *Handle, 1024), done: make(chan struct{}),
@@ -335,13 +336,13 @@ func (c *Communicator) invalid(ctx context.Context, k kind, err error) *Handle {
 type CallOption func(*callOpts)
 
 type callOpts struct {
-	algo Algorithm
+	algo algo.Algorithm
 	wire dtype.DType
 }
 
 // WithAlgorithm forces ring, tree, direct, shm or halving-doubling for
 // this call.
-func WithAlgorithm(a Algorithm) CallOption { return func(o *callOpts) { o.algo = a } }
+func WithAlgorithm(a algo.Algorithm) CallOption { return func(o *callOpts) { o.algo = a } }
 
 // WithWire sends float32 data as float16 or bfloat16: the sender rounds to
 // the wire type, the receiver accumulates in float32, so the result is the
@@ -395,24 +396,24 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 	}
 	n := c.t.Size()
 	count := len(recv) / dt.Size()
-	algo := c.AlgorithmFor(co.algo, count*co.wire.Size())
-	cl := call{kind: kAllreduce, count: count, dtype: dt, op: op, wire: co.wire, algo: algo}
+	a := c.AlgorithmFor(co.algo, count*co.wire.Size())
+	cl := call{kind: kAllreduce, count: count, dtype: dt, op: op, wire: co.wire, algo: a}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
-		if cl.algo == Shared && n > 1 {
+		if cl.algo == algo.Shared && n > 1 {
 			return c.sh.allreduce(ctx, send, recv, count, cl)
 		}
 		var src []byte // out of place: the ring reads send where it lies
 		if len(recv) > 0 && &send[0] != &recv[0] {
 			src = send
 		}
-		if src != nil && (n == 1 || cl.algo == Direct) {
+		if src != nil && (n == 1 || cl.algo == algo.Direct) {
 			copy(recv, send)
 			src = nil
 		}
 		if n == 1 {
 			return nil
 		}
-		if cl.algo == Direct {
+		if cl.algo == algo.Direct {
 			return c.directAllreduce(ctx, recv, count, cl)
 		}
 		if c.hier != nil {
@@ -432,19 +433,19 @@ func (c *Communicator) AllreduceAsync(ctx context.Context, send, recv []byte, dt
 // bytes among as many ranks as hosts (recursive doubling on two hosts up
 // to DoublingMaxBytes a share); it never picks Direct there, which would
 // send every rank's buffer across hosts to every rank. Direct asked for on
-// more than DirectLimit bytes runs the ring or tree (direct.go).
-func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
-	if a == Auto {
+// more than algo.DirectLimit bytes runs the ring or tree (direct.go).
+func (c *Communicator) AlgorithmFor(a algo.Algorithm, bytes int) algo.Algorithm {
+	if a == algo.Auto {
 		a = c.cfg.Algorithm
 	}
-	if (a == Auto || a == Shared) && c.sh != nil {
-		return Shared
+	if (a == algo.Auto || a == algo.Shared) && c.sh != nil {
+		return algo.Shared
 	}
-	if a != Auto && a != Shared && !(a == Direct && bytes > DirectLimit) {
+	if a != algo.Auto && a != algo.Shared && !(a == algo.Direct && bytes > algo.DirectLimit) {
 		return a
 	}
 	m := c.cfg.Model
-	if a == Direct || c.hier != nil {
+	if a == algo.Direct || c.hier != nil {
 		m.DirectMaxBytes = 0
 	}
 	if h := c.hier; h != nil {
@@ -460,8 +461,8 @@ func (c *Communicator) AlgorithmFor(a Algorithm, bytes int) Algorithm {
 // AutoBasis says what Auto chooses the algorithm with on this
 // communicator, for the logs.
 func (c *Communicator) AutoBasis() string {
-	switch known := c.cfg.Across != (Link{}); {
-	case c.cfg.Algorithm != Auto:
+	switch known := c.cfg.Across != (algo.Link{}); {
+	case c.cfg.Algorithm != algo.Auto:
 		return fmt.Sprintf("none: %v asked for (GORUN_ALLREDUCE or Config.Algorithm)", c.cfg.Algorithm)
 	case c.sh != nil:
 		return "the shm algorithm (every rank on this host, in its group segment)"
@@ -471,14 +472,14 @@ func (c *Communicator) AutoBasis() string {
 	case known && !c.oneHost:
 		return fmt.Sprintf("the cost model of the link across hosts: %v", c.linkShare(1))
 	}
-	return "the cost model fitted on one host's cores (collective.DefaultModel)"
+	return "the cost model fitted on one host's cores (algo.DefaultModel)"
 }
 
 // modelAcross is m for n ranks on different hosts, sharing of them
 // crossing each host's link at once: on Config.Across where it is set
 // (each of them with its share of the link), else m itself.
-func (c *Communicator) modelAcross(m CostModel, n, sharing int) CostModel {
-	if c.cfg.Across == (Link{}) {
+func (c *Communicator) modelAcross(m algo.CostModel, n, sharing int) algo.CostModel {
+	if c.cfg.Across == (algo.Link{}) {
 		return m
 	}
 	return m.OnLink(c.linkShare(sharing), n)
@@ -486,7 +487,7 @@ func (c *Communicator) modelAcross(m CostModel, n, sharing int) CostModel {
 
 // linkShare is Config.Across as each of sharing ranks that cross a host's
 // link at once has it: 1/sharing of its rate.
-func (c *Communicator) linkShare(sharing int) Link {
+func (c *Communicator) linkShare(sharing int) algo.Link {
 	l := c.cfg.Across
 	l.Gbps /= float64(sharing)
 	return l
@@ -525,7 +526,7 @@ func (c *Communicator) BroadcastAsync(ctx context.Context, buf []byte, root int)
 			return nil
 		}
 		r := newRun(ctx, c.t, cl, c.settings)
-		sh := heapTree(n, root)[c.t.Rank()]
+		sh := algo.HeapTree(n, root)[c.t.Rank()]
 		nch := c.channelsFor(len(buf))
 		parts := split(len(buf), nch)
 		for ch := 0; ch < nch; ch++ {
@@ -589,7 +590,7 @@ func (c *Communicator) ReduceScatterAsync(ctx context.Context, send, recv []byte
 		return c.invalid(ctx, kReduceScatter, err)
 	}
 	count := len(recv) / dt.Size()
-	cl := call{kind: kReduceScatter, count: count, dtype: dt, op: op, wire: co.wire, algo: Ring}
+	cl := call{kind: kReduceScatter, count: count, dtype: dt, op: op, wire: co.wire, algo: algo.Ring}
 	return c.submit(ctx, cl, func(ctx context.Context, cl call) error {
 		me := c.t.Rank()
 		if n == 1 {
@@ -624,7 +625,7 @@ func (c *Communicator) BarrierAsync(ctx context.Context) *Handle {
 			return nil
 		}
 		r := newRun(ctx, c.t, cl, c.settings)
-		sh := inorderTree(n)
+		sh := algo.InorderTree(n)
 		r.tree(treeSpec{acc: nil, ch: 0, shape: sh[c.t.Rank()], up: true, sliceBytes: c.flatSlice,
 			dtype: dtype.Float32, wire: dtype.Float32, op: Sum})
 		return r.wait()

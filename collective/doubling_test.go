@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"testing"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -86,7 +87,7 @@ func TestRecursiveDoublingSameBits(t *testing.T) {
 				for i := 0; i < count; i += 7 { // every rank a NaN of its own here
 					setNaN(buf, v.dt, i, nans[r%len(nans)])
 				}
-				o := []CallOption{WithAlgorithm(RecursiveDoubling)}
+				o := []CallOption{WithAlgorithm(algo.RecursiveDoubling)}
 				if v.wire != v.dt {
 					o = append(o, WithWire(v.wire))
 				}
@@ -169,7 +170,7 @@ func TestRecursiveDoublingBytes(t *testing.T) {
 	const count = 4096
 	for n := 2; n <= 6; n++ {
 		for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.BFloat16}} {
-			for r, total := range checkPlanBytes(t, RecursiveDoubling, rdPlanFor, n, count, v) {
+			for r, total := range checkPlanBytes(t, algo.RecursiveDoubling, rdPlanFor, n, count, v) {
 				if k := bits.Len(uint(n)) - 1; n&(n-1) == 0 && total != uint64(k*count*v.wire.Size()) {
 					t.Errorf("N=%d: rank %d sent %d bytes, want log2(N) buffers of %d", n, r, total, count*v.wire.Size())
 				}
@@ -178,46 +179,11 @@ func TestRecursiveDoublingBytes(t *testing.T) {
 	}
 }
 
-// TestRecursiveDoublingChosen: the cost model picks it on two ranks only,
-// above Direct's limit and up to DoublingMaxBytes; its prediction is
-// log2(p) steps of the whole buffer, plus the fold, and DoublingLoad the
-// same buffers.
-func TestRecursiveDoublingChosen(t *testing.T) {
-	m := DefaultModel
-	for n := 1; n <= 16; n++ {
-		for _, b := range []int{0, 1024, m.DirectMaxBytes, m.DirectMaxBytes + 4, 128 << 10, m.DoublingMaxBytes, m.DoublingMaxBytes + 4, 1 << 20, 64 << 20} {
-			got := m.Choose(b, n)
-			want := n == 2 && b > m.DirectMaxBytes && b <= m.DoublingMaxBytes
-			if (got == RecursiveDoubling) != want {
-				t.Errorf("Choose(%d bytes, %d ranks) = %v", b, n, got)
-			}
-		}
-	}
-	m.DoublingMaxBytes = 0
-	if got := m.Choose(128<<10, 2); got != Ring {
-		t.Errorf("DoublingMaxBytes 0: Choose(128 KiB, 2 ranks) = %v, want ring", got)
-	}
-	p := CostModel{RingStepUs: 100, RingGBs: 1}
-	for _, k := range []struct {
-		n, bytes int
-		want     float64
-	}{{2, 1000, 100 + 1}, {4, 4000, 2*100 + 8}, {8, 8000, 3*100 + 24}, {3, 1000, 3*100 + 3}, {6, 4000, 4*100 + 16}} {
-		if got := p.Predict(RecursiveDoubling, k.bytes, k.n); math.Abs(got-k.want) > 1e-9 {
-			t.Errorf("N=%d %d bytes: %v us, want %v", k.n, k.bytes, got, k.want)
-		}
-	}
-	for n, want := range map[int]float64{1: 0, 2: 1, 3: 3, 4: 2, 6: 4, 8: 3, 16: 4} {
-		if got := DoublingLoad(n); got != want {
-			t.Errorf("DoublingLoad(%d) = %v, want %v", n, got, want)
-		}
-	}
-	for _, s := range []string{"rd", "recursive-doubling", RecursiveDoubling.String()} {
-		if a, err := ParseAlgorithm(s); err != nil || a != RecursiveDoubling {
-			t.Errorf("ParseAlgorithm(%q) = %v, %v", s, a, err)
-		}
-	}
-	c := call{kind: kAllreduce, count: 5, dtype: dtype.Float32, op: Sum, wire: dtype.Float16, algo: RecursiveDoubling}
-	if got := fromTag(c.tag(0)); got.algo != RecursiveDoubling || got.wire != dtype.Float16 {
+// TestRecursiveDoublingTag: the algorithm and the wire format survive
+// the tag.
+func TestRecursiveDoublingTag(t *testing.T) {
+	c := call{kind: kAllreduce, count: 5, dtype: dtype.Float32, op: Sum, wire: dtype.Float16, algo: algo.RecursiveDoubling}
+	if got := fromTag(c.tag(0)); got.algo != algo.RecursiveDoubling || got.wire != dtype.Float16 {
 		t.Errorf("tag round trip: %+v", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -116,44 +117,44 @@ func TestMismatch(t *testing.T) {
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, o...)
 		}},
 		{"algorithm", "algorithm", func(c *Communicator, odd bool) error {
-			a := Ring
+			a := algo.Ring
 			if odd {
-				a = Tree
+				a = algo.Tree
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"algorithm-direct", "algorithm", func(c *Communicator, odd bool) error {
-			a := Direct
+			a := algo.Direct
 			if odd {
-				a = Ring
+				a = algo.Ring
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"ring-vs-direct", "algorithm", func(c *Communicator, odd bool) error {
-			a := Ring
+			a := algo.Ring
 			if odd {
-				a = Direct
+				a = algo.Direct
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"ring-vs-hd", "algorithm", func(c *Communicator, odd bool) error {
-			a := Ring
+			a := algo.Ring
 			if odd {
-				a = HalvingDoubling
+				a = algo.HalvingDoubling
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"rd-vs-hd", "algorithm", func(c *Communicator, odd bool) error {
-			a := RecursiveDoubling
+			a := algo.RecursiveDoubling
 			if odd {
-				a = HalvingDoubling
+				a = algo.HalvingDoubling
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
 		{"hd-vs-direct", "algorithm", func(c *Communicator, odd bool) error {
-			a := HalvingDoubling
+			a := algo.HalvingDoubling
 			if odd {
-				a = Direct
+				a = algo.Direct
 			}
 			return c.Allreduce(testCtx(t), nil, f32(1000), dtype.Float32, Sum, WithAlgorithm(a))
 		}},
@@ -161,7 +162,7 @@ func TestMismatch(t *testing.T) {
 			if odd {
 				return c.Barrier(testCtx(t))
 			}
-			return c.Allreduce(testCtx(t), nil, f32(10), dtype.Float32, Sum, WithAlgorithm(Direct))
+			return c.Allreduce(testCtx(t), nil, f32(10), dtype.Float32, Sum, WithAlgorithm(algo.Direct))
 		}},
 		{"root", "root", func(c *Communicator, odd bool) error {
 			root := 0
@@ -252,11 +253,11 @@ func TestMismatch(t *testing.T) {
 // TestPeerClosed: rank 3 closes its transport instead of calling; every
 // other rank fails at once, blaming rank 3 (ring and tree).
 func TestPeerClosed(t *testing.T) {
-	for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
+	for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling} {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			size := 4 << 20
-			if a == Direct {
+			if a == algo.Direct {
 				size = 4000
 			}
 			ts := ranktest.InMemory(4, 2)
@@ -283,8 +284,8 @@ func TestPeerClosed(t *testing.T) {
 func TestDeadline(t *testing.T) {
 	for _, k := range []struct {
 		viaCfg bool
-		algo   Algorithm
-	}{{false, Ring}, {true, Ring}, {false, Direct}, {true, Direct}, {false, HalvingDoubling}, {true, HalvingDoubling}, {false, RecursiveDoubling}, {true, RecursiveDoubling}} {
+		algo   algo.Algorithm
+	}{{false, algo.Ring}, {true, algo.Ring}, {false, algo.Direct}, {true, algo.Direct}, {false, algo.HalvingDoubling}, {true, algo.HalvingDoubling}, {false, algo.RecursiveDoubling}, {true, algo.RecursiveDoubling}} {
 		viaCfg := k.viaCfg
 		t.Run(fmt.Sprint("config-timeout=", viaCfg, "/", k.algo), func(t *testing.T) {
 			t.Parallel()
@@ -322,7 +323,7 @@ func TestDeadline(t *testing.T) {
 			// waits for rank 1 (in process, whose liveness is unknown, so it
 			// may name rank 1 at the timeout), and rank 1 exchanges with 2
 			w := 0
-			if k.algo == HalvingDoubling || k.algo == RecursiveDoubling {
+			if k.algo == algo.HalvingDoubling || k.algo == algo.RecursiveDoubling {
 				w = 1
 			}
 			if !names(errs[w], 2) {
@@ -426,7 +427,7 @@ func TestErrorTexts(t *testing.T) {
 	if got, want := me.Error(), "collective mismatch: rank 1 called allreduce #4 of 10 x float32, sum, ring but rank 2 called allreduce #4 of 11 x float32, sum, ring (length differs)"; got != want {
 		t.Errorf("MismatchError:\n got %s\nwant %s", got, want)
 	}
-	cl := call{seq: 7, kind: kAllreduce, count: 1000, dtype: dtype.Float32, op: Sum, wire: dtype.Float32, algo: Tree}
+	cl := call{seq: 7, kind: kAllreduce, count: 1000, dtype: dtype.Float32, op: Sum, wire: dtype.Float32, algo: algo.Tree}
 	for _, k := range []struct {
 		reason abortReason
 		diff   uint16
@@ -450,8 +451,8 @@ func TestErrorTexts(t *testing.T) {
 		}
 	}
 	for _, c := range []call{
-		{seq: 9, kind: kAllreduce, count: 1<<20 + 3, dtype: dtype.Float32, op: Average, wire: dtype.BFloat16, algo: RecursiveDoubling},
-		{seq: 1<<32 - 1, kind: kReduceScatter, count: 70000, dtype: dtype.Float16, op: Min, wire: dtype.Float16, algo: Ring},
+		{seq: 9, kind: kAllreduce, count: 1<<20 + 3, dtype: dtype.Float32, op: Average, wire: dtype.BFloat16, algo: algo.RecursiveDoubling},
+		{seq: 1<<32 - 1, kind: kReduceScatter, count: 70000, dtype: dtype.Float16, op: Min, wire: dtype.Float16, algo: algo.Ring},
 		{seq: 3, kind: kBroadcast, count: 123456, root: 5},
 	} {
 		if got := fromTag(c.tag(2)); got != c {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/rank"
@@ -49,7 +50,7 @@ func blamed(err error) int {
 }
 
 func frozenChild() error {
-	algo, err := ParseAlgorithm(os.Getenv(frozenChildEnv))
+	a, err := algo.ParseAlgorithm(os.Getenv(frozenChildEnv))
 	if err != nil {
 		return err
 	}
@@ -76,7 +77,7 @@ func frozenChild() error {
 	}
 	buf := make([]byte, n/4*4)
 	for i := 0; ; i++ {
-		if err := c.Allreduce(context.Background(), nil, buf, dtype.Float32, Sum, WithAlgorithm(algo)); err != nil {
+		if err := c.Allreduce(context.Background(), nil, buf, dtype.Float32, Sum, WithAlgorithm(a)); err != nil {
 			fmt.Printf("FAILED blaming %d: %v\n", blamed(err), err)
 			os.Exit(1)
 		}

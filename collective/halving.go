@@ -1,6 +1,9 @@
 package collective
 
-import "github.com/gorun/gorun/dtype"
+import (
+	"github.com/gorun/gorun/collective/algo"
+	"github.com/gorun/gorun/dtype"
+)
 
 // Halving-doubling allreduce (Rabenseifner's algorithm; gloo's
 // allreduce_halving_doubling, MPICH's reduce_scatter + allgather for long
@@ -82,7 +85,7 @@ func foldedPlan(rank, world, count int, steps func(p *hdPlan, v, pof2 int, all s
 	if world <= 1 {
 		return hdPlan{own: all}
 	}
-	pof2, _ := pow2Below(world)
+	pof2, _ := algo.Pow2Below(world)
 	extra := world - pof2
 	var p hdPlan
 	v := rank - extra // virtual rank among the pof2

@@ -1,10 +1,10 @@
 package collective
 
 import (
-	"fmt"
 	"math/bits"
 	"testing"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank/ranktest"
 )
@@ -155,45 +155,11 @@ func TestHalvingDoublingPlan(t *testing.T) {
 	}
 }
 
-func TestParseHalvingDoubling(t *testing.T) {
-	for _, s := range []string{"hd", "halving-doubling"} {
-		if a, err := ParseAlgorithm(s); err != nil || a != HalvingDoubling {
-			t.Errorf("ParseAlgorithm(%q) = %v, %v", s, a, err)
-		}
-	}
-	if a, err := ParseAlgorithm(HalvingDoubling.String()); err != nil || a != HalvingDoubling {
-		t.Errorf("String does not parse back: %v, %v", a, err)
-	}
-	// the algorithm travels in 4 bits of the tag
-	c := call{kind: kAllreduce, count: 5, dtype: dtype.Float32, op: Average, wire: dtype.BFloat16, algo: HalvingDoubling}
-	if got := fromTag(c.tag(0)); got.algo != HalvingDoubling || got.wire != dtype.BFloat16 || got.op != Average {
+// TestHalvingDoublingTag: the algorithm travels in 4 bits of the tag.
+func TestHalvingDoublingTag(t *testing.T) {
+	c := call{kind: kAllreduce, count: 5, dtype: dtype.Float32, op: Average, wire: dtype.BFloat16, algo: algo.HalvingDoubling}
+	if got := fromTag(c.tag(0)); got.algo != algo.HalvingDoubling || got.wire != dtype.BFloat16 || got.op != Average {
 		t.Errorf("tag round trip: %+v", got)
-	}
-}
-
-// TestHalvingDoublingModel: the prediction is 2 log2(N) ring steps and
-// the ring's bytes on powers of two; the fold adds 2 steps and 2 buffers.
-func TestHalvingDoublingModel(t *testing.T) {
-	m := CostModel{RingStepUs: 100, RingGBs: 1}
-	for _, k := range []struct {
-		n     int
-		bytes int
-		want  float64
-	}{{2, 1000, 2*100 + 1}, {4, 4000, 4*100 + 6}, {8, 8000, 6*100 + 14}, {3, 1000, 4*100 + 1 + 2}, {6, 4000, 6*100 + 6 + 8}} {
-		if got := m.Predict(HalvingDoubling, k.bytes, k.n); fmt.Sprintf("%.6f", got) != fmt.Sprintf("%.6f", k.want) {
-			t.Errorf("N=%d %d bytes: %v us, want %v", k.n, k.bytes, got, k.want)
-		}
-	}
-	if m.Predict(HalvingDoubling, 1<<20, 1) != 0 {
-		t.Error("one rank costs nothing")
-	}
-	// Auto does not pick it (docs/collective.md has the measurements)
-	for n := 1; n <= 16; n++ {
-		for b := 0; b <= 256<<20; b = b*4 + 1024 {
-			if a := DefaultModel.Choose(b, n); a == HalvingDoubling {
-				t.Fatalf("Choose(%d bytes, %d ranks) = %v", b, n, a)
-			}
-		}
 	}
 }
 
@@ -206,7 +172,7 @@ func TestHalvingDoublingBytes(t *testing.T) {
 	const count = 4096
 	for n := 2; n <= 8; n++ {
 		for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.BFloat16}} {
-			for r, total := range checkPlanBytes(t, HalvingDoubling, hdPlanFor, n, count, v) {
+			for r, total := range checkPlanBytes(t, algo.HalvingDoubling, hdPlanFor, n, count, v) {
 				if n&(n-1) == 0 && total != uint64(2*(n-1)*count/n*v.wire.Size()) {
 					t.Errorf("N=%d: rank %d sent %d bytes, want 2(N-1)/N of %d", n, r, total, count*v.wire.Size())
 				}
@@ -219,7 +185,7 @@ func TestHalvingDoublingBytes(t *testing.T) {
 // n ranks in process and checks that every rank sent each peer what its
 // plan (planFor) says, plus the call's header to its ring successor. It
 // returns the bytes each rank's plan sends.
-func checkPlanBytes(t *testing.T, a Algorithm, planFor func(rank, world, count int) hdPlan, n, count int, v variant) []uint64 {
+func checkPlanBytes(t *testing.T, a algo.Algorithm, planFor func(rank, world, count int) hdPlan, n, count int, v variant) []uint64 {
 	t.Helper()
 	ts := ranktest.InMemory(n, 2)
 	defer ranktest.CloseAll(ts)

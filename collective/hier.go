@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -166,7 +167,7 @@ func (c *Communicator) hierAllreduce(ctx context.Context, acc, src []byte, count
 func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo, hi int, cl call, div, slice int) {
 	n := t.Size()
 	es := cl.dtype.Size()
-	if src != nil && (n == 1 || cl.algo != Ring) { // only the ring reads src where it lies
+	if src != nil && (n == 1 || cl.algo != algo.Ring) { // only the ring reads src where it lies
 		copy(acc[lo*es:hi*es], src[lo*es:hi*es])
 		src = nil
 	}
@@ -184,14 +185,14 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo
 		return
 	}
 	count := hi - lo
-	if cl.algo == Tree {
+	if cl.algo == algo.Tree {
 		if t.Channels() < 2 {
-			sh := inorderTree(n)
+			sh := algo.InorderTree(n)
 			r.tree(treeSpec{acc: acc, lo: lo, hi: hi, ch: 0, shape: sh[t.Rank()], up: true,
 				sliceBytes: slice, dtype: cl.dtype, wire: cl.wire, op: cl.op, div: div})
 			return
 		}
-		trees := doubleTree(n)
+		trees := algo.DoubleTree(n)
 		half := split(count, 2)
 		for i := 0; i < 2; i++ {
 			r.tree(treeSpec{acc: acc, lo: lo + half[i], hi: lo + half[i+1], ch: i, shape: trees[i][t.Rank()], up: true,
@@ -199,9 +200,9 @@ func (c *Communicator) allreduceOn(r *run, t rank.Transport, acc, src []byte, lo
 		}
 		return
 	}
-	if cl.algo == HalvingDoubling || cl.algo == RecursiveDoubling {
+	if cl.algo == algo.HalvingDoubling || cl.algo == algo.RecursiveDoubling {
 		plan := hdPlanFor
-		if cl.algo == RecursiveDoubling {
+		if cl.algo == algo.RecursiveDoubling {
 			plan = rdPlanFor
 		}
 		// Whole slices (not sliceFor's smaller ones): a step's slices only

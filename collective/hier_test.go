@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -65,7 +66,7 @@ func TestHierarchicalAllreduce(t *testing.T) {
 					for _, v := range variants {
 						// Auto: never Direct across hosts (the byte check below
 						// would see it: Direct sends to every rank)
-						for _, a := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling, Auto} {
+						for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.HalvingDoubling, algo.RecursiveDoubling, algo.Auto} {
 							i++
 							cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: i%2 == 0})
 						}
@@ -156,8 +157,8 @@ func TestSlicesByHost(t *testing.T) {
 	}
 	ts := withHosts(ranktest.InMemory(4, 1), "a", "a", "b", "b")
 	checkAllreduceInts(t, ts, Config{}, []arCase{
-		{count: 1<<20 + 3, op: Sum, v: variants[0], algo: Auto},
-		{count: 1<<20 + 3, op: Average, v: variants[1], algo: Ring, inPlace: true},
+		{count: 1<<20 + 3, op: Sum, v: variants[0], algo: algo.Auto},
+		{count: 1<<20 + 3, op: Average, v: variants[1], algo: algo.Ring, inPlace: true},
 	})
 }
 
@@ -216,7 +217,7 @@ func TestHierarchicalGroup(t *testing.T) {
 						if l > 2000 && i%3 != 0 {
 							continue // keep the large ones few
 						}
-						cases = append(cases, arCase{count: l, op: op, v: v, algo: Ring, inPlace: i%2 == 0})
+						cases = append(cases, arCase{count: l, op: op, v: v, algo: algo.Ring, inPlace: i%2 == 0})
 					}
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -44,8 +45,8 @@ func TestLoopback(t *testing.T) {
 			for _, l := range []int{0, 1, k.n + 1, 1031, 100_003} {
 				for _, op := range ops {
 					for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}, {dtype.BFloat16, dtype.BFloat16}} {
-						for _, a := range []Algorithm{Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling} {
-							if a == Direct { // small lengths only (larger ones run the ring or tree)
+						for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling} {
+							if a == algo.Direct { // small lengths only (larger ones run the ring or tree)
 								if l <= 2000 {
 									cases = append(cases, arCase{count: l, op: op, v: v, algo: a, inPlace: (i+int(op))%2 == 0})
 								}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
@@ -63,7 +64,7 @@ func randomInputs(n, count int, seed uint64) [][]float64 {
 // (u + 2^-24)*|ref| + tiny. Min, Max: exact in the data type (0) when the
 // wire is the data type; one rounding to the wire format (u*|ref| + tiny)
 // otherwise.
-func randomBound(k variant, algo Algorithm, op Op, n int, ref, abs float64) float64 {
+func randomBound(k variant, a algo.Algorithm, op Op, n int, ref, abs float64) float64 {
 	unit := map[dtype.DType]float64{dtype.Float32: 0x1p-24, dtype.Float16: 0x1p-11, dtype.BFloat16: 0x1p-8}
 	tinies := map[dtype.DType]float64{dtype.Float16: 0x1p-25}
 	conv := k.wire != k.dt
@@ -81,9 +82,9 @@ func randomBound(k variant, algo Algorithm, op Op, n int, ref, abs float64) floa
 	var roundings float64 // to the 16-bit format f
 	switch {
 	case f == dtype.Float32:
-	case algo == Direct && !conv:
+	case a == algo.Direct && !conv:
 		roundings = 1
-	case conv && (algo == Direct || algo == Shared):
+	case conv && (a == algo.Direct || a == algo.Shared):
 		roundings = 2
 	case conv:
 		roundings = float64(n)
@@ -102,7 +103,7 @@ type randomCase struct {
 	count int
 	op    Op
 	v     variant
-	algo  Algorithm
+	algo  algo.Algorithm
 }
 
 func (k randomCase) String() string {
@@ -195,7 +196,7 @@ func firstDiff(dt dtype.DType, a, b []byte) int {
 // randomCases: every op and variant (float32, float16, bfloat16, and
 // float32 data on a float16 and a bfloat16 wire) for each algorithm, on
 // count elements.
-func randomCases(count int, algos ...Algorithm) []randomCase {
+func randomCases(count int, algos ...algo.Algorithm) []randomCase {
 	var cases []randomCase
 	for _, a := range algos {
 		for _, op := range ops {
@@ -218,20 +219,20 @@ func TestRandomFloats(t *testing.T) {
 	const count = 1031
 	cfg := Config{SliceBytes: 256}
 	t.Run("quic-N3", func(t *testing.T) {
-		checkRandom(t, loopback(t, 3, "quic"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling), [2]int{})
+		checkRandom(t, loopback(t, 3, "quic"), cfg, randomCases(count, algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling), [2]int{})
 	})
 	t.Run("tcp-N3", func(t *testing.T) {
-		checkRandom(t, loopback(t, 3, "tcp"), cfg, randomCases(count, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling), [2]int{})
+		checkRandom(t, loopback(t, 3, "tcp"), cfg, randomCases(count, algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling), [2]int{})
 	})
 	t.Run("shm-N3", func(t *testing.T) {
 		// the shm allreduce over the group segment, and the message-passing
 		// ones over the pair segments; the last cases take two rounds of the
 		// shm allreduce (float32) and several in the wire format
 		ts := loopback(t, 3, "shm")
-		cases := randomCases(count, Shared, Ring, Tree, Direct, HalvingDoubling, RecursiveDoubling)
+		cases := randomCases(count, algo.Shared, algo.Ring, algo.Tree, algo.Direct, algo.HalvingDoubling, algo.RecursiveDoubling)
 		for _, op := range ops {
-			cases = append(cases, randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{dtype.Float32, dtype.Float32}, Shared},
-				randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{dtype.Float32, dtype.BFloat16}, Shared})
+			cases = append(cases, randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{dtype.Float32, dtype.Float32}, algo.Shared},
+				randomCase{DefaultSharedRoundBytes/4 + 4099, op, variant{dtype.Float32, dtype.BFloat16}, algo.Shared})
 		}
 		checkRandom(t, ts, cfg, cases, [2]int{})
 	})
@@ -240,12 +241,12 @@ func TestRandomFloats(t *testing.T) {
 	// hosts (ring or tree), an allgather on each host
 	t.Run("hier-quic-2x2", func(t *testing.T) {
 		ts := withHosts(loopback(t, 4, "quic"), "a", "a", "b", "b")
-		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling, RecursiveDoubling), [2]int{2, 2})
+		checkRandom(t, ts, cfg, randomCases(count, algo.Ring, algo.Tree, algo.HalvingDoubling, algo.RecursiveDoubling), [2]int{2, 2})
 	})
 	t.Run("hier-shm-2x2", func(t *testing.T) {
 		// every pair through shared memory (the group segment hidden, so
 		// the hierarchical allreduce runs on the pair segments)
 		ts := withHosts(loopback(t, 4, "shm"), "a", "b", "a", "b")
-		checkRandom(t, ts, cfg, randomCases(count, Ring, Tree, HalvingDoubling, RecursiveDoubling), [2]int{2, 2})
+		checkRandom(t, ts, cfg, randomCases(count, algo.Ring, algo.Tree, algo.HalvingDoubling, algo.RecursiveDoubling), [2]int{2, 2})
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 )
 
@@ -27,11 +28,11 @@ func TestScratchReused(t *testing.T) {
 	}
 	for _, tc := range cases {
 		v := tc.v
-		for _, algo := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
+		for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.HalvingDoubling, algo.RecursiveDoubling} {
 			var perCall uint64
 			errs := group(ts, Config{}, func(c *Communicator) error {
 				buf := make([]byte, tc.count*v.dt.Size())
-				opts := []CallOption{WithAlgorithm(algo), WithWire(v.wire)}
+				opts := []CallOption{WithAlgorithm(a), WithWire(v.wire)}
 				for i := 0; i < 3; i++ {
 					if err := c.Allreduce(testCtx(t), nil, buf, v.dt, Sum, opts...); err != nil {
 						return err
@@ -61,9 +62,9 @@ func TestScratchReused(t *testing.T) {
 			}
 			// both ranks run in this process: their allocations add up
 			mib := tc.count * v.dt.Size() >> 20
-			t.Logf("%v %v %d MiB: %d bytes allocated per call", v, algo, mib, perCall)
+			t.Logf("%v %v %d MiB: %d bytes allocated per call", v, a, mib, perCall)
 			if perCall > 256<<10+uint64(tc.count*v.dt.Size()/64) {
-				t.Errorf("%v %v: %d bytes allocated per call of %d MiB, want the slots reused and no garbage per slice", v, algo, perCall, mib)
+				t.Errorf("%v %v: %d bytes allocated per call of %d MiB, want the slots reused and no garbage per slice", v, a, perCall, mib)
 			}
 		}
 	}

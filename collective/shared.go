@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
@@ -132,7 +133,7 @@ func packCall(c call) uint64 {
 
 func unpackCall(seq, v, count uint64) call {
 	return call{seq: uint32(seq), kind: kind(uint16(v)), dtype: dtype.DType(v >> 16 & 15), op: Op(v >> 20 & 15),
-		wire: dtype.DType(v >> 24 & 15), algo: Algorithm(v >> 28 & 15), root: int(uint32(v >> 32)), count: int(count)}
+		wire: dtype.DType(v >> 24 & 15), algo: algo.Algorithm(v >> 28 & 15), root: int(uint32(v >> 32)), count: int(count)}
 }
 
 func sameCall(a, b call) bool {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
@@ -18,7 +19,7 @@ func sharedOnly(t *testing.T, ts []rank.Transport) {
 	t.Helper()
 	errs := group(ts, Config{}, func(c *Communicator) error {
 		for _, b := range []int{0, 4, 4096, 64 << 20} {
-			if a := c.AlgorithmFor(Auto, b); a != Shared {
+			if a := c.AlgorithmFor(algo.Auto, b); a != algo.Shared {
 				return fmt.Errorf("auto picks %s for %d bytes on one host, want shm", a, b)
 			}
 		}
@@ -53,7 +54,7 @@ func TestSharedAllreduce(t *testing.T) {
 						if l > 10000 && i%4 != 0 {
 							continue // keep the large ones few
 						}
-						cases = append(cases, arCase{count: l, op: op, v: v, algo: Auto, inPlace: i%2 == 0})
+						cases = append(cases, arCase{count: l, op: op, v: v, algo: algo.Auto, inPlace: i%2 == 0})
 					}
 				}
 			}
@@ -133,9 +134,9 @@ func TestSharedMismatch(t *testing.T) {
 		{"algorithm", func(c *Communicator, buf []byte) error {
 			var o []CallOption
 			if c.Rank() == bad { // an algorithm other than Auto's
-				a := Ring
-				if c.AlgorithmFor(Auto, len(buf)) == Ring {
-					a = Tree
+				a := algo.Ring
+				if c.AlgorithmFor(algo.Auto, len(buf)) == algo.Ring {
+					a = algo.Tree
 				}
 				o = append(o, WithAlgorithm(a))
 			}

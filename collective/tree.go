@@ -1,101 +1,15 @@
 package collective
 
-import "github.com/gorun/gorun/dtype"
-
-// treeShape is one rank's place in a tree: its parent (-1 at the root) and
-// its children, in the fixed order in which their contributions are
-// reduced.
-type treeShape struct {
-	parent   int
-	children []int
-}
-
-// inorderTree places positions 0..n-1 in a balanced binary tree in which an
-// in-order walk visits 0, 1, ..., n-1 (the root is the middle position).
-// About half the positions are leaves.
-func inorderTree(n int) []treeShape {
-	s := make([]treeShape, n)
-	var build func(lo, hi, parent int) int
-	build = func(lo, hi, parent int) int {
-		if lo > hi {
-			return -1
-		}
-		mid := (lo + hi) / 2
-		s[mid].parent = parent
-		if l := build(lo, mid-1, mid); l >= 0 {
-			s[mid].children = append(s[mid].children, l)
-		}
-		if r := build(mid+1, hi, mid); r >= 0 {
-			s[mid].children = append(s[mid].children, r)
-		}
-		return mid
-	}
-	build(0, n-1, -1)
-	return s
-}
-
-// relabel maps a tree over positions to a tree over ranks, rank = f(position).
-func relabel(pos []treeShape, f func(int) int) []treeShape {
-	out := make([]treeShape, len(pos))
-	for p, sh := range pos {
-		r := f(p)
-		out[r].parent = -1
-		if sh.parent >= 0 {
-			out[r].parent = f(sh.parent)
-		}
-		for _, c := range sh.children {
-			out[r].children = append(out[r].children, f(c))
-		}
-	}
-	return out
-}
-
-// doubleTree returns two complementary trees over n ranks (NCCL's double
-// binary tree): the second is the first mirrored or shifted by one,
-// whichever leaves fewer ranks interior in both, so that most ranks are a
-// leaf in one tree and each tree carries half of the data.
-func doubleTree(n int) [2][]treeShape {
-	a := inorderTree(n)
-	mirror := relabel(a, func(p int) int { return n - 1 - p })
-	shift := relabel(a, func(p int) int { return (p + 1) % n })
-	both := func(b []treeShape) int {
-		c := 0
-		for r := range a {
-			if len(a[r].children) > 0 && len(b[r].children) > 0 {
-				c++
-			}
-		}
-		return c
-	}
-	if both(shift) < both(mirror) {
-		return [2][]treeShape{a, shift}
-	}
-	return [2][]treeShape{a, mirror}
-}
-
-// heapTree is a binary tree rooted at root: position p = (rank-root) mod n
-// has children 2p+1 and 2p+2 (for Broadcast).
-func heapTree(n, root int) []treeShape {
-	pos := make([]treeShape, n)
-	for p := range pos {
-		pos[p].parent = -1
-		if p > 0 {
-			pos[p].parent = (p - 1) / 2
-		}
-		for _, c := range []int{2*p + 1, 2*p + 2} {
-			if c < n {
-				pos[p].children = append(pos[p].children, c)
-			}
-		}
-	}
-	return relabel(pos, func(p int) int { return (p + root) % n })
-}
+import (
+	"github.com/gorun/gorun/collective/algo"
+	"github.com/gorun/gorun/dtype"
+)
 
 type treeSpec struct {
 	acc        []byte
 	lo, hi     int // elements of acc this tree moves
 	ch         int
-	shape      treeShape
+	shape      algo.TreeNode
 	up         bool // reduce toward the root (else the root's data is broadcast as is)
 	sliceBytes int
 	dtype      dtype.DType
@@ -106,7 +20,7 @@ type treeSpec struct {
 
 // tree runs a pipelined reduce-up / broadcast-down over one tree on one
 // channel. Up: for each slice, the contributions of the children are
-// reduced into this rank's, in the order of shape.children, and the sum
+// reduced into this rank's, in the order of shape.Children, and the sum
 // goes to the parent. The root finishes the slice (Average) and sends it
 // down; every rank forwards what it receives from its parent to its
 // children. Slices flow up and down at the same time: treeUp and treeDown
@@ -124,7 +38,7 @@ func (r *run) tree(sp treeSpec) {
 	sh := sp.shape
 	io := &treeIO{
 		ns:   ns,
-		root: sh.parent < 0,
+		root: sh.Parent < 0,
 		sl: func(k int) []byte {
 			return sp.acc[(sp.lo+bounds[k])*es : (sp.lo+bounds[k+1])*es : (sp.lo+bounds[k+1])*es]
 		},
@@ -133,15 +47,15 @@ func (r *run) tree(sp treeSpec) {
 		pool: r.newBufPool(depth),
 	}
 	slotBytes := min(sp.sliceBytes, (sp.hi-sp.lo)*ws+1)
-	for _, c := range sh.children {
+	for _, c := range sh.Children {
 		io.kids = append(io.kids, r.newSender(c, sp.ch, depth+8))
 	}
 	if !io.root && sp.up {
-		io.upSnd = r.newSender(sh.parent, sp.ch, depth+8)
+		io.upSnd = r.newSender(sh.Parent, sp.ch, depth+8)
 	}
 	if sp.up {
-		rvs := make([]*receiver, len(sh.children))
-		for i, c := range sh.children {
+		rvs := make([]*receiver, len(sh.Children))
+		for i, c := range sh.Children {
 			rvs[i] = r.newReceiver(c, sp.ch, recvPlan{count: ns, size: io.wlen, slotBytes: slotBytes, depth: depth})
 		}
 		r.goFn(func() error { return r.treeUp(sp, io, rvs) })
@@ -161,7 +75,7 @@ func (r *run) tree(sp treeSpec) {
 	}
 	// down: receive from the parent, forward to the children.
 	direct := sp.wire == sp.dtype
-	prv := r.newReceiver(sh.parent, sp.ch, recvPlan{
+	prv := r.newReceiver(sh.Parent, sp.ch, recvPlan{
 		count: ns, size: io.wlen, slotBytes: slotBytes, depth: depth,
 		dst: func(k int) []byte {
 			if direct {

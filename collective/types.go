@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 )
@@ -50,78 +51,6 @@ func ParseOp(s string) (Op, error) {
 	return 0, fmt.Errorf("unknown reduction %q (want sum, avg, min or max)", s)
 }
 
-// Algorithm selects how Allreduce moves data.
-type Algorithm uint8
-
-const (
-	Auto Algorithm = 0 // by size and world size (see CostModel)
-	Ring Algorithm = 1 // reduce-scatter + allgather around rings
-	Tree Algorithm = 2 // reduce up / broadcast down a double binary tree
-	// Direct: every rank sends its buffer to every peer and reduces all of
-	// them itself in rank order (small calls; see direct.go). A call of
-	// more than DirectLimit bytes on the wire that asks for Direct runs
-	// the ring or tree instead.
-	Direct Algorithm = 3
-	// Shared: the shared-memory allreduce (shared.go), for communicators
-	// whose ranks all run on one host and share its group segment. Auto
-	// picks it there for every size; asked for elsewhere, Auto's choice runs.
-	Shared Algorithm = 4
-	// HalvingDoubling: reduce-scatter by recursive halving, allgather by
-	// recursive doubling (Rabenseifner; halving.go): 2*log2(N) steps
-	// where the ring takes 2(N-1), the same bytes per rank; world sizes
-	// that are not a power of two fold the extra ranks into partners
-	// first.
-	HalvingDoubling Algorithm = 5
-	// RecursiveDoubling: log2(N) exchanges of the whole buffer with the
-	// peer at distance 1, 2, 4, ... (halving.go's rdSteps): at two ranks
-	// one exchange where the ring and halving-doubling take two, the same
-	// bytes; world sizes that are not a power of two fold as
-	// HalvingDoubling does.
-	RecursiveDoubling Algorithm = 6
-)
-
-func (a Algorithm) String() string {
-	switch a {
-	case Auto:
-		return "auto"
-	case Ring:
-		return "ring"
-	case Tree:
-		return "tree"
-	case Direct:
-		return "direct"
-	case Shared:
-		return "shm"
-	case HalvingDoubling:
-		return "hd"
-	case RecursiveDoubling:
-		return "rd"
-	}
-	return fmt.Sprintf("algorithm(%d)", uint8(a))
-}
-
-// ParseAlgorithm accepts auto, ring, tree, direct, shm, hd (or
-// halving-doubling), rd (or recursive-doubling).
-func ParseAlgorithm(s string) (Algorithm, error) {
-	switch s {
-	case "auto", "":
-		return Auto, nil
-	case "ring":
-		return Ring, nil
-	case "tree":
-		return Tree, nil
-	case "direct":
-		return Direct, nil
-	case "shm":
-		return Shared, nil
-	case "hd", "halving-doubling":
-		return HalvingDoubling, nil
-	case "rd", "recursive-doubling":
-		return RecursiveDoubling, nil
-	}
-	return 0, fmt.Errorf("unknown allreduce algorithm %q (want auto, ring, tree, direct, shm, hd or rd)", s)
-}
-
 // kind is the collective, carried in every message's Tag.Kind.
 type kind uint16
 
@@ -160,7 +89,7 @@ type call struct {
 	dtype dtype.DType
 	op    Op
 	wire  dtype.DType
-	algo  Algorithm
+	algo  algo.Algorithm
 	root  int
 	bad   bool // invalid arguments on this rank: fails without moving data
 }
@@ -178,7 +107,7 @@ func fromTag(t rank.Tag) call {
 	if c.kind == kBroadcast {
 		c.root = int(t.Aux)
 	} else {
-		c.dtype, c.op, c.wire, c.algo = dtype.DType(t.Aux&15), Op(t.Aux>>4&15), dtype.DType(t.Aux>>8&15), Algorithm(t.Aux>>12)
+		c.dtype, c.op, c.wire, c.algo = dtype.DType(t.Aux&15), Op(t.Aux>>4&15), dtype.DType(t.Aux>>8&15), algo.Algorithm(t.Aux>>12)
 	}
 	return c
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/ranktest"
@@ -75,7 +76,7 @@ func (s *syncTransport) Recv(ctx context.Context, peer, ch int, want rank.Tag, d
 // did, on a 16-bit wire).
 func TestUnbufferedLinks(t *testing.T) {
 	const count = 1 << 14
-	for _, a := range []Algorithm{Ring, Tree, HalvingDoubling, RecursiveDoubling} {
+	for _, a := range []algo.Algorithm{algo.Ring, algo.Tree, algo.HalvingDoubling, algo.RecursiveDoubling} {
 		for _, n := range []int{2, 3, 4} {
 			for _, v := range []variant{{dtype.Float32, dtype.Float32}, {dtype.Float32, dtype.Float16}} {
 				ts := syncGroup(n, 2)

@@ -3,7 +3,7 @@ package plan
 import (
 	"math"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 )
 
 // gradients plans the step's gradient allreduces on the slowest rank's
@@ -68,7 +68,7 @@ func (p *planner) gradients(pr *Prediction) {
 				pr.CompressUnderS += math.Max(0, math.Min(t, back)-t0)
 				continue
 			}
-			cl := p.route(it.bytes, collective.Auto)
+			cl := p.route(it.bytes, algo.Auto)
 			t += cl.sec
 			pr.CommS += cl.sec
 			bk.WireBytes += it.bytes

@@ -2,7 +2,7 @@
 // H hosts x G devices on a link, before anything runs: compute from a
 // measurement, the gradient allreduces as gorun runs them (the algorithm
 // the communicator's Auto picks for each fusion bucket, timed with
-// collective's cost model for the link), the share of them the backward
+// collective/algo's cost model for the link), the share of them the backward
 // pass hides, and the wait for the slowest rank. Pure functions: no I/O.
 // docs/plan.md has the model, its inputs and its validation.
 package plan
@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 )
 
@@ -85,7 +85,7 @@ type Bucket struct {
 	Algorithm string // as gorun runs it, e.g. "ring", "hierarchical (shm group, tree across 4 hosts)"
 	// Algo is what the communicator's AlgorithmFor(Auto, WireBytes)
 	// returns (of the phase across hosts, when Hierarchical).
-	Algo         collective.Algorithm
+	Algo         algo.Algorithm
 	Hierarchical bool
 	Seconds      float64 // predicted time of the allreduce (with PowerSGD: of its allreduces)
 	// Ready, Start, End: seconds after backward started on the slowest
@@ -226,7 +226,7 @@ func Predict(c Cluster, w Workload) (Prediction, error) {
 	}
 	pr.ComputeS = w.ComputeS * perThread * pr.Oversubscribed
 	pr.WaitS = p.wait(w.ComputeSD*perThread, pr.Oversubscribed)
-	pr.SyncS = p.route(16, collective.Ring).sec // 4 float32 sums, ring forced (nmt-train's step.go allreduceSums)
+	pr.SyncS = p.route(16, algo.Ring).sec // 4 float32 sums, ring forced (nmt-train's step.go allreduceSums)
 	p.gradients(&pr)
 	pr.StepS = pr.ComputeS + pr.WaitS + pr.SyncS + pr.ExposedS + pr.StolenS + pr.CompressUnderS + pr.DataS
 	if pr.StepS > 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/rank/choice"
@@ -256,7 +257,7 @@ func (h hosted) Hosts() []string { return h.hosts }
 // link model's crossover at 3 and more).
 func TestAlgorithmIsAutos(t *testing.T) {
 	sizes := []int{1 << 10, 40 << 10, 64 << 10, 64<<10 + 4, 200 << 10, 1 << 20, 25 << 20}
-	seen := map[collective.Algorithm]bool{}
+	seen := map[algo.Algorithm]bool{}
 	for _, hg := range [][2]int{{2, 1}, {3, 1}, {4, 1}, {8, 1}, {2, 2}, {3, 2}, {2, 3}} {
 		h, g := hg[0], hg[1]
 		n := h * g
@@ -265,7 +266,7 @@ func TestAlgorithmIsAutos(t *testing.T) {
 			hosts = append(hosts, string(rune('a'+r/g)))
 		}
 		// the plan takes TLS/TCP on 10 Gbit/s (auto), at its cap
-		across := collective.Link{Gbps: 10, StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}
+		across := algo.Link{Gbps: 10, StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}
 		comm, err := collective.New(hosted{ranktest.InMemory(n, 2)[0], hosts}, collective.Config{Across: across})
 		if err != nil {
 			t.Fatal(err)
@@ -275,7 +276,7 @@ func TestAlgorithmIsAutos(t *testing.T) {
 		}
 		comm.Close()
 	}
-	for _, a := range []collective.Algorithm{collective.Direct, collective.RecursiveDoubling, collective.Ring, collective.Tree} {
+	for _, a := range []algo.Algorithm{algo.Direct, algo.RecursiveDoubling, algo.Ring, algo.Tree} {
 		if !seen[a] {
 			t.Errorf("no layout and size made Auto choose %v: the comparison misses a branch", a)
 		}
@@ -310,16 +311,16 @@ func TestAlgorithmIsAutos(t *testing.T) {
 // checkAuto compares the plan's algorithm for one bucket of each size
 // (float32 on the wire) with the communicator's, and returns the
 // communicator's.
-func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []int) []collective.Algorithm {
+func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []int) []algo.Algorithm {
 	t.Helper()
-	var chose []collective.Algorithm
+	var chose []algo.Algorithm
 	for _, b := range sizes {
 		w := Workload{Params: int64(b / 4), Buckets: []int{b}, ComputeS: 1, Wire: dtype.Float32, Overlap: true}
 		p, err := Predict(c, w)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := comm.AlgorithmFor(collective.Auto, b)
+		want := comm.AlgorithmFor(algo.Auto, b)
 		chose = append(chose, want)
 		hosts, per := comm.Hierarchical()
 		got := p.Buckets[0]
@@ -336,12 +337,12 @@ func checkAuto(t *testing.T, comm *collective.Communicator, c Cluster, sizes []i
 func TestAcrossFromTransportChoice(t *testing.T) {
 	for _, k := range []struct {
 		c    choice.Choice
-		want collective.Link
+		want algo.Link
 	}{
-		{choice.Choice{Transport: "tcp", Peer: 1, QUICGBs: 0.2, TCPGBs: 0.5}, collective.Link{Gbps: 4, StepUs: TLSTCP.StepUs}},
-		{choice.Choice{Transport: "quic", Peer: 2, QUICGBs: 0.11, TCPGBs: 0.1}, collective.Link{Gbps: 0.88, StepUs: QUIC.StepUs}},
-		{choice.Choice{Transport: "quic", Peer: -1}, collective.Link{StepUs: QUIC.StepUs, CapGBs: QUIC.CapGBs}},
-		{choice.Choice{Transport: "tcp", Peer: -1}, collective.Link{StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}},
+		{choice.Choice{Transport: "tcp", Peer: 1, QUICGBs: 0.2, TCPGBs: 0.5}, algo.Link{Gbps: 4, StepUs: TLSTCP.StepUs}},
+		{choice.Choice{Transport: "quic", Peer: 2, QUICGBs: 0.11, TCPGBs: 0.1}, algo.Link{Gbps: 0.88, StepUs: QUIC.StepUs}},
+		{choice.Choice{Transport: "quic", Peer: -1}, algo.Link{StepUs: QUIC.StepUs, CapGBs: QUIC.CapGBs}},
+		{choice.Choice{Transport: "tcp", Peer: -1}, algo.Link{StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}},
 	} {
 		if got := Across(k.c); math.Abs(got.Gbps-k.want.Gbps) > 1e-12 || got.StepUs != k.want.StepUs || got.CapGBs != k.want.CapGBs {
 			t.Errorf("%+v: link %+v, want %+v", k.c, got, k.want)

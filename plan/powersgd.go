@@ -9,7 +9,7 @@ import (
 // DefaultPowerSGDRank is PowerSGD's rank R (the columns of P and Q) when
 // none is given, as measured (docs/fusion.md, "Convergence"). It is
 // fusion.DefaultPowerSGDRank, the compressor's
-// (plan sits below fusion, on collective's cost model alone, and does
+// (plan sits below fusion, on collective/algo's cost model alone, and does
 // not import it; cmd/nmt-train's tests hold the two equal).
 const DefaultPowerSGDRank = 16
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 )
 
@@ -141,7 +141,7 @@ func psgdWorkload(t *testing.T, c float64) Workload {
 // compressor's compute after backward is all exposed.
 func TestPowerSGDCalls(t *testing.T) {
 	c := Cluster{Hosts: 2, PerHost: 1, LinkGbps: 1, Transport: "tcp"}
-	m := collective.LinkModel(collective.Link{Gbps: 1, StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}, 2)
+	m := algo.LinkModel(algo.Link{Gbps: 1, StepUs: TLSTCP.StepUs, CapGBs: TLSTCP.CapGBs}, 2)
 	call := func(b int) float64 { return m.Predict(m.Choose(b, 2), b, 2) / 1e6 }
 	w := psgdWorkload(t, 0.002)
 	w.Overlap, w.BackwardS = true, 0.9

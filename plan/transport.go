@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/rank/choice"
 )
 
@@ -106,14 +106,14 @@ func between(name string, linkGBs float64) Transport {
 // link unknown. The probe's rates reach every rank from rank 0, so every
 // rank gets the same link. The probe does not measure latency: a link's
 // own latency is left out of the step.
-func Across(c choice.Choice) collective.Link {
+func Across(c choice.Choice) algo.Link {
 	t := between(c.Transport, 0)
 	gbs := c.QUICGBs
 	if c.Transport == "tcp" {
 		gbs = c.TCPGBs
 	}
 	if c.Peer < 0 || !(gbs > 0) {
-		return collective.Link{StepUs: t.StepUs, CapGBs: t.CapGBs}
+		return algo.Link{StepUs: t.StepUs, CapGBs: t.CapGBs}
 	}
-	return collective.Link{Gbps: 8 * gbs, StepUs: t.StepUs}
+	return algo.Link{Gbps: 8 * gbs, StepUs: t.StepUs}
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/half"
 	"github.com/gorun/gorun/internal/envconf"
@@ -55,7 +56,7 @@ type options struct {
 	samples            int // the timed iterations split into this many samples
 	dtype, wire        dtype.DType
 	op                 collective.Op
-	algo               collective.Algorithm
+	algo               algo.Algorithm
 	check              bool
 	timeout            time.Duration
 	inPlace, outPlace  bool
@@ -187,7 +188,7 @@ func parseOptions(c *cli.Context) (options, error) {
 	if o.op, err = collective.ParseOp(c.String("op")); err != nil {
 		return o, fmt.Errorf("-o: %w", err)
 	}
-	if o.algo, err = collective.ParseAlgorithm(c.String("algo")); err != nil {
+	if o.algo, err = algo.ParseAlgorithm(c.String("algo")); err != nil {
 		return o, fmt.Errorf("-a: %w", err)
 	}
 	switch c.Int("check") {
@@ -245,7 +246,7 @@ func bench(o options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.algo != collective.Auto {
+	if o.algo != algo.Auto {
 		cfg.Algorithm = o.algo
 	}
 	cfg.Across = plan.Across(mesh.TransportChoice())
@@ -263,7 +264,7 @@ func bench(o options, out io.Writer) error {
 	if o.wire != o.dtype {
 		opts = append(opts, collective.WithWire(o.wire))
 	}
-	if o.algo != collective.Auto {
+	if o.algo != algo.Auto {
 		opts = append(opts, collective.WithAlgorithm(o.algo))
 	}
 	p := func(format string, a ...any) {
@@ -353,17 +354,17 @@ func bench(o options, out io.Writer) error {
 
 // printHeader prints nccl-tests' header: the job, the transport and why,
 // the settings, then the table's column titles.
-func printHeader(p func(string, ...any), o options, mesh *rank.Mesh, comm *collective.Communicator, algo collective.Algorithm, procs int, procsFrom string) {
+func printHeader(p func(string, ...any), o options, mesh *rank.Mesh, comm *collective.Communicator, a algo.Algorithm, procs int, procsFrom string) {
 	if o.sendrecv {
 		p("# gorun allreduce-perf -C sendrecv: %d ranks, transport %s, %d channels; each rank sends to rank+1 and receives from rank-1\n",
 			comm.Size(), mesh.TransportChoice().Transport, mesh.Channels())
 	} else {
 		p("# gorun allreduce-perf: %d ranks, transport %s, %d channels, data %s, wire %s, op %s, algorithm %s\n",
-			comm.Size(), mesh.TransportChoice().Transport, mesh.Channels(), o.dtype, o.wire, o.op, algo)
+			comm.Size(), mesh.TransportChoice().Transport, mesh.Channels(), o.dtype, o.wire, o.op, a)
 	}
 	if comm.Size() > 1 {
 		p("# %v\n", mesh.TransportChoice())
-		if algo == collective.Auto {
+		if a == algo.Auto {
 			p("# auto chooses with %s\n", comm.AutoBasis())
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
@@ -33,7 +34,7 @@ const (
 func Collective(get Lookup) (collective.Config, error) {
 	var cfg collective.Config
 	if v, ok := get(Allreduce); ok {
-		a, err := collective.ParseAlgorithm(v)
+		a, err := algo.ParseAlgorithm(v)
 		if err != nil {
 			return cfg, fmt.Errorf("%s: %w", Allreduce, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/kernels/cpu"
 	"github.com/gorun/gorun/kernels/cuda"
 	"github.com/gorun/gorun/kernels/device"
@@ -25,9 +26,9 @@ func TestCollective(t *testing.T) {
 		err  string
 	}{
 		{env: nil},
-		{env: map[string]string{Allreduce: "tree"}, want: collective.Config{Algorithm: collective.Tree}},
-		{env: map[string]string{Allreduce: "hd"}, want: collective.Config{Algorithm: collective.HalvingDoubling}},
-		{env: map[string]string{Allreduce: ""}, want: collective.Config{Algorithm: collective.Auto}},
+		{env: map[string]string{Allreduce: "tree"}, want: collective.Config{Algorithm: algo.Tree}},
+		{env: map[string]string{Allreduce: "hd"}, want: collective.Config{Algorithm: algo.HalvingDoubling}},
+		{env: map[string]string{Allreduce: ""}, want: collective.Config{Algorithm: algo.Auto}},
 		{env: map[string]string{Allreduce: "butterfly"}, err: "GORUN_ALLREDUCE: unknown allreduce algorithm \"butterfly\""},
 		{env: map[string]string{SliceBytes: "4096", Rings: "3"}, want: collective.Config{SliceBytes: 4096, Channels: 3}},
 		{env: map[string]string{SliceBytes: "12x"}, err: `GORUN_SLICE_BYTES="12x": want an integer >= 64`},

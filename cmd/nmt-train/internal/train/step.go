@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/algo"
 	"github.com/gorun/gorun/dtype"
 	"github.com/gorun/gorun/kernels"
 	"github.com/gorun/gorun/transformer"
@@ -234,7 +235,7 @@ func (t *Trainer) allreduceSums(ctx context.Context, v []float64) ([]float64, er
 	}
 	b := collective.Float32Bytes(f)
 	end := t.tl.Begin("collective", "token count")
-	err := t.comm.Allreduce(ctx, b, b, dtype.Float32, collective.Sum, collective.WithAlgorithm(collective.Ring))
+	err := t.comm.Allreduce(ctx, b, b, dtype.Float32, collective.Sum, collective.WithAlgorithm(algo.Ring))
 	end()
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package collective
+package algo
 
 // CostModel predicts the time of an allreduce of B bytes on N ranks:
 //
@@ -16,7 +16,7 @@ type CostModel struct {
 	RingGBs, TreeGBs      float64
 	// DirectMaxBytes: calls of at most this many bytes on the wire use
 	// Direct (one message from every rank to every other, reduced locally;
-	// see direct.go); 0 never picks it. It must stay small enough that two
+	// see collective/direct.go); 0 never picks it. It must stay small enough that two
 	// messages fit in every transport's buffers (direct.go says why).
 	DirectMaxBytes int
 	// DirectMaxSent bounds what Direct sends from each rank, (N-1) * B:
@@ -43,8 +43,8 @@ type CostModel struct {
 var DefaultModel = CostModel{RingStepUs: 216, TreeHopUs: 277, RingGBs: 0.0552, TreeGBs: 0.0374,
 	DirectMaxBytes: DirectLimit, DirectMaxSent: 128 << 10, DoublingMaxBytes: 256 << 10}
 
-// DirectLimit is the largest DirectMaxBytes New accepts (see direct.go for
-// why direct messages must stay small).
+// DirectLimit is the largest DirectMaxBytes collective.New accepts (see
+// collective/direct.go for why direct messages must stay small).
 const DirectLimit = 64 << 10
 
 func treeDepth(n int) int {
@@ -81,7 +81,7 @@ func (m CostModel) Predict(a Algorithm, bytes, n int) float64 {
 // 2(p-1)/p on p = 2^k ranks; with extra ranks, 2 more steps and 2 more
 // buffers (the fold into a partner and the result sent back).
 func hdCost(n int) (steps int, moved float64) {
-	p, k := pow2Below(n)
+	p, k := Pow2Below(n)
 	steps, moved = 2*k, 2*float64(p-1)/float64(p)
 	if n > p {
 		steps, moved = steps+2, moved+2
@@ -89,10 +89,10 @@ func hdCost(n int) (steps int, moved float64) {
 	return steps, moved
 }
 
-// pow2Below returns p = 2^k, the largest power of two <= n (1 for n < 2),
+// Pow2Below returns p = 2^k, the largest power of two <= n (1 for n < 2),
 // and k: the ranks halving-doubling and recursive doubling run on after
 // the fold, and their number of steps each way.
-func pow2Below(n int) (p, k int) {
+func Pow2Below(n int) (p, k int) {
 	p = 1
 	for p*2 <= n {
 		p, k = p*2, k+1
@@ -104,7 +104,7 @@ func pow2Below(n int) (p, k int) {
 // log2(p) steps of the whole buffer each, and the fold's 2 steps and 2
 // buffers when n is not a power of two.
 func rdCost(n int) (steps int, moved float64) {
-	p, k := pow2Below(n)
+	p, k := Pow2Below(n)
 	steps, moved = k, float64(k)
 	if n > p {
 		steps, moved = steps+2, moved+2

@@ -1,4 +1,4 @@
-package collective
+package algo
 
 import "fmt"
 
@@ -45,7 +45,7 @@ func LinkModel(l Link, n int) CostModel { return DefaultModel.OnLink(l, n) }
 // OnLink is m with its steps and rates those of n ranks that each reach
 // the others over their own Link l, its limits for Direct and recursive
 // doubling kept. The ring moves 2(n-1)/n of the buffer through every
-// rank's link, RingGBs = l.GBs(); gorun's double binary tree (tree.go:
+// rank's link, RingGBs = l.GBs(); gorun's double binary tree (DoubleTree:
 // each tree carries half the buffer on its own channel, reduce up and
 // broadcast down at once) moves TreeLoad(n) buffers through its busiest
 // rank's link, which CostModel's B / TreeGBs cannot say for every n, so
@@ -72,13 +72,13 @@ func TreeLoad(n int) float64 {
 	if n < 2 {
 		return 0
 	}
-	trees := doubleTree(n)
+	trees := DoubleTree(n)
 	load := 0.0
 	for r := 0; r < n; r++ {
 		edges := 0
 		for _, tr := range trees {
-			edges += len(tr[r].children)
-			if tr[r].parent >= 0 {
+			edges += len(tr[r].Children)
+			if tr[r].Parent >= 0 {
 				edges++
 			}
 		}
