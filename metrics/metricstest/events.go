@@ -49,7 +49,7 @@ func ReadEvents(path string) ([]Event, error) {
 		}
 		ev, err := tfevent.Parse(data[:ln])
 		if err != nil {
-			return nil, fmt.Errorf("%s: record %d: %v", path, n, err)
+			return nil, fmt.Errorf("%s: record %d: %w", path, n, err)
 		}
 		out = append(out, ev)
 	}
