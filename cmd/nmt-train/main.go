@@ -91,11 +91,11 @@ func main() {
 	// One bad flag: one line and where the help is, not the usage dump.
 	for _, cmd := range app.Commands {
 		cmd.OnUsageError = func(c *cli.Context, err error, _ bool) error {
-			return usage(fmt.Errorf("%v (see nmt-train %s --help)", err, c.Command.Name))
+			return usage(fmt.Errorf("%w (see nmt-train %s --help)", err, c.Command.Name))
 		}
 	}
 	app.OnUsageError = func(_ *cli.Context, err error, _ bool) error {
-		return usage(fmt.Errorf("%v (see nmt-train --help)", err))
+		return usage(fmt.Errorf("%w (see nmt-train --help)", err))
 	}
 	var err error
 	if runPyArgs(os.Args) { // started as OpenSeq2Seq's run.py: --config_file=FILE --mode=...

@@ -77,7 +77,7 @@ func planCommand() *cli.Command {
 			var fp16 *plan.Prediction
 			if in.w.PowerSGD != nil { // fp16's for comparison
 				w := in.w
-				w.PowerSGD, w.Wire = nil, report.WireType("fp16")
+				w.PowerSGD, w.Wire = nil, dtype.Float16
 				p16, err := plan.Predict(in.c, w)
 				if err != nil {
 					return err
@@ -171,7 +171,7 @@ func planInputs(c *cli.Context) (planIn, error) {
 	}
 	tr, err := plan.ParseTransport(c.String("transport"))
 	if err != nil {
-		return in, usage(fmt.Errorf("plan: --transport: %v", err))
+		return in, usage(fmt.Errorf("plan: --transport: %w", err))
 	}
 	if d := c.String("from-run"); d != "" {
 		if in, err = fromRun(c, d); err != nil {
@@ -221,7 +221,7 @@ func applyPowerSGD(c *cli.Context, in *planIn) error {
 		ps, err = plan.NewPowerSGD(in.shapes, in.w.Buckets, r)
 	}
 	if err != nil {
-		return fmt.Errorf("plan: --compression powersgd: %v", err)
+		return fmt.Errorf("plan: --compression powersgd: %w", err)
 	}
 	switch tokens := float64(c.Int("batch-tokens")); {
 	case c.Float64("powersgd-compute-s") > 0:
@@ -230,7 +230,7 @@ func applyPowerSGD(c *cli.Context, in *planIn) error {
 	case in.measured > 0:
 		fmt.Fprintf(os.Stderr, "nmt-train plan: measuring PowerSGD's compute (rank %d) on this machine's CPU...\n", r)
 		if ps.ComputeS, _, err = measurePowerSGD(in.shapes, r, in.measured, 3); err != nil {
-			return fmt.Errorf("plan: %v", err)
+			return fmt.Errorf("plan: %w", err)
 		}
 		in.psgdHow = fmt.Sprintf("measured now on this machine's CPU: its products, orthonormalisation and error feedback on the preset's shapes, %s", words.Plural(in.measured, "thread"))
 	default:
@@ -247,7 +247,7 @@ func applyPowerSGD(c *cli.Context, in *planIn) error {
 	if in.run != nil && !c.IsSet("powersgd-start-step") {
 		ps.StartStep = in.run.PowerSGDStartStep
 	}
-	in.w.PowerSGD, in.w.Wire = ps, report.WireType("fp16")
+	in.w.PowerSGD, in.w.Wire = ps, dtype.Float16
 	return nil
 }
 
@@ -285,15 +285,15 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	in := planIn{preset: c.String("preset")}
 	link, err := parseLink(c.String("link"))
 	if err != nil {
-		return in, usage(fmt.Errorf("plan: %v", err))
+		return in, usage(fmt.Errorf("plan: %w", err))
 	}
 	cfg, err := transformer.Preset(in.preset, c.Int("vocab"))
 	if err != nil {
-		return in, usage(fmt.Errorf("plan: %v", err))
+		return in, usage(fmt.Errorf("plan: %w", err))
 	}
 	ps, err := transformer.ParamList(cfg)
 	if err != nil {
-		return in, usage(fmt.Errorf("plan: --preset %s --vocab %d: %v", in.preset, c.Int("vocab"), err))
+		return in, usage(fmt.Errorf("plan: --preset %s --vocab %d: %w", in.preset, c.Int("vocab"), err))
 	}
 	var params int64
 	for _, p := range ps {
@@ -327,7 +327,7 @@ func fromPreset(c *cli.Context, gpu string) (planIn, error) {
 	fmt.Fprintf(os.Stderr, "nmt-train plan: measuring preset %s on this machine's CPU (%s, %d steps after 3 untimed)...\n", in.preset, words.Plural(threads, "thread"), c.Int("measure-steps"))
 	m, err := train.MeasureCompute(in.preset, cfg.Vocab, threads, batch, 3, c.Int("measure-steps"))
 	if err != nil {
-		return in, fmt.Errorf("plan: %v", err)
+		return in, fmt.Errorf("plan: %w", err)
 	}
 	in.w.ComputeS, in.w.ComputeSD, in.w.BackwardS, in.w.Threads = m.ComputeS, m.ComputeSD, m.Backward, threads
 	in.w.TokensPerRank, in.tokens = m.TargetTokens, "target tokens"
@@ -341,11 +341,11 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	var in planIn
 	ri, err := metrics.ReadRunInfo(dir)
 	if err != nil {
-		return in, fmt.Errorf("plan: --from-run %s is not a run directory: %v", dir, err)
+		return in, fmt.Errorf("plan: --from-run %s is not a run directory: %w", dir, err)
 	}
 	recs, err := metrics.ReadJSONL(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
-		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
+		return in, fmt.Errorf("plan: --from-run %s: %w", dir, err)
 	}
 	// the report's predictions take the run's steps so, by the same rule
 	st := report.MeasureRun(recs, ri.WorldSize)
@@ -357,7 +357,7 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	}
 	in.preset, in.c = ri.Preset, report.RunCluster(ri)
 	if in.w, err = report.RunWorkload(ri, st); err != nil {
-		return in, fmt.Errorf("plan: --from-run %s: %v", dir, err)
+		return in, fmt.Errorf("plan: --from-run %s: %w", dir, err)
 	}
 	in.run, in.st = &ri, st
 	if len(ri.Buckets) == 0 {
@@ -374,7 +374,7 @@ func fromRun(c *cli.Context, dir string) (planIn, error) {
 	}
 	if c.IsSet("link") {
 		if in.c.LinkGbps, err = parseLink(c.String("link")); err != nil {
-			return in, usage(fmt.Errorf("plan: %v", err))
+			return in, usage(fmt.Errorf("plan: %w", err))
 		}
 	}
 	in.tokens = "target tokens"
@@ -394,7 +394,7 @@ func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
 	}
 	ps, err := transformer.ParamList(probe)
 	if err != nil {
-		return fmt.Errorf("plan: --from-run: %v", err)
+		return fmt.Errorf("plan: --from-run: %w", err)
 	}
 	rest := int64(0)
 	for _, p := range ps {
@@ -404,10 +404,10 @@ func presetBuckets(c *cli.Context, ri metrics.RunInfo, w *plan.Workload) error {
 	vocab := int((ri.Params - rest) / int64(probe.DModel))
 	cfg, err := transformer.Preset(ri.Preset, vocab)
 	if err != nil {
-		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %v", ri.Params, ri.Preset, err)
+		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %w", ri.Params, ri.Preset, err)
 	}
 	if ps, err = transformer.ParamList(cfg); err != nil {
-		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %v", ri.Params, ri.Preset, err)
+		return fmt.Errorf("plan: --from-run: %d parameters do not fit preset %s: %w", ri.Params, ri.Preset, err)
 	}
 	if w.Buckets, err = train.BucketBytes(ps, c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb")); err != nil {
 		return fmt.Errorf("plan: --from-run: %w", err)

@@ -58,7 +58,7 @@ func translateCommand() *cli.Command {
 			}
 			v, err := data.LoadVocab(filepath.Join(dir, train.VocabFile))
 			if err != nil {
-				return fmt.Errorf("translate: %s is not a run directory: %v", dir, err)
+				return fmt.Errorf("translate: %s is not a run directory: %w", dir, err)
 			}
 			var bpe *data.BPE
 			if _, err := os.Stat(filepath.Join(dir, train.BPEFile)); err == nil {
@@ -129,7 +129,7 @@ func translateCommand() *cli.Command {
 					break
 				}
 				if err != nil {
-					return fmt.Errorf("stdin:%d: %v", n, err)
+					return fmt.Errorf("stdin:%d: %w", n, err)
 				}
 				var ids []int32
 				switch {

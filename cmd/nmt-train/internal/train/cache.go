@@ -42,7 +42,7 @@ const EnvDataCache = "GORUN_DATA_CACHE"
 func DefaultCacheDir() (string, error) {
 	d, err := os.UserCacheDir()
 	if err != nil {
-		return "", fmt.Errorf("data: no cache directory for the prepared corpus (%v): set %s", err, EnvDataCache)
+		return "", fmt.Errorf("data: no cache directory for the prepared corpus (%w): set %s", err, EnvDataCache)
 	}
 	return filepath.Join(d, "gorun", "corpus"), nil
 }
@@ -169,7 +169,7 @@ func (d *TextData) Open(ctx context.Context) (*Cached, error) {
 		return c, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("data: the corpus cache: %v (%s names another directory)", err, EnvDataCache)
+		return nil, fmt.Errorf("data: the corpus cache: %w (%s names another directory)", err, EnvDataCache)
 	}
 	t0 := time.Now()
 	unlock, err := lockCache(dir)
@@ -187,7 +187,7 @@ func (d *TextData) Open(ctx context.Context) (*Cached, error) {
 	// preparer's, and an entry of this name is not a usable one.
 	sweepStaging(dir)
 	if err := removeEntry(dir, name); err != nil {
-		return nil, fmt.Errorf("data: the corpus cache: %v", err)
+		return nil, fmt.Errorf("data: the corpus cache: %w", err)
 	}
 	t1 := time.Now()
 	if err := d.prepare(ctx, dir, name, ent); err != nil {
@@ -239,7 +239,7 @@ func identifyFile(role, p string) (cacheSource, error) {
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return cacheSource{}, fmt.Errorf("data: %s (the %s): %v", p, whatOf(role), err)
+		return cacheSource{}, fmt.Errorf("data: %s (the %s): %w", p, whatOf(role), err)
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {
@@ -326,7 +326,7 @@ func published(dir, key string) *cacheEntry {
 func lockCache(dir string) (unlock func(), err error) {
 	f, err := os.OpenFile(filepath.Join(dir, cacheLock), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("data: the corpus cache's lock: %v (%s names another directory)", err, EnvDataCache)
+		return nil, fmt.Errorf("data: the corpus cache's lock: %w (%s names another directory)", err, EnvDataCache)
 	}
 	for {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
@@ -336,7 +336,7 @@ func lockCache(dir string) (unlock func(), err error) {
 	}
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("data: locking %s: %v", f.Name(), err)
+		return nil, fmt.Errorf("data: locking %s: %w", f.Name(), err)
 	}
 	return func() {
 		unix.Flock(int(f.Fd()), unix.LOCK_UN)
@@ -373,7 +373,7 @@ func removeEntry(dir, name string) error {
 func (d *TextData) prepare(ctx context.Context, dir, name string, ent *cacheEntry) (err error) {
 	stage, err := atomicfile.MkdirTemp(dir, cacheStaging+name+"-*")
 	if err != nil {
-		return fmt.Errorf("data: the corpus cache: %v", err)
+		return fmt.Errorf("data: the corpus cache: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -393,17 +393,17 @@ func (d *TextData) prepare(ctx context.Context, dir, name string, ent *cacheEntr
 	ent.Prepared, ent.Seconds, ent.Pairs, ent.Valid = time.Now().UTC(), time.Since(t0).Seconds(), p.Train, p.Valid
 	b, _ := json.MarshalIndent(ent, "", "  ")
 	if err := atomicfile.WriteFile(filepath.Join(stage, cacheMeta), "."+cacheMeta+".tmp*", append(b, '\n')); err != nil {
-		return fmt.Errorf("data: the corpus cache: %v", err)
+		return fmt.Errorf("data: the corpus cache: %w", err)
 	}
 	if testHookPrepared != nil {
 		testHookPrepared(stage)
 	}
 	if err := os.Rename(stage, filepath.Join(dir, name)); err != nil {
-		return fmt.Errorf("data: the corpus cache: %v", err)
+		return fmt.Errorf("data: the corpus cache: %w", err)
 	}
 	preparations.Add(1)
 	if err := atomicfile.SyncDir(dir); err != nil {
-		return fmt.Errorf("data: the corpus cache: %v", err)
+		return fmt.Errorf("data: the corpus cache: %w", err)
 	}
 	return nil
 }
@@ -415,7 +415,7 @@ func dataError(err error) error {
 	if s, ok := strings.CutPrefix(msg, "prepare: "); ok {
 		return errors.New("data: " + s)
 	}
-	return fmt.Errorf("data: %v", err)
+	return fmt.Errorf("data: %w", err)
 }
 
 // pruneStale removes the entries this host prepared from the same

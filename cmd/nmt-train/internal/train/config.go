@@ -23,7 +23,7 @@ import (
 func ApplyConfigFile(c *cli.Context, path string) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("config: %v", err)
+		return fmt.Errorf("config: %w", err)
 	}
 	known := map[string]cli.Flag{}
 	for _, f := range c.Command.Flags {
@@ -63,7 +63,7 @@ func ApplyConfigFile(c *cli.Context, path string) error {
 			continue // the command line wins
 		}
 		if err := c.Set(name, it.val); err != nil {
-			return fmt.Errorf("%s:%d: %s: %v", path, it.line, it.key, err)
+			return fmt.Errorf("%s:%d: %s: %w", path, it.line, it.key, err)
 		}
 	}
 	return nil
@@ -81,7 +81,7 @@ type configItem struct {
 func yamlItems(path string, raw []byte) ([]configItem, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return nil, fmt.Errorf("%s: not valid YAML: %v", path, err)
+		return nil, fmt.Errorf("%s: not valid YAML: %w", path, err)
 	}
 	if len(doc.Content) == 0 {
 		return nil, nil
@@ -105,7 +105,7 @@ func yamlItems(path string, raw []byte) ([]configItem, error) {
 // key with its line (encoding/json's maps keep the last of a key given
 // twice, silently).
 func jsonItems(path string, raw []byte) ([]configItem, error) {
-	bad := func(err error) error { return fmt.Errorf("%s: not valid JSON: %v", path, err) }
+	bad := func(err error) error { return fmt.Errorf("%s: not valid JSON: %w", path, err) }
 	lineAt := func(off int64) int { return bytes.Count(raw[:min(off, int64(len(raw)))], []byte("\n")) + 1 }
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()

@@ -158,7 +158,7 @@ func loadCorpus(ctx context.Context, o Options, r, n int) (*corpus, error) {
 	bs := &batchSource{rank: r, size: n, passes: o.PassesPerStep, perStep: o.PassesPerStep * n}
 	cfg := data.BatchConfig{TokensPerBatch: o.BatchTokens, Rows: o.BatchPairs, MaxLen: o.MaxLength, Seed: int64(o.Seed), VocabSize: v.Size()}
 	if bs.b, err = data.NewBatcher(train, cfg); err != nil {
-		return fail(fmt.Errorf("%s: %v", c.Name, err))
+		return fail(fmt.Errorf("%s: %w", c.Name, err))
 	}
 	if bs.b.StepsPerEpoch() == 0 {
 		return fail(fmt.Errorf("%s: no sentence pair fits --max-length %d", c.Name, o.MaxLength))
@@ -237,7 +237,7 @@ func (s *batchSource) Position() json.RawMessage {
 func (s *batchSource) Restore(j json.RawMessage) error {
 	var p position
 	if err := json.Unmarshal(j, &p); err != nil {
-		return fmt.Errorf("data position %s: %v", j, err)
+		return fmt.Errorf("data position %s: %w", j, err)
 	}
 	if err := s.b.Restore(j); err != nil {
 		return err

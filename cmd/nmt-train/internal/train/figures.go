@@ -129,7 +129,7 @@ func cpuModel() string {
 func WriteReport(dir string) (string, error) {
 	ri, err := metrics.ReadRunInfo(dir)
 	if err != nil {
-		return "", fmt.Errorf("%s is not a run directory: %v", dir, err)
+		return "", fmt.Errorf("%s is not a run directory: %w", dir, err)
 	}
 	var lr report.Schedule
 	if p, err := transformer.ParsePolicy(ri.LRPolicy, ri.LearningRate, ri.DModel, ri.Warmup); err == nil {

@@ -215,7 +215,7 @@ func (o Options) Validate() error {
 		}
 	}
 	if _, err := transformer.ParsePolicy(o.LRPolicy, o.LearningRate, 512, o.Warmup); err != nil {
-		return fmt.Errorf("--lr-policy: %v", err)
+		return fmt.Errorf("--lr-policy: %w", err)
 	}
 	switch o.Precision {
 	case "auto", "fp32", "fp16", "bf16":

@@ -131,7 +131,7 @@ func (t *Trainer) writeGPUProfile() error {
 		"(%s=1: two CUDA events around each operation, which slow the steps)\n\n", t.gpu.be.Describe(), steps, cuda.EnvProfile)
 	path := filepath.Join(t.o.RunDir, GPUProfileFile)
 	if err := os.WriteFile(path, []byte(head+cuda.FormatProfile(t.gpu.be.TakeProfile(), steps, 1000)), 0o644); err != nil {
-		return fmt.Errorf("GPU profile: %v", err)
+		return fmt.Errorf("GPU profile: %w", err)
 	}
 	t.logf("nmt-train: GPU profile (%s=1): %s", cuda.EnvProfile, path)
 	return nil

@@ -34,7 +34,7 @@ func MeasureCompute(preset string, vocab, threads, batchTokens, warmup, steps in
 	o := Options{SyntheticLines: 40000, BatchTokens: batchTokens, MaxLength: 56, PassesPerStep: 1, Seed: 1}
 	c, err := loadCorpus(context.Background(), o, 0, 1)
 	if err != nil {
-		return me, fmt.Errorf("measuring compute: %v", err)
+		return me, fmt.Errorf("measuring compute: %w", err)
 	}
 	defer c.Close()
 	cfg, err := transformer.Preset(preset, max(vocab, c.VocabSize))

@@ -106,7 +106,7 @@ func (t *Trainer) runFromCheckpoint(ctx context.Context) error {
 func latestStart(dir string, v *data.Vocab) (checkpointStart, error) {
 	ck, err := checkpoint.Latest(dir)
 	if err != nil {
-		return checkpointStart{}, fmt.Errorf("%s holds no checkpoint to evaluate or translate with (train into it first): %v", dir, err)
+		return checkpointStart{}, fmt.Errorf("%s holds no checkpoint to evaluate or translate with (train into it first): %w", dir, err)
 	}
 	st, err := checkpoint.ReadState(ck)
 	if err != nil {
@@ -142,7 +142,7 @@ func (t *Trainer) broadcastStart(ctx context.Context, s checkpointStart, failed 
 	}
 	var got checkpointStart
 	if err := json.Unmarshal(blob, &got); err != nil {
-		return s, fmt.Errorf("broadcast of the checkpoint: %v", err)
+		return s, fmt.Errorf("broadcast of the checkpoint: %w", err)
 	}
 	if got.Abort {
 		t.comm.Barrier(ctx)
@@ -164,7 +164,7 @@ func (t *Trainer) infer(ctx context.Context, v *data.Vocab) error {
 	t0 := time.Now()
 	f, err := os.Open(t.o.InferInput)
 	if err != nil {
-		return fmt.Errorf("infer source_file: %v", err)
+		return fmt.Errorf("infer source_file: %w", err)
 	}
 	defer f.Close()
 	var pairs [][2][]int32
@@ -190,7 +190,7 @@ func (t *Trainer) infer(ctx context.Context, v *data.Vocab) error {
 		pairs = append(pairs, [2][]int32{append(ids, data.EOS), nil})
 	}
 	if err := sc.Err(); err != nil {
-		return fmt.Errorf("%s: line %d: %v", t.o.InferInput, len(pairs)+1, err)
+		return fmt.Errorf("%s: line %d: %w", t.o.InferInput, len(pairs)+1, err)
 	}
 	hyps, err := t.translateShared(ctx, pairs)
 	if err != nil {
@@ -207,7 +207,7 @@ func (t *Trainer) infer(ctx context.Context, v *data.Vocab) error {
 		sb.WriteByte('\n')
 	}
 	if err := atomicfile.WriteFile(t.o.InferOutput, ".infer.tmp*", []byte(sb.String())); err != nil {
-		return fmt.Errorf("--infer_output_file: %v", err)
+		return fmt.Errorf("--infer_output_file: %w", err)
 	}
 	t.logf("nmt-train: translated %d lines of %s into %s (%s, alpha %g) in %.1f s", len(hyps), t.o.InferInput, t.o.InferOutput, decodeName(t.o.Beam), t.o.Alpha, time.Since(t0).Seconds())
 	return nil

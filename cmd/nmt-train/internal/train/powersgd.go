@@ -107,7 +107,7 @@ func (t *Trainer) readPowerSGD(ck string) (*psgdCheckpoint, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--resume: %v", err)
+		return nil, fmt.Errorf("--resume: %w", err)
 	}
 	bad := func(what string) error { return fmt.Errorf("--resume: %s: %s", f.Path, what) }
 	ranks, err1 := strconv.Atoi(f.Metadata["ranks"])
@@ -118,12 +118,12 @@ func (t *Trainer) readPowerSGD(ck string) (*psgdCheckpoint, error) {
 	}
 	c := &psgdCheckpoint{path: f.Path, rank: f.Metadata["rank"], layout: f.Metadata["matrices"], q: make([]float32, qLen)}
 	if err := f.Read("q", []int{qLen}, c.q); err != nil {
-		return nil, fmt.Errorf("--resume: %v", err)
+		return nil, fmt.Errorf("--resume: %w", err)
 	}
 	for r := 0; r < ranks; r++ {
 		e := make([]float32, errLen)
 		if err := f.Read(fmt.Sprintf("error/rank%d", r), []int{errLen}, e); err != nil {
-			return nil, fmt.Errorf("--resume: %v", err)
+			return nil, fmt.Errorf("--resume: %w", err)
 		}
 		c.errs = append(c.errs, e)
 	}
