@@ -296,6 +296,9 @@ func (m *Mesh) ioError(ctx context.Context, op string, peer, ch int, tag Tag, er
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		err = fmt.Errorf("rank %d closed the connection (channel %d, %v)", peer, ch, tag)
 	default:
+		// Not wrapped: a socket's own timeout (ETIMEDOUT, "connection timed
+		// out") is a lost peer, not a stall, and collective's blame would
+		// read a wrapped net.Error with Timeout() as a stall.
 		err = fmt.Errorf("%v (channel %d, %v)", err, ch, tag)
 	}
 	pe.Err = err
