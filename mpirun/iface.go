@@ -128,7 +128,7 @@ func chooseIface(cfg Config, exports []string, resolve func(rank.IfaceSpec) (str
 	var chosen rank.IfaceSpec
 	if cfg.Iface != "" {
 		if chosen, err = rank.ParseIfaceSpec(cfg.Iface); err != nil {
-			return "", "", "", usagef("--iface %v", err)
+			return "", "", "", usagef("--iface %w", err)
 		}
 		from = fmt.Sprintf("--iface %q", cfg.Iface)
 	}

@@ -113,12 +113,22 @@ const (
 	ExitBrokenPipe = 128 + 13
 )
 
-// UsageError is bad input, found before anything started.
-type UsageError struct{ Msg string }
+// UsageError is bad input, found before anything started; Err is its
+// cause, where it has one.
+type UsageError struct {
+	Msg string
+	Err error
+}
 
 func (e *UsageError) Error() string { return e.Msg }
 
-func usagef(format string, a ...any) error { return &UsageError{fmt.Sprintf(format, a...)} }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// usagef formats as fmt.Errorf does: a %w operand is the error's cause.
+func usagef(format string, a ...any) error {
+	err := fmt.Errorf(format, a...)
+	return &UsageError{Msg: err.Error(), Err: errors.Unwrap(err)}
+}
 
 // Run runs the job and returns gorun's exit status. A non-nil error is a
 // one-line message about bad input or setup, found before any rank started
@@ -218,7 +228,7 @@ func (cfg *Config) fromOMPIEnv() ([]string, error) {
 	if hf := getenv(cfg.Environ, EnvOMPIHostfile); hf != "" && len(cfg.Hosts) == 0 {
 		hosts, err := ReadHostfile(hf)
 		if err != nil {
-			return nil, usagef("%s=%s: %v", EnvOMPIHostfile, hf, err)
+			return nil, usagef("%s=%s: %w", EnvOMPIHostfile, hf, err)
 		}
 		if len(hosts) == 0 {
 			return nil, usagef("%s=%s: no hosts in the file", EnvOMPIHostfile, hf)
@@ -245,7 +255,7 @@ func (cfg *Config) fromOMPIEnv() ([]string, error) {
 	}
 	if a := strings.TrimSpace(getenv(cfg.Environ, EnvOMPIRSHArgs)); a != "" && ssh && cfg.LaunchAgent == "" {
 		if _, err := splitWords(a); err != nil {
-			return nil, usagef("%s=%q: %v", EnvOMPIRSHArgs, a, err)
+			return nil, usagef("%s=%q: %w", EnvOMPIRSHArgs, a, err)
 		}
 		cfg.SSHArgs = strings.TrimSpace(cfg.SSHArgs + " " + a)
 	}

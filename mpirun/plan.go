@@ -218,7 +218,7 @@ func placeRanks(cfg Config) ([]Slot, []Host, error) {
 	}
 	slots, err := Place(hosts, np, cfg.MapBy, cfg.Oversubscribe)
 	if err != nil {
-		return nil, nil, usagef("%v", err)
+		return nil, nil, usagef("%w", err)
 	}
 	if cfg.StdinRank >= np {
 		return nil, nil, usagef("--stdin %d: the job has ranks 0..%d", cfg.StdinRank, np-1)
@@ -362,14 +362,14 @@ func checkProgram(given, path string) (string, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		return "", usagef("program %s: no such file", given)
 	case err != nil:
-		return "", usagef("program %s: %v", given, unwrapExec(err))
+		return "", usagef("program %s: %w", given, unwrapExec(err))
 	case st.IsDir():
 		return "", usagef("program %s is a directory", given)
 	case st.Mode()&0o111 == 0:
 		return "", usagef("program %s is not executable (chmod +x it)", given)
 	}
 	if err := syscall.Access(path, 1 /* X_OK */); err != nil {
-		return "", usagef("program %s is not executable by this user: %v", given, err)
+		return "", usagef("program %s is not executable by this user: %w", given, err)
 	}
 	return path, nil
 }
@@ -389,7 +389,7 @@ func launcherWords(cfg Config) ([]string, error) {
 	words := []string{ssh}
 	user, err := splitWords(cfg.SSHArgs)
 	if err != nil {
-		return nil, usagef("--ssh-args: %v", err)
+		return nil, usagef("--ssh-args: %w", err)
 	}
 	// ssh keeps the first value it sees for an option: the user's come first.
 	words = append(words, user...)
@@ -451,7 +451,7 @@ func (p *plan) chooseRendezvous(remoteHosts, launcher, exports []string) (rdvIfa
 	case name != "":
 		ip, err := resolve(spec)
 		if err != nil {
-			return iface, usagef("%s: %v", from, err)
+			return iface, usagef("%s: %w", from, err)
 		}
 		p.rdvIP = ip
 	default:
