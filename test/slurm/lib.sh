@@ -56,7 +56,7 @@ SlurmdPort=6818
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$sock
+AuthInfo=socket=$sock,cred_expire=20
 CredType=cred/munge
 StateSaveLocation=$STATE/ctld
 SlurmctldPidFile=$STATE/slurmctld.pid
