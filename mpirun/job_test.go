@@ -111,12 +111,12 @@ func TestLookupEnv(t *testing.T) {
 		name, v string
 		ok      bool
 	}{{"A", "2", true}, {"B", "", true}, {"C", "x=y", true}, {"NOEQ", "", false}, {"D", "", false}} {
-		if v, ok := lookupEnv(env, c.name); v != c.v || ok != c.ok || getenv(env, c.name) != c.v {
-			t.Errorf("lookupEnv(%s) = %q, %v; want %q, %v", c.name, v, ok, c.v, c.ok)
+		if v, ok := LookupEnv(env, c.name); v != c.v || ok != c.ok || getenv(env, c.name) != c.v {
+			t.Errorf("LookupEnv(%s) = %q, %v; want %q, %v", c.name, v, ok, c.v, c.ok)
 		}
 	}
-	if v, ok := lookupEnv(nil, "A"); v != "" || ok {
-		t.Errorf("lookupEnv(nil) = %q, %v", v, ok)
+	if v, ok := LookupEnv(nil, "A"); v != "" || ok {
+		t.Errorf("LookupEnv(nil) = %q, %v", v, ok)
 	}
 }
 

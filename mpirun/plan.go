@@ -149,7 +149,7 @@ func prepare(cfg Config) (*plan, error) {
 		return nil, err
 	}
 	// The environment and command of every rank, and of every remote host.
-	_, inheritedCUDA := lookupEnv(cfg.Environ, "CUDA_VISIBLE_DEVICES")
+	_, inheritedCUDA := LookupEnv(cfg.Environ, "CUDA_VISIBLE_DEVICES")
 	cudaLocal := !userCUDA && !inheritedCUDA
 	p.rprog, p.cudaRank = remoteProg, cudaLocal
 	localGPUs := HostGPUs()

@@ -69,11 +69,11 @@ func (p *plan) remoteEnv(hs *hostSpec, np int, exports []string, iface rdvIface,
 	first := p.specs[hs.ranks[0]].slot
 	env := append([]string(nil), exports...)
 	for _, k := range tuningVars {
-		if v, ok := lookupEnv(p.cfg.Environ, k); ok && !hasVar(exports, k) {
+		if v, ok := LookupEnv(p.cfg.Environ, k); ok && !hasVar(exports, k) {
 			env = append(env, k+"="+v)
 		}
 	}
-	if v, ok := lookupEnv(p.cfg.Environ, "CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
+	if v, ok := LookupEnv(p.cfg.Environ, "CUDA_VISIBLE_DEVICES"); ok && !userCUDA {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+v)
 	}
 	if iface.name != "" && !iface.localOnly && !hasVar(exports, rank.EnvIface) {
@@ -126,14 +126,14 @@ var foreignPerRank = map[string]bool{"RANK": false, "OMPI_COMM_WORLD_RANK": fals
 // note. Inside a rank of a gorun job (GORUN_RANK set) all of them are
 // that job's and are replaced without a word, as its GORUN_* are.
 func (p *plan) chooseForeign(exports []string) {
-	_, enclosing := lookupEnv(p.cfg.Environ, rank.EnvRank)
+	_, enclosing := LookupEnv(p.cfg.Environ, rank.EnvRank)
 	p.foreign = map[string]bool{}
 	var replaced []string
 	for _, k := range ForeignVars {
 		if hasVar(exports, k) {
 			continue
 		}
-		if v, ok := lookupEnv(p.cfg.Environ, k); ok && !enclosing {
+		if v, ok := LookupEnv(p.cfg.Environ, k); ok && !enclosing {
 			if k == EnvMasterAddr || k == EnvMasterPort {
 				p.userMaster = append(p.userMaster, k+"="+v)
 				continue
@@ -284,7 +284,7 @@ func exportVars(xs, environ []string) (env []string, cuda bool, unset []string, 
 		}
 		seen[name] = true
 		if !hasVal {
-			v, ok := lookupEnv(environ, name)
+			v, ok := LookupEnv(environ, name)
 			if !ok {
 				unset = append(unset, name)
 				continue
@@ -332,10 +332,10 @@ func cleanEnviron(environ []string) []string {
 	return env
 }
 
-// lookupEnv is the os package's LookupEnv over env, an environment as
-// exec.Cmd's Env holds it (NAME=VALUE each): of a name given more than
-// once the last value counts, as with os/exec.
-func lookupEnv(env []string, name string) (string, bool) {
+// LookupEnv is the os package's LookupEnv over env, an environment as
+// exec.Cmd's Env and Config.Environ hold it (NAME=VALUE each): of a name
+// given more than once the last value counts, as with os/exec.
+func LookupEnv(env []string, name string) (string, bool) {
 	for i := len(env) - 1; i >= 0; i-- {
 		if k, v, ok := strings.Cut(env[i], "="); ok && k == name {
 			return v, true
@@ -344,9 +344,9 @@ func lookupEnv(env []string, name string) (string, bool) {
 	return "", false
 }
 
-// getenv is the os package's Getenv over env (lookupEnv).
+// getenv is the os package's Getenv over env (LookupEnv).
 func getenv(env []string, name string) string {
-	v, _ := lookupEnv(env, name)
+	v, _ := LookupEnv(env, name)
 	return v
 }
 

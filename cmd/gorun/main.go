@@ -164,7 +164,7 @@ func flags() []cli.Flag {
 // (environ) ask for.
 func config(c *cli.Context, environ []string) (mpirun.Config, error) {
 	cfg := mpirun.Config{Environ: environ}
-	lookupEnv := func(name string) (string, bool) { return lookup(environ, name) }
+	lookupEnv := func(name string) (string, bool) { return mpirun.LookupEnv(environ, name) }
 	if c.NArg() == 0 {
 		return cfg, fmt.Errorf("no program to run (usage: gorun [flags] PROGRAM [ARGS...])")
 	}
@@ -331,15 +331,4 @@ func mcaArgs(args []string) ([]string, []mpirun.MCAParam) {
 		}
 	}
 	return out, mca
-}
-
-// lookup is os.LookupEnv over environ, NAME=VALUE each: of a name given
-// more than once the last counts, as with exec.Cmd's Env.
-func lookup(environ []string, name string) (string, bool) {
-	for i := len(environ) - 1; i >= 0; i-- {
-		if k, v, ok := strings.Cut(environ[i], "="); ok && k == name {
-			return v, true
-		}
-	}
-	return "", false
 }

@@ -809,17 +809,3 @@ func TestFlagsReachTheJob(t *testing.T) {
 		t.Errorf("-np 1 --mca ... --mca ...: %d %q %q", r.code, r.stdout, r.stderr)
 	}
 }
-
-// TestLookup: gorun's environment is read as exec.Cmd's Env is: of a name
-// given twice the last counts.
-func TestLookup(t *testing.T) {
-	env := []string{"A=1", "B=", "A=2", "NOEQ", "C=x=y"}
-	for _, c := range []struct {
-		name, v string
-		ok      bool
-	}{{"A", "2", true}, {"B", "", true}, {"C", "x=y", true}, {"NOEQ", "", false}, {"D", "", false}} {
-		if v, ok := lookup(env, c.name); v != c.v || ok != c.ok {
-			t.Errorf("lookup(%s) = %q, %v; want %q, %v", c.name, v, ok, c.v, c.ok)
-		}
-	}
-}
