@@ -28,6 +28,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // The link every test starts from: the lab's 1 Gbit/s network.
@@ -99,21 +101,17 @@ func preconditions() string {
 			return fmt.Sprintf("multi-host tests need %s (apt-get install iproute2 openssh-client)", tool)
 		}
 	}
-	if _, err := exec.LookPath("sshd"); err != nil {
-		if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
-			return "multi-host tests need sshd (apt-get install openssh-server)"
-		}
+	if _, ok := testenv.LookPath("sshd"); !ok {
+		return "multi-host tests need sshd (apt-get install openssh-server)"
 	}
 	if out, err := exec.Command("ip", "netns", "list").CombinedOutput(); err != nil {
 		return fmt.Sprintf("multi-host tests need `ip netns`, which fails here: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	// Root without CAP_SYS_ADMIN/CAP_NET_ADMIN (an unprivileged container)
 	// lists namespaces but cannot make one.
-	probe := fmt.Sprintf("gorun-probe-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
-		return fmt.Sprintf("multi-host tests need to create network namespaces, which fails here (`ip netns add`: %v: %s)", err, strings.TrimSpace(string(out)))
+	if why := testenv.NetnsRefused(); why != "" {
+		return "multi-host tests need to create network namespaces, which fails here (" + why + ")"
 	}
-	exec.Command("ip", "netns", "del", probe).Run()
 	return ""
 }
 
@@ -164,7 +162,7 @@ func setUp() (*env, func(), error) {
 	for i := 1; i <= hostsPerTest; i++ {
 		e.ips = append(e.ips, fmt.Sprintf("%s.%d", e.nt, 10+i))
 	}
-	_, e.nft = lookPath("nft")
+	_, e.nft = testenv.LookPath("nft")
 
 	if e.bin, err = os.MkdirTemp("", "gorun-multihost-bin-"); err != nil {
 		return nil, nil, err
@@ -221,7 +219,7 @@ func setUp() (*env, func(), error) {
 
 	up := exec.Command(filepath.Join(root, "test/hosts/up.sh"))
 	up.Env = append(e.hostEnv(), fmt.Sprintf("HOSTS=%d", hostsPerTest), "LINK="+baseLink)
-	out, err := runTimeout(up, 60*time.Second)
+	out, err := testenv.RunTimeout(up, 60*time.Second)
 	if err != nil {
 		return nil, teardown, fmt.Errorf("test/hosts/up.sh: %v\n%s", err, out)
 	}
@@ -237,19 +235,6 @@ func haveNetem(dev string) bool {
 	}
 	defer exec.Command("ip", "link", "del", dev).Run()
 	return exec.Command("tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", "1ms").Run() == nil
-}
-
-func lookPath(name string) (string, bool) {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		for _, d := range []string{"/usr/sbin", "/sbin"} {
-			if _, err := os.Stat(filepath.Join(d, name)); err == nil {
-				return filepath.Join(d, name), true
-			}
-		}
-		return "", false
-	}
-	return p, true
 }
 
 // hostEnv is the environment of the test/hosts scripts for this set.
@@ -271,7 +256,7 @@ func (e *env) link(t *testing.T, link string) string {
 	t.Helper()
 	c := exec.Command(filepath.Join(e.root, "test/hosts/link.sh"))
 	c.Env = append(e.hostEnv(), "LINK="+link)
-	out, err := runTimeout(c, 30*time.Second)
+	out, err := testenv.RunTimeout(c, 30*time.Second)
 	if err != nil {
 		t.Fatalf("LINK=%q test/hosts/link.sh: %v\n%s", link, err, out)
 	}
@@ -283,26 +268,8 @@ func (e *env) cut(t *testing.T, i int, dir string) {
 	t.Helper()
 	c := exec.Command(filepath.Join(e.root, "test/hosts/link.sh"), dir, strconv.Itoa(i))
 	c.Env = e.hostEnv()
-	if out, err := runTimeout(c, 30*time.Second); err != nil {
+	if out, err := testenv.RunTimeout(c, 30*time.Second); err != nil {
 		t.Fatalf("test/hosts/link.sh %s %d: %v\n%s", dir, i, err, out)
-	}
-}
-
-func runTimeout(c *exec.Cmd, d time.Duration) (string, error) {
-	var buf bytes.Buffer
-	c.Stdout, c.Stderr = &buf, &buf
-	if err := c.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-	select {
-	case err := <-done:
-		return buf.String(), err
-	case <-time.After(d):
-		c.Process.Kill()
-		<-done
-		return buf.String(), fmt.Errorf("%s did not finish in %v", c.Path, d)
 	}
 }
 

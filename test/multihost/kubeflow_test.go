@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // Kubeflow's MPIJob on the test hosts: gorun as the launcher with the
@@ -31,7 +33,7 @@ func TestMPIJobLauncherOverSSH(t *testing.T) {
 		"OMPI_MCA_plm_rsh_args=-F "+e.sshConfig+" -o ConnectionAttempts=10",
 		"OMPI_MCA_orte_set_default_slots=2",
 	)
-	out, err := runTimeout(c, 60*time.Second)
+	out, err := testenv.RunTimeout(c, 60*time.Second)
 	if code := exitCode(err); code != 0 {
 		t.Fatalf("gorun as MPIJob's launcher: exit status %d:\n%s", code, out)
 	}

@@ -37,7 +37,7 @@ func TestLabOnTwoHosts(t *testing.T) {
 		c.Dir = work
 		c.Env = testenv.CleanEnv()
 		t.Logf("(in %s) ip %s", work, strings.Join(args, " "))
-		out, err := runTimeout(c, 240*time.Second)
+		out, err := testenv.RunTimeout(c, 240*time.Second)
 		return out, exitCode(err)
 	}
 	out, code := lab("--mode=train_eval")

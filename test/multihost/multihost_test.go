@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // gorun -np 4 -hostfile H ring across two hosts over ssh: every rank runs,
@@ -522,7 +524,7 @@ func TestStrangerCannotJoin(t *testing.T) {
 	stranger := exec.Command("ip", "netns", "exec", e.ns(2), "env", "-i",
 		"GORUN_RANK=1", "GORUN_SIZE=4", "GORUN_RENDEZVOUS="+rdv, "GORUN_JOB_ID="+jobID,
 		"GORUN_SECRET="+hex.EncodeToString(other), "GORUN_TIMEOUT=10s", e.ring)
-	out, err := runTimeout(stranger, 30*time.Second)
+	out, err := testenv.RunTimeout(stranger, 30*time.Second)
 	t.Logf("ring without the secret on host 2: %v: %s", err, strings.TrimSpace(out))
 	if err == nil {
 		t.Errorf("a ring rank without the job secret joined the job and exited 0:\n%s", out)
@@ -534,7 +536,7 @@ func TestStrangerCannotJoin(t *testing.T) {
 	// rendezvous and against rank 0's mesh port.
 	for _, addr := range []string{rdv, meshAddr} {
 		c := exec.Command("ip", "netns", "exec", e.ns(2), e.intruder, "-addr", addr)
-		out, err := runTimeout(c, 30*time.Second)
+		out, err := testenv.RunTimeout(c, 30*time.Second)
 		t.Logf("intruder -> %s: %v: %s", addr, err, strings.TrimSpace(out))
 		if err != nil || !strings.Contains(out, "handshake refused") {
 			t.Errorf("intruder against %s was not refused (%v):\n%s", addr, err, out)

@@ -15,7 +15,6 @@
 package slurm
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -28,6 +27,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 const nodes = 2
@@ -85,41 +86,27 @@ func preconditions() string {
 		return "Slurm tests need root (network namespaces, slurmctld, slurmd, munged); CI runs them as root"
 	}
 	for _, tool := range []string{"slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "salloc", "scontrol", "scancel"} {
-		if _, ok := lookPath(tool); !ok {
+		if _, ok := testenv.LookPath(tool); !ok {
 			return fmt.Sprintf("Slurm tests need %s (apt-get install slurm-wlm munge)", tool)
 		}
 	}
 	for _, tool := range []string{"munged", "munge", "unmunge"} {
-		if _, ok := lookPath(tool); !ok {
+		if _, ok := testenv.LookPath(tool); !ok {
 			return fmt.Sprintf("Slurm tests need %s (apt-get install munge)", tool)
 		}
 	}
 	for _, tool := range []string{"ip", "tc", "ssh", "ssh-keygen", "unshare", "nsenter", "setsid", "bash"} {
-		if _, ok := lookPath(tool); !ok {
+		if _, ok := testenv.LookPath(tool); !ok {
 			return fmt.Sprintf("Slurm tests need %s (apt-get install iproute2 openssh-client util-linux)", tool)
 		}
 	}
-	if _, ok := lookPath("sshd"); !ok {
+	if _, ok := testenv.LookPath("sshd"); !ok {
 		return "Slurm tests need sshd for the test hosts (apt-get install openssh-server)"
 	}
-	probe := fmt.Sprintf("gorun-probe-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
-		return fmt.Sprintf("Slurm tests need to create network namespaces, which fails here (`ip netns add`: %v: %s)", err, strings.TrimSpace(string(out)))
+	if why := testenv.NetnsRefused(); why != "" {
+		return "Slurm tests need to create network namespaces, which fails here (" + why + ")"
 	}
-	exec.Command("ip", "netns", "del", probe).Run()
 	return ""
-}
-
-func lookPath(name string) (string, bool) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, true
-	}
-	for _, d := range []string{"/usr/sbin", "/sbin"} {
-		if _, err := os.Stat(filepath.Join(d, name)); err == nil {
-			return filepath.Join(d, name), true
-		}
-	}
-	return "", false
 }
 
 // need skips t when the cluster could not be made here.
@@ -252,7 +239,7 @@ func setUp() (*cluster, func(), error) {
 	}
 	up := exec.Command(filepath.Join(root, "test/slurm/up.sh"))
 	up.Env = append(c.env, fmt.Sprintf("HOSTS=%d", nodes))
-	if out, err := runTimeout(up, 90*time.Second); err != nil {
+	if out, err := testenv.RunTimeout(up, 90*time.Second); err != nil {
 		return nil, teardown, fmt.Errorf("test/slurm/up.sh: %w\n%s", err, out)
 	}
 	return c, teardown, nil
@@ -299,31 +286,13 @@ func pidsWith(s string) []string {
 	return out
 }
 
-func runTimeout(c *exec.Cmd, d time.Duration) (string, error) {
-	var buf bytes.Buffer
-	c.Stdout, c.Stderr = &buf, &buf
-	if err := c.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-	select {
-	case err := <-done:
-		return buf.String(), err
-	case <-time.After(d):
-		c.Process.Kill()
-		<-done
-		return buf.String(), fmt.Errorf("%s did not finish in %v", c.Path, d)
-	}
-}
-
 // cmd runs a Slurm command (or any) on the launcher side with the
 // cluster's environment, in the users' directory.
 func (c *cluster) cmd(t *testing.T, d time.Duration, name string, args ...string) (string, error) {
 	t.Helper()
 	x := exec.Command(name, args...)
 	x.Dir, x.Env = c.work, c.env
-	return runTimeout(x, d)
+	return testenv.RunTimeout(x, d)
 }
 
 // onNode runs a command on node i as on a login node (test/slurm/shell.sh).

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // trainArgs are nmt-train train flags after the example's configs/demo.yaml:
@@ -209,7 +211,7 @@ srun bash -c 'if [ "$SLURM_NODEID" = 1 ]; then unset GORUN_SECRET; fi; exec bin/
 		}
 		up := exec.Command(filepath.Join(c.root, "test/slurm/up.sh"))
 		up.Env = append(env, "HOSTS=1", "NODE_MUNGE_KEY=1="+key)
-		res, err := runTimeout(up, 90*time.Second)
+		res, err := testenv.RunTimeout(up, 90*time.Second)
 		if err == nil {
 			t.Fatalf("up.sh with another munge key on node h1 succeeded:\n%s", res)
 		}
