@@ -133,21 +133,9 @@ func setUp() (*env, func(), error) {
 		return nil, nil, fmt.Errorf("test/hosts/up.sh not found from %s", root)
 	}
 	// A set of hosts of our own: the first free slot 1..8.
-	var lock *os.File
-	var slot int
-	for slot = 1; slot <= 8; slot++ {
-		f, err := os.OpenFile(fmt.Sprintf("/tmp/gorun-multihost-%d.lock", slot), os.O_CREATE|os.O_RDWR, 0o600)
-		if err != nil {
-			return nil, nil, err
-		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
-			lock = f
-			break
-		}
-		f.Close()
-	}
-	if lock == nil {
-		return nil, nil, errors.New("all 8 test host slots (/tmp/gorun-multihost-N.lock) are taken by other test runs")
+	lock, slot, err := testenv.LockSlot("multihost")
+	if err != nil {
+		return nil, nil, err
 	}
 	e := &env{
 		root:   root,
@@ -167,35 +155,11 @@ func setUp() (*env, func(), error) {
 	if e.bin, err = os.MkdirTemp("", "gorun-multihost-bin-"); err != nil {
 		return nil, nil, err
 	}
-	// The watchdog: takes the lock with it and runs down.sh (and removes
-	// the binaries) when its stdin closes, i.e. when this process ends,
-	// however it ends. Its own process group, so that ^C reaches the tests
-	// and not it.
-	down := filepath.Join(root, "test/hosts/down.sh")
-	wd := exec.Command("bash", "-c", `read -r _; "$0" >/dev/null 2>&1; rm -rf "$1"`, down, e.bin)
-	wd.Env = e.hostEnv()
-	wd.ExtraFiles = []*os.File{lock}
-	wd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	wdIn, err := wd.StdinPipe()
+	// The watchdog runs down.sh (and removes the binaries) when this
+	// process ends, however it ends.
+	teardown, err := testenv.Watchdog(filepath.Join(root, "test/hosts/down.sh"), e.hostEnv(), lock, 60*time.Second, e.bin)
 	if err != nil {
 		return nil, nil, err
-	}
-	if err := wd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("watchdog: %v", err)
-	}
-	lock.Close() // the watchdog holds it now
-	var once sync.Once
-	teardown := func() {
-		once.Do(func() {
-			wdIn.Close()
-			done := make(chan error, 1)
-			go func() { done <- wd.Wait() }()
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				fmt.Fprintln(os.Stderr, "test/multihost: down.sh did not finish in 60s")
-			}
-		})
 	}
 
 	// Build the binaries (the ranks run them from the shared filesystem:

@@ -23,8 +23,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -152,59 +150,12 @@ func baseEnv() []string {
 	return env
 }
 
-// lockSlot takes the first free set slot of kind ("slurm") among 1..8.
-func lockSlot(kind string) (*os.File, int, error) {
-	for slot := 1; slot <= 8; slot++ {
-		f, err := os.OpenFile(fmt.Sprintf("/tmp/gorun-%s-%d.lock", kind, slot), os.O_CREATE|os.O_RDWR, 0o600)
-		if err != nil {
-			return nil, 0, err
-		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
-			return f, slot, nil
-		}
-		f.Close()
-	}
-	return nil, 0, fmt.Errorf("all 8 Slurm cluster slots (/tmp/gorun-%s-N.lock) are taken by other test runs", kind)
-}
-
-// watchdog starts a process that runs down.sh with env (and removes
-// paths) once this process ends, however it ends, holding lock until
-// then; stop ends it now and waits for down.sh.
-func watchdog(root string, env []string, lock *os.File, paths ...string) (stop func(), err error) {
-	down := filepath.Join(root, "test/slurm/down.sh")
-	wd := exec.Command("bash", append([]string{"-c", `read -r _; "$0" >/dev/null 2>&1; rm -rf "$@"`, down}, paths...)...)
-	wd.Env = env
-	wd.ExtraFiles = []*os.File{lock}
-	wd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	in, err := wd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := wd.Start(); err != nil {
-		return nil, fmt.Errorf("watchdog: %w", err)
-	}
-	lock.Close() // the watchdog holds it now
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			in.Close()
-			done := make(chan error, 1)
-			go func() { done <- wd.Wait() }()
-			select {
-			case <-done:
-			case <-time.After(90 * time.Second):
-				fmt.Fprintln(os.Stderr, "test/slurm: down.sh did not finish in 90s")
-			}
-		})
-	}, nil
-}
-
 func setUp() (*cluster, func(), error) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		return nil, nil, err
 	}
-	lock, slot, err := lockSlot("slurm")
+	lock, slot, err := testenv.LockSlot("slurm")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -215,7 +166,7 @@ func setUp() (*cluster, func(), error) {
 	if c.work, err = os.MkdirTemp("", "gorun-slurm-work-"); err != nil {
 		return nil, nil, err
 	}
-	teardown, err := watchdog(root, c.env, lock, c.work)
+	teardown, err := testenv.Watchdog(filepath.Join(root, "test/slurm/down.sh"), c.env, lock, 90*time.Second, c.work)
 	if err != nil {
 		return nil, nil, err
 	}

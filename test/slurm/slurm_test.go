@@ -194,13 +194,13 @@ srun bash -c 'if [ "$SLURM_NODEID" = 1 ]; then unset GORUN_SECRET; fi; exec bin/
 		}
 	})
 	t.Run("munge key differs", func(t *testing.T) {
-		lock, slot, err := lockSlot("slurm")
+		lock, slot, err := testenv.LockSlot("slurm")
 		if err != nil {
 			t.Skip(err)
 		}
 		state, _, _, names := setNames(slot)
 		env := append(baseEnv(), names...)
-		stop, err := watchdog(c.root, env, lock)
+		stop, err := testenv.Watchdog(filepath.Join(c.root, "test/slurm/down.sh"), env, lock, 90*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
